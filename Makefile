@@ -1,0 +1,40 @@
+# Two entry points: `make demo` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test check lint typecheck services bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+## demo: create a venv, install, run `store demo` on the embedded default
+demo: $(STAMP)
+	$(BIN)/store demo
+
+## test: start services if down, then format check, lint, type check, whole test suite
+test: $(STAMP) services lint typecheck
+	$(BIN)/pytest
+
+services:
+	bash scripts/services.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP) services
+	$(BIN)/store init --config config/local.yaml --shards 0-15
+	$(BIN)/store bench --config config/local.yaml
+
+clean:
+	rm -rf $(VENV) store-data .mypy_cache .ruff_cache .pytest_cache

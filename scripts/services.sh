@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Start the loopback services the test suite needs, if they are down:
+# MariaDB 3306, Redis 6379, PostgreSQL 5432, memcached 11211 (installed here
+# from Debian's packages when missing). Safe to run again: what runs is left alone.
+set -euo pipefail
+
+up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+wait_for() {  # name port
+  for _ in $(seq 1 60); do up "$2" && return 0; sleep 0.5; done
+  echo "services: $1 did not come up on 127.0.0.1:$2" >&2; return 1
+}
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! up 3306; then
+  echo "services: starting MariaDB"
+  as_root install -d -o mysql -g mysql /run/mysqld
+  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  wait_for MariaDB 3306
+fi
+
+if ! up 6379; then
+  echo "services: starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+  wait_for Redis 6379
+fi
+
+if ! up 5432; then
+  echo "services: starting PostgreSQL"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  wait_for PostgreSQL 5432
+fi
+
+if ! command -v memcached >/dev/null 2>&1; then
+  echo "services: installing memcached"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached >/dev/null
+fi
+if ! up 11211; then
+  echo "services: starting memcached"
+  as_root memcached -d -u memcache -l 127.0.0.1 -p 11211 -m 256
+  wait_for memcached 11211
+fi
+echo "services: MariaDB, Redis, PostgreSQL and memcached are up on 127.0.0.1"

@@ -1,0 +1,74 @@
+"""store: objects and ordered relations sharded over many MariaDB hosts.
+
+The public API is what ``__all__`` lists; every other module is an
+implementation detail. Start with `Store.from_config`.
+"""
+
+from store.config import CacheConfig, RelationSpec, StoreConfig, TypeSpec
+from store.exceptions import (
+    BackendError,
+    ConfigError,
+    ConnectionLostError,
+    DataError,
+    IdError,
+    NotFound,
+    NotSerializableError,
+    ObjectTooLargeError,
+    RoutingError,
+    ShardFullError,
+    ShardNotInitializedError,
+    StoreError,
+    UnknownRelationError,
+    UnknownTypeError,
+    WrongTypeError,
+)
+from store.ids import (
+    InstagramId,
+    PinterestId,
+    decode_instagram,
+    decode_pinterest,
+    encode_instagram,
+    encode_pinterest,
+    instagram_datetime,
+)
+from store.serde import JsonSerde, Serde
+from store.shardmap import ShardMap, ShardRange
+from store.store import Location, Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "CacheConfig",
+    "ConfigError",
+    "ConnectionLostError",
+    "DataError",
+    "IdError",
+    "InstagramId",
+    "JsonSerde",
+    "Location",
+    "NotFound",
+    "NotSerializableError",
+    "ObjectTooLargeError",
+    "PinterestId",
+    "RelationSpec",
+    "RoutingError",
+    "Serde",
+    "ShardFullError",
+    "ShardMap",
+    "ShardNotInitializedError",
+    "ShardRange",
+    "Store",
+    "StoreConfig",
+    "StoreError",
+    "TypeSpec",
+    "UnknownRelationError",
+    "UnknownTypeError",
+    "WrongTypeError",
+    "__version__",
+    "decode_instagram",
+    "decode_pinterest",
+    "encode_instagram",
+    "encode_pinterest",
+    "instagram_datetime",
+]

@@ -1,0 +1,172 @@
+"""`store bench`: the store's operations next to the raw driver doing the same work.
+
+Each case times the library call and a floor (the raw DBAPI statement on a
+connection of its own) in the same loop, alternating one call of each, so
+both see the same machine noise; the report gives medians, p99s and their
+ratios. Only ratios from one run are meaningful on a shared machine.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from store.engines import DBAPIConnection, mysql_connector, sqlite_connector
+from store.schema import database_name
+from store.store import Store
+
+__all__ = ["BenchResult", "run_bench"]
+
+PIN = {
+    "title": "Granite countertop, honed, with an undermount sink",
+    "description": "Kitchen remodel, second pass: the counters and the sink.",
+    "link": "https://example.com/kitchen/remodel/counter-and-sink",
+    "image": {"url": "https://img.example.com/p/5a/91/c3.jpg", "w": 736, "h": 1104},
+    "likes": 12,
+    "tags": ["kitchen", "granite", "remodel"],
+}  # about 300 bytes of JSON, the size the design's floor was measured with
+
+
+@dataclass
+class BenchResult:
+    """Timings of one case, in microseconds."""
+
+    case: str
+    store_median_us: float
+    store_p99_us: float
+    raw_median_us: float
+    raw_p99_us: float
+
+    @property
+    def ratio_median(self) -> float:
+        """Store median over raw median."""
+        return self.store_median_us / self.raw_median_us
+
+    @property
+    def ratio_p99(self) -> float:
+        """Store p99 over raw p99."""
+        return self.store_p99_us / self.raw_p99_us
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, ratios included."""
+        return {**asdict(self), "ratio_median": self.ratio_median, "ratio_p99": self.ratio_p99}
+
+
+def _p99(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[98]
+
+
+def _pair(
+    case: str, store_op: Callable[[int], object], raw_op: Callable[[int], object], n: int
+) -> BenchResult:
+    for i in range(min(50, n)):  # warm pools, caches and code paths
+        store_op(i)
+        raw_op(i)
+    a: list[float] = []
+    b: list[float] = []
+    clock = time.perf_counter_ns
+    for i in range(n):
+        t0 = clock()
+        store_op(i)
+        t1 = clock()
+        raw_op(i)
+        t2 = clock()
+        a.append((t1 - t0) / 1000)
+        b.append((t2 - t1) / 1000)
+    return BenchResult(case, statistics.median(a), _p99(a), statistics.median(b), _p99(b))
+
+
+@contextmanager
+def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPIConnection, str]]:
+    """A driver connection outside the store's pool, and the driver's placeholder."""
+    url = store.config.hosts[host]
+    if url.get_backend_name() == "sqlite":
+        store.engines.shard(shard, host)  # creates the shard file with its tables
+        conn: Any = sqlite_connector(Path(str(url.database)) / f"{database_name(shard)}.sqlite3")()
+        param = "?"
+    else:
+        conn = mysql_connector(url)()
+        param = "%s"
+    try:
+        yield conn, param
+    finally:
+        conn.close()
+
+
+def run_bench(
+    store: Store, *, n: int = 2000, progress: Callable[[str], None] | None = None
+) -> list[BenchResult]:
+    """Run every case ``n`` times against ``store``'s first open shard's host."""
+    shard = store.config.open_shards[0][0]
+    host = store.shard_map.master(shard)
+    pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
+    table = store.engines.dialect(host).table(shard, pin_type.table)
+    results: list[BenchResult] = []
+    say = progress or (lambda _msg: None)
+    with _raw_connection(store, host, shard) as (raw, p):
+        cur = raw.cursor()
+
+        # The floors do the same work as the store: encode before the INSERT,
+        # decode after the SELECT, with the same JSON library.
+        def raw_insert(_i: int) -> None:
+            cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
+
+        say("create")
+        results.append(
+            _pair("create", lambda _i: store.create(pin_type.name, PIN, shard=shard), raw_insert, n)
+        )
+        ids = [store.create(pin_type.name, PIN, shard=shard) for _ in range(200)]
+        local_ids = [store.locate(i).local_id for i in ids]
+        rng = random.Random(7)
+        picks = [rng.randrange(len(ids)) for _ in range(n + 50)]
+
+        def raw_get(i: int) -> None:
+            cur.execute(
+                f"SELECT data FROM {table} WHERE local_id = {p} AND active = 1", (local_ids[picks[i]],)
+            )
+            orjson.loads(cur.fetchone()[0])
+
+        say("get")
+        results.append(_pair("get", lambda i: store.get(ids[picks[i]]), raw_get, n))
+
+        batches = [rng.sample(range(len(ids)), 50) for _ in range(16)]
+        in_list = ", ".join([p] * 50)
+
+        def raw_get_many(i: int) -> None:
+            cur.execute(
+                f"SELECT local_id, data FROM {table} WHERE active = 1 AND local_id IN ({in_list})",
+                [local_ids[j] for j in batches[i % 16]],
+            )
+            {row[0]: orjson.loads(row[1]) for row in cur.fetchall()}
+
+        say("get_many(50)")
+        results.append(
+            _pair(
+                "get_many(50)",
+                lambda i: store.get_many([ids[j] for j in batches[i % 16]]),
+                raw_get_many,
+                max(1, n // 2),
+            )
+        )
+        cur.close()
+    return results
+
+
+def format_results(results: list[BenchResult]) -> str:
+    """A fixed-width table of results."""
+    head = ("case", "store med", "raw med", "ratio", "store p99", "raw p99", "ratio")
+    lines = ["{:<16}{:>11}{:>10}{:>7}{:>11}{:>10}{:>7}".format(*head)]
+    for r in results:
+        lines.append(
+            f"{r.case:<16}{r.store_median_us:>9.0f}us{r.raw_median_us:>8.0f}us{r.ratio_median:>6.2f}x"
+            f"{r.store_p99_us:>9.0f}us{r.raw_p99_us:>8.0f}us{r.ratio_p99:>6.2f}x"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,298 @@
+"""The `store` command: a thin layer over the library.
+
+Each command builds the library object, calls one method and formats the
+result. A `StoreError` becomes one line on stderr and exit code 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from store.config import StoreConfig
+from store.defaults import embedded_config
+from store.exceptions import IdError, StoreError
+from store.ids import (
+    INSTAGRAM_EPOCH_MS,
+    decode_instagram,
+    decode_pinterest,
+    encode_instagram,
+    encode_pinterest,
+)
+from store.store import Store
+
+__all__ = ["main"]
+
+
+class _Group(click.Group):
+    """A group that turns library errors into one clean line and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StoreError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+
+
+_config_option = click.option(
+    "--config",
+    "config_path",
+    envvar="STORE_CONFIG",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="YAML config file (default: $STORE_CONFIG, else the embedded SQLite default).",
+)
+
+
+def _load_config(path: Path | None) -> StoreConfig:
+    return embedded_config() if path is None else StoreConfig.from_file(path)
+
+
+def _open(path: Path | None) -> Store:
+    return Store(_load_config(path))
+
+
+def _parse_id(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise IdError(f"{text!r} is not an integer ID") from None
+
+
+def _parse_shards(text: str | None, shards: int) -> range | None:
+    if text is None:
+        return None
+    low, sep, high = text.partition("-")
+    try:
+        a = int(low)
+        b = int(high) if sep else a
+    except ValueError:
+        raise IdError(f"--shards takes A-B or N (e.g. 0-511), got {text!r}") from None
+    if not 0 <= a <= b < shards:
+        raise IdError(f"--shards {text} must lie within 0-{shards - 1}, low before high")
+    return range(a, b + 1)
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="store")
+def main() -> None:
+    """Sharded object/relation store over MariaDB: IDs, shard map, objects."""
+
+
+# -- ids ---------------------------------------------------------------------
+
+
+@main.group()
+def ids() -> None:
+    """Encode and decode 64-bit IDs (pure; no database)."""
+
+
+@ids.command("decode")
+@click.argument("id_text", metavar="ID")
+@click.option(
+    "--scheme", type=click.Choice(["pinterest", "instagram"]), default="pinterest", show_default=True
+)
+@click.option("--epoch-ms", type=int, default=INSTAGRAM_EPOCH_MS, show_default=True, help="Instagram epoch.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def ids_decode(id_text: str, scheme: str, epoch_ms: int, as_json: bool) -> None:
+    """Split ID into its fields."""
+    value = _parse_id(id_text)
+    out: dict[str, Any]
+    if scheme == "pinterest":
+        out = {"id": value, **decode_pinterest(value)._asdict()}
+    else:
+        d = decode_instagram(value)
+        out = {"id": value, **d._asdict(), "time": d.datetime(epoch_ms).isoformat()}
+    if as_json:
+        _echo_json(out)
+    else:
+        click.echo(" ".join(f"{k}={v}" for k, v in out.items()))
+
+
+@ids.command("encode")
+@click.option(
+    "--scheme", type=click.Choice(["pinterest", "instagram"]), default="pinterest", show_default=True
+)
+@click.option("--shard", type=int, required=True, help="Shard id.")
+@click.option("--type", "type_id", type=int, help="Type id (pinterest).")
+@click.option("--local", "local_id", type=int, help="Local id (pinterest).")
+@click.option("--ms", type=int, help="Milliseconds since the epoch (instagram).")
+@click.option("--sequence", type=int, help="Sequence (instagram).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def ids_encode(
+    scheme: str,
+    shard: int,
+    type_id: int | None,
+    local_id: int | None,
+    ms: int | None,
+    sequence: int | None,
+    as_json: bool,
+) -> None:
+    """Build an ID from its fields."""
+    if scheme == "pinterest":
+        if type_id is None or local_id is None:
+            raise IdError("a pinterest ID needs --shard, --type and --local")
+        value = encode_pinterest(shard, type_id, local_id)
+    else:
+        if ms is None or sequence is None:
+            raise IdError("an instagram ID needs --ms, --shard and --sequence")
+        value = encode_instagram(ms, shard, sequence)
+    click.echo(json.dumps({"id": value}) if as_json else str(value))
+
+
+# -- provisioning and the map ------------------------------------------------
+
+
+@main.command()
+@_config_option
+@click.option("--shards", "shard_text", help="Only these shards, A-B (default: all).")
+def init(config_path: Path | None, shard_text: str | None) -> None:
+    """Create every shard database and table on its master (idempotent)."""
+    from store.admin import init_shards
+
+    config = _load_config(config_path)
+    wanted = _parse_shards(shard_text, config.shards) or range(config.shards)
+    with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
+        report = init_shards(config, shards=wanted, on_shard=lambda _s: bar.update(1))
+    click.echo(
+        f"{report.shards} shards checked on {len(report.per_host)} host(s) in {report.seconds:.1f} s: "
+        f"{report.databases_created} databases and {report.tables_created} tables created"
+    )
+
+
+@main.group("map")
+def map_() -> None:
+    """Inspect the shard map."""
+
+
+@map_.command("show")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def map_show(config_path: Path | None, as_json: bool) -> None:
+    """List shard ranges, their hosts and the map version."""
+    config = _load_config(config_path)
+    m = config.shard_map
+    if as_json:
+        rows = [
+            {"range": [r.start, r.end], "shards": len(r), "master": r.master, "slave": r.slave}
+            for r in m.ranges
+        ]
+        _echo_json({"version": m.version, "shards": m.shards, "ranges": rows})
+        return
+    click.echo(f"shard map version {m.version}, {m.shards} shards, {len(m.ranges)} range(s)")
+    click.echo(f"{'range':<16}{'shards':>8}  {'master':<16}{'slave'}")
+    for r in m.ranges:
+        click.echo(f"{f'{r.start}-{r.end}':<16}{len(r):>8}  {r.master:<16}{r.slave or '-'}")
+
+
+# -- objects -------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("id_text", metavar="ID")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON with the object's location.")
+def get(id_text: str, config_path: Path | None, as_json: bool) -> None:
+    """Print the object with ID (exit 1 if there is none)."""
+    with _open(config_path) as store:
+        value = _parse_id(id_text)
+        loc = store.locate(value)
+        data = store.require(value)
+    if as_json:
+        _echo_json(
+            {"id": value, "type": loc.type.name, "shard": loc.shard, "local_id": loc.local_id,
+             "host": loc.host, "data": data}
+        )  # fmt: skip
+    else:
+        click.echo(json.dumps(data, ensure_ascii=False))
+
+
+@main.command()
+@click.argument("type_name", metavar="TYPE")
+@click.argument("data_text", metavar="JSON")
+@_config_option
+@click.option("--near", "near_text", help="Put the object on this ID's shard.")
+@click.option("--shard", type=int, help="Put the object on this shard.")
+def create(
+    type_name: str, data_text: str, config_path: Path | None, near_text: str | None, shard: int | None
+) -> None:
+    """Create an object of TYPE from a JSON object; print its ID."""
+    data = _parse_json(data_text)
+    with _open(config_path) as store:
+        near = None if near_text is None else _parse_id(near_text)
+        click.echo(store.create(type_name, data, near=near, shard=shard))
+
+
+@main.command()
+@click.argument("id_text", metavar="ID")
+@click.argument("data_text", metavar="JSON")
+@_config_option
+def update(id_text: str, data_text: str, config_path: Path | None) -> None:
+    """Merge a JSON object of changes into the object with ID; print the result."""
+    changes = _parse_json(data_text)
+    with _open(config_path) as store:
+        click.echo(json.dumps(store.update(_parse_id(id_text), changes), ensure_ascii=False))
+
+
+@main.command()
+@click.argument("id_text", metavar="ID")
+@_config_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def delete(id_text: str, config_path: Path | None, yes: bool) -> None:
+    """Soft-delete the object with ID (the row stays, marked inactive)."""
+    value = _parse_id(id_text)
+    if not yes:
+        click.confirm(f"soft-delete object {value}?", abort=True)
+    with _open(config_path) as store:
+        click.echo("deleted" if store.delete(value) else "nothing to delete")
+
+
+def _parse_json(text: str) -> dict[str, Any]:
+    from store.exceptions import NotSerializableError
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise NotSerializableError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise NotSerializableError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+# -- demo and bench -------------------------------------------------------------
+
+
+@main.command()
+@_config_option
+def demo(config_path: Path | None) -> None:
+    """Create users, boards and pins, read them back, time each step."""
+    from store.demo import run_demo
+
+    with _open(config_path) as store:
+        run_demo(store, say=click.echo)
+
+
+@main.command()
+@_config_option
+@click.option("-n", "--iterations", default=2000, show_default=True, help="Calls per case.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
+    """Time store operations next to the raw driver doing the same work."""
+    from store.bench import format_results, run_bench
+
+    say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
+    with _open(config_path) as store:
+        results = run_bench(store, n=iterations, progress=say)
+    if as_json:
+        _echo_json([r.as_dict() for r in results])
+    else:
+        click.echo(format_results(results))

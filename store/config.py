@@ -1,0 +1,370 @@
+"""Load and validate the store's YAML config into frozen values.
+
+`StoreConfig.from_file` / `StoreConfig.from_dict` check everything up front
+and raise `ConfigError` naming the key at fault and how to fix it. Host URLs
+may be overridden by environment variables, ``STORE_HOST_<NAME>`` where NAME is
+the host name upper-cased with every other character turned into ``_`` (so
+``MySQL001A`` reads ``STORE_HOST_MYSQL001A``): secrets stay out of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from store.exceptions import ConfigError
+from store.ids import INSTAGRAM_EPOCH_MS
+from store.shardmap import ShardMap, ShardRange
+
+__all__ = [
+    "DEFAULT_MAX_OBJECT_BYTES",
+    "DEFAULT_MAX_PAGE",
+    "CacheConfig",
+    "RelationSpec",
+    "StoreConfig",
+    "TypeSpec",
+    "host_env_var",
+]
+
+DEFAULT_MAX_OBJECT_BYTES = 1 << 20
+DEFAULT_MAX_PAGE = 1000
+#: MEDIUMTEXT holds 16 MiB - 1 bytes; the limit may not exceed what the column holds.
+MAX_OBJECT_BYTES_CEILING = (1 << 24) - 1
+DEFAULT_POOL_SIZE = 8
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_TOP_KEYS = frozenset(
+    {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
+     "instagram", "pool_size"}
+)  # fmt: skip
+_BACKENDS = frozenset({"mysql", "mariadb", "sqlite"})
+
+
+@dataclass(frozen=True, slots=True)
+class TypeSpec:
+    """An object type: its name, the type id in its IDs, and its table in each shard."""
+
+    name: str
+    id: int
+    table: str
+
+
+@dataclass(frozen=True, slots=True)
+class RelationSpec:
+    """A one-directional relation table stored on the shard of ``from_type`` objects."""
+
+    name: str
+    from_type: str
+    to_type: str
+    inverse: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Which caches to use. Empty means no cache."""
+
+    memcached: tuple[str, ...] = ()
+    redis: str | None = None
+    memory: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """The whole validated configuration of a store."""
+
+    ids: str
+    shard_map: ShardMap
+    hosts: Mapping[str, URL]
+    types: Mapping[str, TypeSpec]
+    relations: Mapping[str, RelationSpec]
+    open_shards: tuple[tuple[int, int], ...]
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES
+    max_page: int = DEFAULT_MAX_PAGE
+    instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
+    pool_size: int = DEFAULT_POOL_SIZE
+    base_dir: Path = field(default_factory=Path.cwd)
+
+    @property
+    def shards(self) -> int:
+        """How many logical shards exist (0..shards-1)."""
+        return self.shard_map.shards
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> StoreConfig:
+        """Read a YAML config; relative SQLite paths resolve against its folder."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of keys (ids, shards, ...)")
+        return cls.from_dict(raw, base_dir=p.resolve().parent)
+
+    @classmethod
+    def from_dict(
+        cls,
+        raw: Mapping[str, Any],
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> StoreConfig:
+        """Validate a config mapping (as loaded from YAML) into a `StoreConfig`."""
+        env = os.environ if environ is None else environ
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        if not isinstance(raw, Mapping):
+            raise ConfigError("config must be a mapping of keys (ids, shards, hosts, map, types)")
+        unknown = sorted(set(raw) - _TOP_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"unknown config key(s) {', '.join(map(str, unknown))}; "
+                f"known keys are {', '.join(sorted(_TOP_KEYS))}"
+            )
+        ids = raw.get("ids", "pinterest")
+        if ids not in ("pinterest", "instagram"):
+            raise ConfigError(f"ids must be 'pinterest' or 'instagram', got {ids!r}")
+        shards = _int(raw, "shards", None, 1, 65536 if ids == "pinterest" else 8192)
+        hosts = _hosts(raw.get("hosts"), env, base)
+        shard_map = _map(raw.get("map"), shards, hosts)
+        types = _types(raw.get("types"), ids)
+        relations = _relations(raw.get("relations"), types)
+        open_shards = _open_shards(raw.get("open_shards"), shards)
+        limits = raw.get("limits") or {}
+        if not isinstance(limits, Mapping):
+            raise ConfigError("limits must be a mapping, e.g. {max_object_bytes: 1048576}")
+        bad = sorted(set(limits) - {"max_object_bytes", "max_page"})
+        if bad:
+            raise ConfigError(f"unknown limits key(s) {bad}; known: max_object_bytes, max_page")
+        insta = raw.get("instagram") or {}
+        if not isinstance(insta, Mapping) or set(insta) - {"epoch_ms"}:
+            raise ConfigError("instagram must be a mapping with one key, epoch_ms")
+        return cls(
+            ids=ids,
+            shard_map=shard_map,
+            hosts=hosts,
+            types=types,
+            relations=relations,
+            open_shards=open_shards,
+            cache=_cache(raw.get("cache")),
+            max_object_bytes=_int(
+                limits, "max_object_bytes", DEFAULT_MAX_OBJECT_BYTES, 2, MAX_OBJECT_BYTES_CEILING
+            ),
+            max_page=_int(limits, "max_page", DEFAULT_MAX_PAGE, 1, 1_000_000),
+            instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
+            pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
+            base_dir=base,
+        )
+
+    def type_by_name(self, name: str) -> TypeSpec:
+        """The type called ``name``."""
+        return self.types[name]
+
+
+def host_env_var(host: str) -> str:
+    """The environment variable that overrides ``host``'s URL."""
+    return "STORE_HOST_" + re.sub(r"[^A-Za-z0-9]", "_", host).upper()
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise ConfigError(f"{key} is required: an int in {low}..{high}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{key} must be an int in {low}..{high}, got {value!r}")
+    return value
+
+
+def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError(
+            "hosts must map host names to SQLAlchemy URLs, "
+            "e.g. {MySQL001A: 'mysql+pymysql://root@127.0.0.1:3306'}"
+        )
+    out: dict[str, URL] = {}
+    for name, url_text in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"host names must be non-empty strings, got {name!r}")
+        url_text = env.get(host_env_var(name), url_text)
+        if not isinstance(url_text, str):
+            raise ConfigError(f"hosts.{name} must be a URL string, got {url_text!r}")
+        try:
+            url = make_url(url_text)
+        except ArgumentError as exc:
+            raise ConfigError(f"hosts.{name} is not a valid SQLAlchemy URL: {url_text!r}") from exc
+        if url.get_backend_name() not in _BACKENDS:
+            raise ConfigError(
+                f"hosts.{name} uses backend {url.get_backend_name()!r}; "
+                f"supported: {', '.join(sorted(_BACKENDS))}"
+            )
+        if url.get_backend_name() == "sqlite":
+            # A SQLite "host" is a folder holding one file per shard.
+            if not url.database or url.database == ":memory:":
+                raise ConfigError(
+                    f"hosts.{name}: a SQLite host names a folder for its shard files, e.g. sqlite:///data"
+                )
+            folder = Path(url.database)
+            if not folder.is_absolute():
+                folder = base / folder
+            url = url.set(database=str(folder))
+        elif url.database:
+            raise ConfigError(
+                f"hosts.{name} names database {url.database!r}; leave it out: "
+                "each shard is its own database (db00000, db00001, ...)"
+            )
+        out[name] = url
+    return out
+
+
+def _pair(value: object, what: str, shards: int) -> tuple[int, int]:
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
+        raise ConfigError(f"{what} must be [first, last] shard numbers, got {value!r}")
+    low, high = value
+    if low > high:
+        raise ConfigError(f"{what} [{low}, {high}] is reversed: write [low, high]")
+    if low < 0 or high >= shards:
+        raise ConfigError(
+            f"{what} [{low}, {high}] goes beyond shards 0..{shards - 1}; shrink it or raise shards"
+        )
+    return low, high
+
+
+def _map(raw: object, shards: int, hosts: Mapping[str, URL]) -> ShardMap:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(
+            f"map must be a list of ranges, e.g. [{{range: [0, {shards - 1}], master: HOST, slave: HOST}}]"
+        )
+    ranges = []
+    for i, item in enumerate(raw):
+        what = f"map[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{what} must be a mapping with range, master and optional slave")
+        extra = sorted(set(item) - {"range", "master", "slave"})
+        if extra:
+            raise ConfigError(f"{what} has unknown key(s) {extra}; known: range, master, slave")
+        low, high = _pair(item.get("range"), f"{what}.range", shards)
+        for role in ("master", "slave"):
+            host = item.get(role)
+            if host is None and role == "slave":
+                continue
+            if host not in hosts:
+                raise ConfigError(
+                    f"{what}.{role} is {host!r}, which is not under hosts; known hosts: {', '.join(hosts)}"
+                )
+        ranges.append(ShardRange(low, high, item["master"], item.get("slave")))
+    return ShardMap(ranges, shards=shards)
+
+
+def _types(raw: object, ids: str) -> dict[str, TypeSpec]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError("types must map type names to {id: N, table: NAME}, e.g. pin: {id: 1, table: pins}")
+    out: dict[str, TypeSpec] = {}
+    by_id: dict[int, str] = {}
+    tables: dict[str, str] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not _IDENT.match(name):
+            raise ConfigError(f"type name {name!r} must be lower_snake_case (a-z, 0-9, _)")
+        if not isinstance(spec, Mapping) or set(spec) - {"id", "table"}:
+            raise ConfigError(f"types.{name} must be {{id: N, table: NAME}}, got {spec!r}")
+        type_id = spec.get("id")
+        if not isinstance(type_id, int) or isinstance(type_id, bool) or not 0 <= type_id <= 1023:
+            raise ConfigError(f"types.{name}.id must be an int in 0..1023 (10 bits), got {type_id!r}")
+        if type_id in by_id:
+            raise ConfigError(
+                f"types.{name}.id {type_id} is already used by type {by_id[type_id]!r}; "
+                "each type needs its own id"
+            )
+        table = spec.get("table", name)
+        if not isinstance(table, str) or not _IDENT.match(table):
+            raise ConfigError(f"types.{name}.table {table!r} must be lower_snake_case, at most 64 chars")
+        if table in tables:
+            raise ConfigError(f"types.{name}.table {table!r} is also the table of type {tables[table]!r}")
+        by_id[type_id] = name
+        tables[table] = name
+        out[name] = TypeSpec(name, type_id, table)
+    return out
+
+
+def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, RelationSpec]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError("relations must map names to {from: TYPE, to: TYPE, inverse: NAME}")
+    tables = {t.table for t in types.values()}
+    out: dict[str, RelationSpec] = {}
+
+    def add(spec: RelationSpec) -> None:
+        if spec.name in tables:
+            raise ConfigError(f"relation {spec.name!r} has the same name as an object table")
+        old = out.get(spec.name)
+        if old is not None and old != spec:
+            raise ConfigError(
+                f"relation {spec.name!r} is defined twice, differently "
+                f"(once as the inverse of {old.inverse or spec.inverse!r}); make them agree"
+            )
+        out[spec.name] = spec
+
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not _IDENT.match(name):
+            raise ConfigError(f"relation name {name!r} must be lower_snake_case (a-z, 0-9, _)")
+        if not isinstance(spec, Mapping) or set(spec) - {"from", "to", "inverse"}:
+            raise ConfigError(f"relations.{name} must be {{from: TYPE, to: TYPE, inverse: NAME}}")
+        for end in ("from", "to"):
+            if spec.get(end) not in types:
+                raise ConfigError(
+                    f"relations.{name}.{end} is {spec.get(end)!r}, which is not a type; "
+                    f"known types: {', '.join(types)}"
+                )
+        inverse = spec.get("inverse")
+        if inverse is not None and (not isinstance(inverse, str) or not _IDENT.match(inverse)):
+            raise ConfigError(f"relations.{name}.inverse {inverse!r} must be lower_snake_case")
+        if inverse == name:
+            raise ConfigError(f"relations.{name}.inverse names the relation itself")
+        add(RelationSpec(name, spec["from"], spec["to"], inverse))
+        if inverse is not None:
+            add(RelationSpec(inverse, spec["to"], spec["from"], name))
+    return out
+
+
+def _open_shards(raw: object, shards: int) -> tuple[tuple[int, int], ...]:
+    if raw is None:
+        return ((0, shards - 1),)
+    if isinstance(raw, list) and raw and all(isinstance(v, list | tuple) for v in raw):
+        return tuple(_pair(v, f"open_shards[{i}]", shards) for i, v in enumerate(raw))
+    return (_pair(raw, "open_shards", shards),)
+
+
+def _cache(raw: object) -> CacheConfig:
+    if raw is None:
+        return CacheConfig()
+    if not isinstance(raw, Mapping) or set(raw) - {"memcached", "redis", "memory"}:
+        raise ConfigError(
+            "cache must be a mapping with memcached: [host:port, ...], redis: URL and/or memory: true"
+        )
+    mc = raw.get("memcached") or []
+    if isinstance(mc, str):
+        mc = [mc]
+    if not isinstance(mc, list) or not all(isinstance(s, str) and ":" in s for s in mc):
+        raise ConfigError(f"cache.memcached must be a list of host:port strings, got {mc!r}")
+    redis = raw.get("redis")
+    if redis is not None and (not isinstance(redis, str) or not redis.startswith(("redis://", "unix://"))):
+        raise ConfigError(f"cache.redis must be a redis:// URL, got {redis!r}")
+    memory = raw.get("memory", False)
+    if not isinstance(memory, bool):
+        raise ConfigError(f"cache.memory must be true or false, got {memory!r}")
+    return CacheConfig(memcached=tuple(mc), redis=redis, memory=memory)

@@ -1,0 +1,309 @@
+"""Connections to shards: one connection pool per host.
+
+A MariaDB host holds many shard databases and has one pool that all of them
+share; statements name their table as ``db00042.pins``. A SQLite "host" is a
+folder with one file per shard, so there each shard file gets a small pool of
+its own, created (tables included) on first use.
+
+Host URLs are SQLAlchemy URLs (``mysql+pymysql://user:pw@host:3306``,
+``mysql+mysqldb://...`` for mysqlclient, ``sqlite:///folder``). The hot path
+runs SQL text built once per table on DBAPI connections, because a
+SQLAlchemy Core statement costs tens of microseconds per call more than the
+driver round trip it wraps (see BENCHMARKS.md and `store.pool`).
+Connections run in autocommit mode: a read is one round trip and never
+leaves a snapshot open; writes that need a transaction say BEGIN.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from sqlalchemy.engine import URL
+
+from store.config import StoreConfig
+from store.exceptions import BackendError, ConnectionLostError, ShardNotInitializedError
+from store.pool import ConnectionPool
+from store.schema import database_name, shard_ddl
+
+__all__ = ["Cursor", "DBAPIConnection", "Engines", "ShardHandle", "SqlDialect"]
+
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 60
+SQLITE_BUSY_TIMEOUT_S = 30.0
+# MariaDB: 1049 unknown database, 1146 unknown table.
+_MYSQL_MISSING = frozenset({1049, 1146})
+# MariaDB client errors meaning the connection is gone: can't connect (2002,
+# 2003), server gone away (2006), lost during query (2013), lost (2055).
+_MYSQL_DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
+_DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
+
+
+class Cursor(Protocol):
+    """The part of a DBAPI cursor that `store` uses."""
+
+    lastrowid: int | None
+    rowcount: int
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any:
+        """Run one statement."""
+
+    def executemany(self, sql: str, params: Any, /) -> Any:
+        """Run one statement for many parameter sets."""
+
+    def fetchone(self) -> Any:
+        """The next row or None."""
+
+    def fetchall(self) -> Any:
+        """Every remaining row."""
+
+    def close(self) -> Any:
+        """Release the cursor."""
+
+
+class DBAPIConnection(Protocol):
+    """The part of a DBAPI connection that `store` uses."""
+
+    def cursor(self) -> Cursor:
+        """A new cursor."""
+
+    def close(self) -> Any:
+        """Close the connection."""
+
+
+class SqlDialect:
+    """How one backend spells the statements `store` runs."""
+
+    name: str = ""
+    param: str = "%s"
+    begin: str = "BEGIN"
+    for_update: str = " FOR UPDATE"
+    touch_ts: str = ""  # extra SET clause where the DDL has no ON UPDATE
+
+    def table(self, shard: int, table: str) -> str:
+        """The quoted name of ``table`` in shard ``shard``."""
+        raise NotImplementedError
+
+    def params(self, n: int) -> str:
+        """``n`` comma-separated placeholders."""
+        return ", ".join([self.param] * n)
+
+
+class MySQLDialect(SqlDialect):
+    """MariaDB / MySQL: every shard is a database on its host."""
+
+    name = "mysql"
+    param = "%s"
+
+    def table(self, shard: int, table: str) -> str:
+        """``db00042`.`pins``, quoted."""
+        return f"`{database_name(shard)}`.`{table}`"
+
+
+class SQLiteDialect(SqlDialect):
+    """SQLite: every shard is a file of its own, so names are unqualified."""
+
+    name = "sqlite"
+    param = "?"
+    begin = "BEGIN IMMEDIATE"  # take the write lock up front: SQLite has no FOR UPDATE
+    for_update = ""
+    touch_ts = ", ts = strftime('%Y-%m-%d %H:%M:%f', 'now')"
+
+    def table(self, shard: int, table: str) -> str:
+        """``"pins"``, quoted."""
+        return f'"{table}"'
+
+
+class _Checkout:
+    """``with handle.connect() as conn``: check out, give back or discard, wrap driver errors."""
+
+    __slots__ = ("_born", "_conn", "_h")
+
+    def __init__(self, h: ShardHandle) -> None:
+        self._h = h
+
+    def __enter__(self) -> DBAPIConnection:
+        h = self._h
+        try:
+            self._conn, self._born = h.pool.checkout()
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise _wrap(exc, h.shard, h.host) from exc
+        return self._conn  # type: ignore[no-any-return]
+
+    def __exit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        h = self._h
+        if exc is None:
+            h.pool.checkin(self._conn, self._born)
+            return
+        # Whatever state the connection is in (an open transaction, a
+        # half-read result), it must not go back to the pool.
+        lost = isinstance(exc, Exception) and _is_disconnect(exc)
+        h.pool.discard(self._conn, disconnected=lost)
+        if isinstance(exc, Exception) and _is_driver_error(exc):
+            raise _wrap(exc, h.shard, h.host) from exc
+
+
+class ShardHandle:
+    """Everything needed to run statements on one shard: its dialect and its host's pool."""
+
+    __slots__ = ("dialect", "host", "pool", "shard")
+
+    def __init__(self, shard: int, host: str, pool: ConnectionPool, dialect: SqlDialect) -> None:
+        self.shard = shard
+        self.host = host
+        self.pool = pool
+        self.dialect = dialect
+
+    def connect(self) -> _Checkout:
+        """A pooled connection as a context manager; driver errors come out as `BackendError`."""
+        return _Checkout(self)
+
+    def table(self, table: str) -> str:
+        """The quoted name of ``table`` in this shard."""
+        return self.dialect.table(self.shard, table)
+
+
+def _is_driver_error(exc: Exception) -> bool:
+    if isinstance(exc, sqlite3.Error | ConnectionError | TimeoutError):
+        return True
+    return type(exc).__module__.startswith(("pymysql", "MySQLdb", "psycopg"))
+
+
+def _is_disconnect(exc: Exception) -> bool:
+    if isinstance(exc, ConnectionError | TimeoutError | BrokenPipeError):
+        return True
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    name = type(exc).__name__
+    return (code in _MYSQL_DISCONNECT) or (name == "InterfaceError" and code in (0, None))
+
+
+def _wrap(exc: Exception, shard: int, host: str) -> BackendError:
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    text = str(exc)
+    where = f"shard {shard} ({database_name(shard)}) on host {host}"
+    if code in _MYSQL_MISSING or "no such table" in text:
+        return ShardNotInitializedError(
+            f"{where} is not initialised ({text}); run `store init --shards {shard}-{shard}`",
+            orig=exc,
+        )
+    if _is_disconnect(exc):
+        return ConnectionLostError(f"lost or could not open the connection to {where}: {text}", orig=exc)
+    return BackendError(f"database error on {where}: {text}", orig=exc)
+
+
+def mysql_connector(url: URL) -> Callable[[], Any]:
+    """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``."""
+    driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
+    if driver not in _DRIVERS:
+        raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
+    module = importlib.import_module(_DRIVERS[driver])
+    kwargs: dict[str, Any] = {
+        "host": url.host or "127.0.0.1",
+        "port": url.port or 3306,
+        "user": url.username or "root",
+        "password": url.password or "",
+        "charset": "utf8mb4",
+        "autocommit": True,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "read_timeout": READ_TIMEOUT_S,
+    }
+    if "unix_socket" in url.query:
+        kwargs["unix_socket"] = url.query["unix_socket"]
+
+    def connect() -> Any:
+        return module.connect(**kwargs)
+
+    return connect
+
+
+def sqlite_connector(path: Path) -> Callable[[], sqlite3.Connection]:
+    """A function that opens one shard file in autocommit mode with WAL."""
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S
+        )
+        # WAL lets readers run beside the one writer; synchronous stays FULL so
+        # a commit that returned survives power loss.
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    return connect
+
+
+class Engines:
+    """One pool per host (per shard file for SQLite), created lazily, shared by threads."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._pools: dict[tuple[str, int], ConnectionPool] = {}
+        self._handles: dict[tuple[str, int], ShardHandle] = {}
+        self._dialects: dict[str, SqlDialect] = {}
+        for name, url in config.hosts.items():
+            backend = url.get_backend_name()
+            self._dialects[name] = SQLiteDialect() if backend == "sqlite" else MySQLDialect()
+
+    def dialect(self, host: str) -> SqlDialect:
+        """The dialect of ``host``."""
+        return self._dialects[host]
+
+    def shard(self, shard: int, host: str) -> ShardHandle:
+        """A handle on shard ``shard`` as held by ``host``."""
+        handle = self._handles.get((host, shard))
+        if handle is None:
+            handle = self._make_handle(shard, host)
+        return handle
+
+    def _make_handle(self, shard: int, host: str) -> ShardHandle:
+        dialect = self._dialects[host]
+        with self._lock:
+            # Server hosts share one pool across shards: key it on shard -1.
+            key = (host, shard if dialect.name == "sqlite" else -1)
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._make_pool(host, shard, dialect)
+                self._pools[key] = pool
+            handle = self._handles[(host, shard)] = ShardHandle(shard, host, pool, dialect)
+            return handle
+
+    def _make_pool(self, host: str, shard: int, dialect: SqlDialect) -> ConnectionPool:
+        url = self._config.hosts[host]
+        size = self._config.pool_size
+        if dialect.name != "sqlite":
+            return ConnectionPool(mysql_connector(url), name=host, max_open=2 * size, max_idle=size)
+        folder = Path(str(url.database))
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{database_name(shard)}.sqlite3"
+        pool = ConnectionPool(
+            sqlite_connector(path), name=f"{host}/{path.name}", max_open=2 * size, max_idle=size
+        )
+        conn, born = pool.checkout()
+        try:
+            for stmt in shard_ddl(
+                "sqlite", shard, self._config.types.values(), self._config.relations.values()
+            ):
+                conn.execute(stmt)
+        except BaseException:
+            pool.discard(conn)
+            raise
+        pool.checkin(conn, born)
+        return pool
+
+    def dispose(self) -> None:
+        """Close every idle pooled connection and forget the pools."""
+        with self._lock:
+            for pool in self._pools.values():
+                pool.clear()
+            self._pools.clear()
+            self._handles.clear()

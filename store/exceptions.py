@@ -1,0 +1,111 @@
+"""Every error `store` raises on purpose, under one root.
+
+The tree::
+
+    StoreError
+    ├── ConfigError            (also ValueError)  the config file or dict is wrong
+    ├── IdError                (also ValueError)  an ID or ID field is out of range
+    │   └── WrongTypeError                        an ID of another type than expected
+    ├── UnknownTypeError       (also LookupError) a type name not in the config
+    ├── UnknownRelationError   (also LookupError) a relation name not in the config
+    ├── RoutingError           (also LookupError) a shard that no map range covers
+    ├── DataError              (also ValueError)  an object that cannot be stored
+    │   ├── NotSerializableError                  not plain JSON (set, NaN, datetime, ...)
+    │   └── ObjectTooLargeError                   larger than `limits.max_object_bytes`
+    ├── NotFound               (also LookupError) no live object with that ID
+    ├── ShardFullError                            a shard table ran out of local ids
+    └── BackendError                              a database failed; `.orig` is the driver error
+        ├── ConnectionLostError                   the connection broke (reads retry once)
+        └── ShardNotInitializedError              the shard database or table is missing
+
+Driver exceptions never escape the public API unwrapped: they become a
+`BackendError` raised ``from`` the original, which stays on ``.orig``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "ConfigError",
+    "ConnectionLostError",
+    "DataError",
+    "IdError",
+    "NotFound",
+    "NotSerializableError",
+    "ObjectTooLargeError",
+    "RoutingError",
+    "ShardFullError",
+    "ShardNotInitializedError",
+    "StoreError",
+    "UnknownRelationError",
+    "UnknownTypeError",
+    "WrongTypeError",
+]
+
+
+class StoreError(Exception):
+    """Root of every error raised by `store` on purpose."""
+
+
+class ConfigError(StoreError, ValueError):
+    """The configuration is invalid; the message names the key and the fix."""
+
+
+class IdError(StoreError, ValueError):
+    """An ID, or one of its fields, is malformed or out of range."""
+
+
+class WrongTypeError(IdError):
+    """An ID whose type bits name another type than the operation expects."""
+
+
+class UnknownTypeError(StoreError, LookupError):
+    """A type name or type id that the configuration does not define."""
+
+
+class UnknownRelationError(StoreError, LookupError):
+    """A relation name that the configuration does not define."""
+
+
+class RoutingError(StoreError, LookupError):
+    """No range of the shard map covers the shard an ID points to."""
+
+
+class DataError(StoreError, ValueError):
+    """Object data that cannot be stored; nothing was written."""
+
+
+class NotSerializableError(DataError):
+    """Object data that is not plain JSON (dict with str keys, list, str, int, float, bool, None)."""
+
+
+class ObjectTooLargeError(DataError):
+    """Serialised object data larger than the configured limit."""
+
+
+class NotFound(StoreError, LookupError):  # noqa: N818 - the name the API promises
+    """No live (not deleted) object has this ID."""
+
+
+class ShardFullError(StoreError):
+    """A shard table has used every local id its ID layout can carry."""
+
+
+class BackendError(StoreError):
+    """A database call failed. The driver's exception is kept on ``.orig``."""
+
+    def __init__(self, message: str, *, orig: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.orig = orig
+
+
+class ConnectionLostError(BackendError):
+    """The server could not be reached or the connection broke mid-call.
+
+    A read that hits this is retried once on a new connection; a write is not
+    (it may or may not have committed), so the caller decides.
+    """
+
+
+class ShardNotInitializedError(BackendError):
+    """The shard database or one of its tables does not exist on its host."""

@@ -1,0 +1,173 @@
+"""The object repository: rows of JSON objects in per-shard tables.
+
+It knows shards, tables and local ids, never 64-bit IDs or the map: the
+`Store` facade routes, this module runs the SQL. SQL text is built once per
+(shard, table) and kept, so a call costs a dict look-up, not a statement build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import Any
+
+from store.engines import ShardHandle
+from store.exceptions import ConnectionLostError, DataError, NotFound
+from store.serde import Serde
+
+__all__ = ["ObjectRepository", "Updater"]
+
+#: ``update`` takes either a dict of changes merged into the object, or a
+#: function from the old object to the new one.
+Updater = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class _Sql:
+    """The statements for one table of one shard."""
+
+    __slots__ = ("delete", "insert", "lock", "remove", "select", "select_in", "update")
+
+    def __init__(self, h: ShardHandle, table: str) -> None:
+        d = h.dialect
+        t = h.table(table)
+        p = d.param
+        self.insert = f"INSERT INTO {t} (data) VALUES ({p})"
+        self.select = f"SELECT data FROM {t} WHERE local_id = {p} AND active = 1"
+        self.select_in = f"SELECT local_id, data FROM {t} WHERE active = 1 AND local_id IN "
+        self.lock = f"SELECT data, active FROM {t} WHERE local_id = {p}{d.for_update}"
+        self.update = f"UPDATE {t} SET data = {p}{d.touch_ts} WHERE local_id = {p}"
+        self.delete = f"UPDATE {t} SET active = 0{d.touch_ts} WHERE local_id = {p} AND active = 1"
+        self.remove = f"DELETE FROM {t} WHERE local_id = {p}"
+
+
+def _fetch(h: ShardHandle, sql: str, params: Sequence[Any], *, one: bool) -> Any:
+    with h.connect() as conn:
+        cur = conn.cursor()
+        cur.execute(sql, params)
+        rows = cur.fetchone() if one else cur.fetchall()
+        cur.close()
+    return rows
+
+
+class ObjectRepository:
+    """Create, read, update and soft-delete objects on one shard at a time."""
+
+    def __init__(self, *, serde: Serde) -> None:
+        self._serde = serde
+        self._sql: dict[tuple[str, int, str], _Sql] = {}
+
+    def sql(self, h: ShardHandle, table: str) -> _Sql:
+        """The cached statements for ``table`` on ``h``'s shard."""
+        key = (h.host, h.shard, table)
+        sql = self._sql.get(key)
+        if sql is None:
+            sql = self._sql[key] = _Sql(h, table)
+        return sql
+
+    def encode(self, data: dict[str, Any]) -> str:
+        """Validate and serialise ``data``; raises `DataError` before any I/O."""
+        return self._serde.dumps(data)
+
+    def insert(self, h: ShardHandle, table: str, text: str) -> int:
+        """Insert one encoded object; return its new local id."""
+        sql = self.sql(h, table)
+        with h.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(sql.insert, (text,))
+            local_id = cur.lastrowid
+            cur.close()
+        if not local_id:
+            raise DataError(f"the database returned no local id for the insert into {table}")
+        return local_id
+
+    def remove(self, h: ShardHandle, table: str, local_id: int) -> None:
+        """Hard-delete one row (used only to undo an insert that cannot get an ID)."""
+        with h.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(self.sql(h, table).remove, (local_id,))
+            cur.close()
+
+    def get(self, h: ShardHandle, table: str, local_id: int) -> dict[str, Any] | None:
+        """The live object with ``local_id``, or None."""
+        sql = self.sql(h, table).select
+        try:
+            row = _fetch(h, sql, (local_id,), one=True)
+        except ConnectionLostError:  # a read is safe to retry, once, on a new connection
+            row = _fetch(h, sql, (local_id,), one=True)
+        return None if row is None else self._serde.loads(row[0])
+
+    def get_many(
+        self, h: ShardHandle, parts: Sequence[tuple[int, str, Sequence[int]]]
+    ) -> list[tuple[int, str, int, dict[str, Any]]]:
+        """Live objects for several (shard, table, local ids) on one connection.
+
+        On a server host the parts become one UNION ALL query, one round trip
+        for the whole host; on SQLite ``parts`` hold one shard.
+        Returns (shard, table, local_id, data) for every live object found.
+        """
+        selects: list[str] = []
+        params: list[int] = []
+        labels: list[tuple[int, str]] = []
+        for i, (shard, table, local_ids) in enumerate(parts):
+            t = h.dialect.table(shard, table)
+            labels.append((shard, table))
+            selects.append(
+                f"SELECT {i} AS part, local_id, data FROM {t} "
+                f"WHERE active = 1 AND local_id IN ({h.dialect.params(len(local_ids))})"
+            )
+            params.extend(local_ids)
+        query = selects[0] if len(selects) == 1 else " UNION ALL ".join(selects)
+        try:
+            rows = _fetch(h, query, params, one=False)
+        except ConnectionLostError:
+            rows = _fetch(h, query, params, one=False)
+        loads = self._serde.loads
+        out = []
+        for part, local_id, text in rows:
+            shard, table = labels[part]
+            out.append((shard, table, local_id, loads(text)))
+        return out
+
+    def update(
+        self, h: ShardHandle, table: str, local_id: int, changes: Updater, *, what: str
+    ) -> dict[str, Any]:
+        """Read-modify-write one object under a row lock, in one transaction."""
+        sql = self.sql(h, table)
+        with h.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(h.dialect.begin)
+            try:
+                cur.execute(sql.lock, (local_id,))
+                row = cur.fetchone()
+                if row is None or not row[1]:
+                    raise NotFound(f"no live object {what}")
+                old = self._serde.loads(row[0])
+                if callable(changes):
+                    new = changes(old)
+                    if not isinstance(new, dict):
+                        raise DataError(
+                            f"the update function for {what} returned {type(new).__name__}; "
+                            "it must return the whole new object as a dict"
+                        )
+                else:
+                    new = {**old, **changes}
+                cur.execute(sql.update, (self._serde.dumps(new), local_id))
+                cur.execute("COMMIT")
+            except BaseException:
+                # The connection is invalidated on the way out anyway; the
+                # ROLLBACK releases the row lock now rather than at disconnect.
+                with suppress(Exception):
+                    cur.execute("ROLLBACK")
+                raise
+            finally:
+                cur.close()
+        return new
+
+    def delete(self, h: ShardHandle, table: str, local_id: int) -> bool:
+        """Mark one object inactive; True if it was live."""
+        with h.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(self.sql(h, table).delete, (local_id,))
+            changed = cur.rowcount
+            cur.close()
+        return bool(changed)

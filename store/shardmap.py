@@ -1,0 +1,125 @@
+"""The shard map: contiguous shard ranges -> (master, slave) host names (pure).
+
+A `ShardMap` is an immutable, versioned value checked when it is built: its
+ranges cover every shard from 0 to ``shards - 1`` with no gap and no overlap.
+Lookup is a binary search over range starts, O(log ranges).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from store.exceptions import ConfigError, RoutingError
+
+__all__ = ["ShardMap", "ShardRange"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRange:
+    """Shards ``start..end`` (both inclusive) served by ``master`` (and ``slave``)."""
+
+    start: int
+    end: int
+    master: str
+    slave: str | None = None
+
+    def __contains__(self, shard: object) -> bool:
+        return isinstance(shard, int) and self.start <= shard <= self.end
+
+    def __len__(self) -> int:
+        return self.end - self.start + 1
+
+    def shards(self) -> range:
+        """The shard numbers of this range."""
+        return range(self.start, self.end + 1)
+
+
+class ShardMap:
+    """Immutable map of every shard to its host pair, with a version number."""
+
+    __slots__ = ("_ends", "_starts", "ranges", "shards", "version")
+
+    def __init__(self, ranges: Iterable[ShardRange], *, shards: int, version: int = 1) -> None:
+        ordered = tuple(sorted(ranges, key=lambda r: r.start))
+        if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 65536:
+            raise ConfigError(f"shards must be an int in 1..65536, got {shards!r}")
+        if not isinstance(version, int) or version < 1:
+            raise ConfigError(f"map version must be a positive int, got {version!r}")
+        if not ordered:
+            raise ConfigError(f"map is empty: add a range covering shards 0..{shards - 1}")
+        expected = 0
+        for r in ordered:
+            if r.start > r.end:
+                raise ConfigError(f"map range [{r.start}, {r.end}] is reversed: write [low, high]")
+            if r.start > expected:
+                raise ConfigError(
+                    f"map has a gap: shards {expected}..{r.start - 1} are in no range; "
+                    "extend a neighbouring range or add one"
+                )
+            if r.start < expected:
+                raise ConfigError(
+                    f"map ranges overlap at shard {r.start}: each shard must be in exactly one range"
+                )
+            expected = r.end + 1
+        if expected != shards:
+            if expected < shards:
+                raise ConfigError(
+                    f"map has a gap: shards {expected}..{shards - 1} are in no range "
+                    f"(the config says shards: {shards})"
+                )
+            raise ConfigError(
+                f"map range ends at shard {expected - 1}, beyond the last shard {shards - 1} "
+                f"(shards: {shards}); shrink the range or raise shards"
+            )
+        self.ranges = ordered
+        self.shards = shards
+        self.version = version
+        self._starts = [r.start for r in ordered]
+        self._ends = [r.end for r in ordered]
+
+    def range_for(self, shard: int) -> ShardRange:
+        """The range holding ``shard``; `RoutingError` if no range does."""
+        i = bisect_right(self._starts, shard) - 1
+        if i < 0 or shard > self._ends[i]:
+            raise RoutingError(
+                f"shard {shard} is not in the shard map (shards 0..{self.shards - 1}, "
+                f"map version {self.version}): the ID is not from this store, or the map is stale"
+            )
+        return self.ranges[i]
+
+    def master(self, shard: int) -> str:
+        """Name of the host that serves reads and writes for ``shard``."""
+        if len(self.ranges) == 1 and 0 <= shard < self.shards:
+            return self.ranges[0].master
+        return self.range_for(shard).master
+
+    def hosts(self) -> list[str]:
+        """Every host name the map mentions, masters and slaves, in first-seen order."""
+        seen: dict[str, None] = {}
+        for r in self.ranges:
+            seen[r.master] = None
+            if r.slave is not None:
+                seen[r.slave] = None
+        return list(seen)
+
+    def shards_of(self, host: str) -> Iterator[int]:
+        """Every shard whose master is ``host``."""
+        for r in self.ranges:
+            if r.master == host:
+                yield from r.shards()
+
+    def __iter__(self) -> Iterator[ShardRange]:
+        return iter(self.ranges)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardMap):
+            return NotImplemented
+        return (self.ranges, self.shards, self.version) == (other.ranges, other.shards, other.version)
+
+    def __hash__(self) -> int:
+        return hash((self.ranges, self.shards, self.version))
+
+    def __repr__(self) -> str:
+        return f"ShardMap(version={self.version}, shards={self.shards}, ranges={len(self.ranges)})"
