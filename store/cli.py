@@ -169,6 +169,24 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
     )
 
 
+@main.command()
+@_config_option
+@click.option("--shard", default=0, show_default=True, help="Which shard's DDL to print.")
+@click.option(
+    "--backend",
+    type=click.Choice(["mysql", "sqlite"]),
+    default="mysql",
+    show_default=True,
+    help="SQL dialect.",
+)
+def schema(config_path: Path | None, shard: int, backend: str) -> None:
+    """Print the DDL that `store init` runs for one shard."""
+    from store.schema import render_shard_sql
+
+    config = _load_config(config_path)
+    click.echo(render_shard_sql(backend, shard, config), nl=False)
+
+
 @main.group("map")
 def map_() -> None:
     """Inspect the shard map."""

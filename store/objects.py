@@ -12,7 +12,7 @@ from contextlib import suppress
 from typing import Any
 
 from store.engines import ShardHandle
-from store.exceptions import ConnectionLostError, DataError, NotFound
+from store.exceptions import ConnectionLostError, DataError, NotFound, NotSerializableError
 from store.serde import Serde
 
 __all__ = ["ObjectRepository", "Updater"]
@@ -145,7 +145,7 @@ class ObjectRepository:
                 if callable(changes):
                     new = changes(old)
                     if not isinstance(new, dict):
-                        raise DataError(
+                        raise NotSerializableError(
                             f"the update function for {what} returned {type(new).__name__}; "
                             "it must return the whole new object as a dict"
                         )

@@ -73,11 +73,21 @@ class ShardMap:
                 f"map range ends at shard {expected - 1}, beyond the last shard {shards - 1} "
                 f"(shards: {shards}); shrink the range or raise shards"
             )
-        self.ranges = ordered
-        self.shards = shards
-        self.version = version
-        self._starts = [r.start for r in ordered]
-        self._ends = [r.end for r in ordered]
+        init = object.__setattr__  # the map is frozen: __setattr__ refuses
+        init(self, "ranges", ordered)
+        init(self, "shards", shards)
+        init(self, "version", version)
+        init(self, "_starts", tuple(r.start for r in ordered))
+        init(self, "_ends", tuple(r.end for r in ordered))
+
+    ranges: tuple[ShardRange, ...]
+    shards: int
+    version: int
+    _starts: tuple[int, ...]
+    _ends: tuple[int, ...]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"ShardMap is immutable; build a new one (tried to set {name})")
 
     def range_for(self, shard: int) -> ShardRange:
         """The range holding ``shard``; `RoutingError` if no range does."""

@@ -205,9 +205,14 @@ class Store:
         for host, groups in by_host.items():
             parts = [(shard, table, local_ids) for (shard, table), local_ids in groups.items()]
             # A server host answers for all its shards in one query; SQLite
-            # keeps one file per shard.
-            sqlite = self._engines.dialect(host).name == "sqlite"
-            batches = [[part] for part in parts] if sqlite else [parts]
+            # keeps one file per shard, so one query per shard.
+            if self._engines.dialect(host).name == "sqlite":
+                by_shard: dict[int, list[tuple[int, str, list[int]]]] = {}
+                for part in parts:
+                    by_shard.setdefault(part[0], []).append(part)
+                batches = list(by_shard.values())
+            else:
+                batches = [parts]
             for batch in batches:
                 h = self._engines.shard(batch[0][0], host)
                 for shard, table, local_id, data in self._objects.get_many(h, batch):

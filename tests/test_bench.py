@@ -1,0 +1,21 @@
+"""`store bench` runs every case on each backend and reports ratios (no timing asserts)."""
+
+from __future__ import annotations
+
+import math
+
+from store import Store
+from store.bench import format_results, run_bench
+
+
+def test_bench_reports_every_case(store: Store) -> None:
+    results = run_bench(store, n=60)
+    assert [r.case for r in results] == ["create", "get", "get_many(50)"]
+    for r in results:
+        for v in (r.store_median_us, r.raw_median_us, r.store_p99_us, r.raw_p99_us):
+            assert math.isfinite(v)
+            assert v > 0
+        assert r.as_dict()["ratio_median"] == r.store_median_us / r.raw_median_us
+    table = format_results(results)
+    assert table.splitlines()[0].startswith("case")
+    assert len(table.splitlines()) == 4

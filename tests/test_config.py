@@ -1,0 +1,166 @@
+"""Config validation: every broken key is named with its fix; the examples load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from store import ConfigError, StoreConfig
+from store.config import host_env_var
+from store.defaults import EMBEDDED, embedded_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def valid() -> dict[str, Any]:
+    return {
+        "ids": "pinterest",
+        "shards": 4096,
+        "open_shards": [0, 4095],
+        "hosts": {
+            "MySQL001A": "mysql+pymysql://root@127.0.0.1:3306",
+            "MySQL001B": "mysql+pymysql://root@127.0.0.1:3306",
+        },
+        "map": [{"range": [0, 4095], "master": "MySQL001A", "slave": "MySQL001B"}],
+        "types": {"pin": {"id": 1, "table": "pins"}, "board": {"id": 2, "table": "boards"}},
+        "relations": {"board_has_pins": {"from": "board", "to": "pin", "inverse": "pin_owned_by_board"}},
+    }
+
+
+def test_the_issue_example_is_valid() -> None:
+    c = StoreConfig.from_dict(valid())
+    assert c.shards == 4096
+    assert c.shard_map.master(3429) == "MySQL001A"
+    assert c.types["pin"].id == 1
+    assert c.relations["pin_owned_by_board"].from_type == "pin"
+    assert c.relations["pin_owned_by_board"].inverse == "board_has_pins"
+    assert c.open_shards == ((0, 4095),)
+    assert c.max_object_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("name", ["embedded.yaml", "local.yaml", "compose.yaml"])
+def test_example_configs_load(name: str) -> None:
+    c = StoreConfig.from_file(ROOT / "config" / name)
+    assert set(c.types) == {"pin", "board", "user"}
+
+
+def test_embedded_yaml_matches_the_builtin_default(tmp_path: Path) -> None:
+    from_file = yaml.safe_load((ROOT / "config" / "embedded.yaml").read_text())
+    assert {k: v for k, v in from_file.items() if k != "hosts"} == {
+        k: v for k, v in EMBEDDED.items() if k != "hosts"
+    }
+    assert embedded_config(tmp_path).hosts["local"].database == str(tmp_path.resolve())
+
+
+def test_relative_sqlite_folder_resolves_against_the_config_file(tmp_path: Path) -> None:
+    raw = valid() | {"hosts": {"MySQL001A": "sqlite:///shards", "MySQL001B": "sqlite:///other"}}
+    path = tmp_path / "sub" / "store.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(raw))
+    c = StoreConfig.from_file(path)
+    assert c.hosts["MySQL001A"].database == str(tmp_path / "sub" / "shards")
+
+
+def test_environment_overrides_a_host_url() -> None:
+    env = {host_env_var("MySQL001A"): "mysql+pymysql://app:secret@db1:3306"}
+    assert host_env_var("MySQL001A") == "STORE_HOST_MYSQL001A"
+    c = StoreConfig.from_dict(valid(), environ=env)
+    assert c.hosts["MySQL001A"].password == "secret"
+    assert c.hosts["MySQL001B"].host == "127.0.0.1"
+
+
+def broken(path: str, value: Any) -> dict[str, Any]:
+    raw = valid()
+    node = raw
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    if value is DELETE:
+        del node[keys[-1]]
+    else:
+        node[keys[-1]] = value
+    return raw
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("ids", "snowflake", "ids must be 'pinterest' or 'instagram'"),
+        ("shards", DELETE, "shards is required"),
+        ("shards", 70000, r"shards must be an int in 1..65536"),
+        ("shards", "many", "shards must be an int"),
+        ("map", [{"range": [0, 100], "master": "MySQL001A"}], r"gap: shards 101..4095"),
+        (
+            "map",
+            [{"range": [0, 2000], "master": "MySQL001A"}, {"range": [1999, 4095], "master": "MySQL001A"}],
+            "overlap at shard 1999",
+        ),
+        ("map", [{"range": [0, 5000], "master": "MySQL001A"}], r"goes beyond shards 0..4095"),
+        ("map", [{"range": [0, 4095], "master": "MySQL009A"}], "'MySQL009A', which is not under hosts"),
+        ("map", [{"range": [0, 4095], "master": "MySQL001A", "slave": "X"}], "map\\[0\\].slave is 'X'"),
+        ("map", [{"range": [0, 4095], "master": "MySQL001A", "hosts": 1}], "unknown key"),
+        ("map", [{"range": "all", "master": "MySQL001A"}], r"must be \[first, last\]"),
+        ("map", [], "map must be a list of ranges"),
+        ("types.board.id", 1, "already used by type 'pin'"),
+        ("types.board.id", 1024, r"0..1023"),
+        ("types.board.id", -1, r"0..1023"),
+        ("types.board.table", "pins", "also the table of type 'pin'"),
+        ("types.board.table", "Bad Name", "lower_snake_case"),
+        ("types", {}, "types must map type names"),
+        ("relations.board_has_pins.to", "photo", "'photo', which is not a type"),
+        ("relations.board_has_pins.inverse", "board_has_pins", "names the relation itself"),
+        ("relations.board_has_pins.inverse", "pins", "same name as an object table"),
+        ("hosts", {}, "hosts must map host names"),
+        ("hosts.MySQL001A", "not a url", "not a valid SQLAlchemy URL"),
+        ("hosts.MySQL001A", "oracle://x@y", "supported: mariadb, mysql, sqlite"),
+        ("hosts.MySQL001A", "mysql+pymysql://root@h/db00001", "leave it out"),
+        ("hosts.MySQL001A", "sqlite://", "names a folder"),
+        ("open_shards", [10, 5000], "goes beyond shards"),
+        ("open_shards", [9, 5], "reversed"),
+        ("cache", {"memcache": ["a:1"]}, "cache must be a mapping with memcached"),
+        ("cache", {"redis": "http://x"}, "redis:// URL"),
+        ("limits", {"max_object_bytes": 1 << 30}, "max_object_bytes must be an int in 2..16777215"),
+        ("limits", {"max_objects": 5}, "unknown limits key"),
+        ("shard_count", 5, "unknown config key\\(s\\) shard_count"),
+    ],
+)
+def test_broken_config_names_the_key(path: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        StoreConfig.from_dict(broken(path, value))
+
+
+def test_inverse_declared_twice_must_agree() -> None:
+    raw = valid()
+    raw["relations"]["pin_owned_by_board"] = {"from": "pin", "to": "board", "inverse": "board_has_pins"}
+    StoreConfig.from_dict(raw)  # consistent: fine
+    raw["relations"]["pin_owned_by_board"] = {"from": "board", "to": "pin"}
+    with pytest.raises(ConfigError, match="defined twice"):
+        StoreConfig.from_dict(raw)
+
+
+def test_open_shards_may_list_several_ranges() -> None:
+    c = StoreConfig.from_dict(valid() | {"open_shards": [[0, 9], [100, 109]]})
+    assert c.open_shards == ((0, 9), (100, 109))
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        StoreConfig.from_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ids: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        StoreConfig.from_file(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        StoreConfig.from_file(bad)
+
+
+def test_config_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="shards"):
+        StoreConfig.from_dict(broken("shards", 0))

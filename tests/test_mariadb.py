@@ -1,0 +1,119 @@
+"""What only the real MariaDB can show: the rows where the ID says, DDL, disconnects."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+import pymysql
+import pytest
+
+from store import ConnectionLostError, ShardNotInitializedError, Store, StoreConfig, decode_pinterest
+from store.admin import init_shards
+from tests.conftest import mariadb_config
+
+
+def root() -> Any:
+    return pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+
+
+def test_object_is_where_its_id_says(mariadb_ready: StoreConfig) -> None:
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {"name": "kitchen", "é": "ü"})
+        pin = store.create("pin", {"title": "granite", "board": board}, near=board)
+    shard, type_id, local_id = decode_pinterest(pin)
+    assert type_id == 1
+    query = f"SELECT data, active FROM db{shard:05d}.pins WHERE local_id = {local_id}"
+    client = shutil.which("mariadb") or shutil.which("mysql")
+    if client is not None:  # the operator's view: the command-line client
+        out = subprocess.run(
+            [client, "-uroot", "-h127.0.0.1", "-N", "-B", "-e", query],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert out.strip() == f'{{"title":"granite","board":{board}}}\t1'
+    conn = root()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query)
+            assert cur.fetchone() == (f'{{"title":"granite","board":{board}}}', 1)
+            cur.execute(
+                f"SELECT data FROM db{shard:05d}.boards WHERE local_id = {decode_pinterest(board).local_id}"
+            )
+            assert cur.fetchone() == ('{"name":"kitchen","é":"ü"}',)
+    finally:
+        conn.close()
+
+
+def test_init_is_idempotent_and_makes_the_documented_tables(mariadb_ready: StoreConfig) -> None:
+    again = init_shards(mariadb_ready)
+    assert (again.databases_created, again.tables_created) == (0, 0)
+    conn = root()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW CREATE TABLE db00003.board_has_pins")
+            ddl = cur.fetchone()[1]
+            assert "PRIMARY KEY (`from_id`,`to_id`)" in ddl
+            assert "KEY `from_sequence_to` (`from_id`,`sequence`,`to_id`)" in ddl
+            assert "`from_id` bigint(20) unsigned NOT NULL" in ddl
+            cur.execute("SHOW CREATE TABLE db00003.pins")
+            ddl = cur.fetchone()[1]
+            assert "`local_id` bigint(20) unsigned NOT NULL AUTO_INCREMENT" in ddl
+            assert "timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3)" in ddl
+            assert "ENGINE=InnoDB" in ddl
+            assert "utf8mb4" in ddl
+            cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'db00005'")
+            expected = len(mariadb_ready.types) + len(mariadb_ready.relations)
+            assert cur.fetchone()[0] == expected
+    finally:
+        conn.close()
+
+
+def test_missing_shard_says_to_run_init(mariadb_ready: StoreConfig) -> None:
+    raw = mariadb_config()
+    raw["shards"] = 10
+    raw["map"][-1]["range"] = [4, 9]
+    conn = root()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("DROP DATABASE IF EXISTS db00009")
+    finally:
+        conn.close()
+    with Store.from_config(raw) as store:
+        with pytest.raises(ShardNotInitializedError, match=r"store init --shards 9-9"):
+            store.create("pin", {"a": 1}, shard=9)
+        report = init_shards(store.config, shards=[9])
+        assert report.databases_created == 1
+        assert store.get(store.create("pin", {"a": 1}, shard=9)) == {"a": 1}
+
+
+def test_a_read_survives_a_killed_connection(mariadb_ready: StoreConfig) -> None:
+    with Store(mariadb_ready) as store:
+        pin = store.create("pin", {"a": 1}, shard=0)
+        assert store.get(pin) == {"a": 1}
+        pool = store.engines.shard(0, store.locate(pin).host).pool
+        victims = [c.thread_id() for c, _born in list(pool._idle)]
+        assert victims
+        conn = root()
+        try:
+            with conn.cursor() as cur:
+                for tid in victims:
+                    cur.execute(f"KILL {tid}")
+        finally:
+            conn.close()
+        opened = pool.opened
+        assert store.get(pin) == {"a": 1}  # retried once on a fresh connection
+        assert pool.opened == opened + 1
+        assert store.get_many([pin]) == {pin: {"a": 1}}
+
+
+def test_unreachable_host_is_a_connection_error() -> None:
+    raw = mariadb_config()
+    raw["hosts"] = {
+        "MySQL001A": "mysql+pymysql://root@127.0.0.1:1",
+        "MySQL002A": "mysql+pymysql://root@127.0.0.1:1",
+    }
+    with Store.from_config(raw) as store, pytest.raises(ConnectionLostError, match="on host MySQL00"):
+        store.create("pin", {"a": 1})

@@ -1,0 +1,72 @@
+"""The connection pool's rules, on real SQLite connections."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from store import BackendError
+from store.engines import sqlite_connector
+from store.pool import ConnectionPool
+
+
+def make(tmp_path: Path, **kw: float) -> ConnectionPool:
+    return ConnectionPool(sqlite_connector(tmp_path / "p.sqlite3"), name="test", **kw)  # type: ignore[arg-type]
+
+
+def test_reuses_idle_connections(tmp_path: Path) -> None:
+    pool = make(tmp_path)
+    conn, born = pool.checkout()
+    pool.checkin(conn, born)
+    again, _ = pool.checkout()
+    assert again is conn
+    assert pool.opened == 1
+    assert pool.in_use == 1
+
+
+def test_caps_open_connections_and_times_out(tmp_path: Path) -> None:
+    pool = make(tmp_path, max_open=2, timeout_s=0.2)
+    a, b = pool.checkout(), pool.checkout()
+    with pytest.raises(BackendError, match="all 2 are in use"):
+        pool.checkout()
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(pool.checkout()[0]))
+    pool._timeout_s = 5  # now wait for the connection that the main thread gives back
+    waiter.start()
+    pool.checkin(*a)
+    waiter.join(5)
+    assert got == [a[0]]
+    pool.checkin(*b)
+
+
+def test_discard_closes_and_a_disconnect_empties_the_idle_list(tmp_path: Path) -> None:
+    pool = make(tmp_path)
+    a, b, c = pool.checkout(), pool.checkout(), pool.checkout()
+    pool.checkin(*a)
+    pool.checkin(*b)
+    assert pool.idle == 2
+    pool.discard(c[0], disconnected=True)
+    assert pool.idle == 0
+    assert pool.in_use == 0
+    with pytest.raises(sqlite3.ProgrammingError):
+        a[0].execute("SELECT 1")
+
+
+def test_old_connections_are_recycled(tmp_path: Path) -> None:
+    pool = make(tmp_path, recycle_s=0.0)
+    conn, born = pool.checkout()
+    pool.checkin(conn, born)
+    fresh, _ = pool.checkout()
+    assert fresh is not conn
+    assert pool.opened == 2
+
+
+def test_keeps_at_most_max_idle(tmp_path: Path) -> None:
+    pool = make(tmp_path, max_idle=1)
+    a, b = pool.checkout(), pool.checkout()
+    pool.checkin(*a)
+    pool.checkin(*b)
+    assert pool.idle == 1
