@@ -45,6 +45,7 @@ _TOP_KEYS = frozenset(
      "instagram", "pool_size"}
 )  # fmt: skip
 _BACKENDS = frozenset({"mysql", "mariadb", "sqlite"})
+RESERVED_TABLE = "relation_counts"  # store.schema.COUNTS_TABLE (schema imports config, not back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +291,8 @@ def _types(raw: object, ids: str) -> dict[str, TypeSpec]:
                 "each type needs its own id"
             )
         table = spec.get("table", name)
+        if table == RESERVED_TABLE:
+            raise ConfigError(f"types.{name}.table {table!r} is reserved for relation counts")
         if not isinstance(table, str) or not _IDENT.match(table):
             raise ConfigError(f"types.{name}.table {table!r} must be lower_snake_case, at most 64 chars")
         if table in tables:
@@ -311,6 +314,8 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
     def add(spec: RelationSpec) -> None:
         if spec.name in tables:
             raise ConfigError(f"relation {spec.name!r} has the same name as an object table")
+        if spec.name == RESERVED_TABLE:
+            raise ConfigError(f"{RESERVED_TABLE!r} is the table of relation counts; pick another name")
         old = out.get(spec.name)
         if old is not None and old != spec:
             raise ConfigError(

@@ -1,7 +1,8 @@
 """The tables every shard holds, as DDL an operator can read, per backend.
 
 Shard N is the database ``db`` + N as five digits. It holds one object table
-per type and one table per relation (both directions of an inverse pair).
+per type, one table per relation (both directions of an inverse pair) and
+``relation_counts``, the exact length of every relation list.
 The DDL is plain SQL text rather than SQLAlchemy `Table` objects because the
 exact MariaDB column types (BIGINT UNSIGNED, TIMESTAMP(3) ON UPDATE, InnoDB,
 utf8mb4) are the contract, and ``schemas/`` ships the same text rendered for
@@ -14,9 +15,19 @@ from collections.abc import Iterable
 
 from store.config import RelationSpec, StoreConfig, TypeSpec
 
-__all__ = ["DATABASE_PREFIX", "database_name", "render_shard_sql", "shard_ddl"]
+__all__ = [
+    "COUNTS_TABLE",
+    "DATABASE_PREFIX",
+    "database_name",
+    "render_shard_sql",
+    "shard_ddl",
+    "shard_statements",
+]
 
 DATABASE_PREFIX = "db"
+#: One row per (relation, from_id) with the number of pairs, kept in the same
+#: transaction as every link and unlink so that it is always exact.
+COUNTS_TABLE = "relation_counts"
 
 
 def database_name(shard: int) -> str:
@@ -67,27 +78,62 @@ CREATE TABLE IF NOT EXISTS "{table}" (
   PRIMARY KEY ("from_id", "to_id")
 ) WITHOUT ROWID"""
 
+_MYSQL_COUNTS = """\
+CREATE TABLE IF NOT EXISTS `{db}`.`{table}` (
+  `relation` VARCHAR(64) NOT NULL,
+  `from_id` BIGINT UNSIGNED NOT NULL,
+  `n` BIGINT NOT NULL,
+  PRIMARY KEY (`relation`, `from_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+_SQLITE_COUNTS = """\
+CREATE TABLE IF NOT EXISTS "{table}" (
+  "relation" TEXT NOT NULL,
+  "from_id" INTEGER NOT NULL,
+  "n" INTEGER NOT NULL,
+  PRIMARY KEY ("relation", "from_id")
+) WITHOUT ROWID"""
+
 _SQLITE_RELATION_INDEX = (
     'CREATE INDEX IF NOT EXISTS "{table}_from_sequence_to" ON "{table}" ("from_id", "sequence", "to_id")'
 )
+
+
+def shard_statements(
+    backend: str, shard: int, types: Iterable[TypeSpec], relations: Iterable[RelationSpec]
+) -> list[tuple[str, str]]:
+    """Idempotent DDL for shard ``shard`` as (table it creates, statement) pairs.
+
+    The table is ``""`` for the CREATE DATABASE; an index statement names the
+    table it belongs to, so `store init` can skip what already exists.
+    """
+    db = database_name(shard)
+    types, relations = list(types), list(relations)
+    if backend in ("mysql", "mariadb"):
+        out = [("", _MYSQL_DATABASE.format(db=db))]
+        out += [(t.table, _MYSQL_OBJECTS.format(db=db, table=t.table)) for t in types]
+        out += [(r.name, _MYSQL_RELATION.format(db=db, table=r.name)) for r in relations]
+        if relations:
+            out.append((COUNTS_TABLE, _MYSQL_COUNTS.format(db=db, table=COUNTS_TABLE)))
+        return out
+    if backend == "sqlite":
+        out = [(t.table, _SQLITE_OBJECTS.format(table=t.table)) for t in types]
+        for r in relations:
+            out += [
+                (r.name, _SQLITE_RELATION.format(table=r.name)),
+                (r.name, _SQLITE_RELATION_INDEX.format(table=r.name)),
+            ]
+        if relations:
+            out.append((COUNTS_TABLE, _SQLITE_COUNTS.format(table=COUNTS_TABLE)))
+        return out
+    raise ValueError(f"no shard DDL for backend {backend!r}")
 
 
 def shard_ddl(
     backend: str, shard: int, types: Iterable[TypeSpec], relations: Iterable[RelationSpec]
 ) -> list[str]:
     """Idempotent statements that create shard ``shard`` on a ``backend`` host."""
-    db = database_name(shard)
-    if backend in ("mysql", "mariadb"):
-        out = [_MYSQL_DATABASE.format(db=db)]
-        out += [_MYSQL_OBJECTS.format(db=db, table=t.table) for t in types]
-        out += [_MYSQL_RELATION.format(db=db, table=r.name) for r in relations]
-        return out
-    if backend == "sqlite":
-        out = [_SQLITE_OBJECTS.format(table=t.table) for t in types]
-        for r in relations:
-            out += [_SQLITE_RELATION.format(table=r.name), _SQLITE_RELATION_INDEX.format(table=r.name)]
-        return out
-    raise ValueError(f"no shard DDL for backend {backend!r}")
+    return [stmt for _table, stmt in shard_statements(backend, shard, types, relations)]
 
 
 def render_shard_sql(backend: str, shard: int, config: StoreConfig) -> str:

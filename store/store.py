@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import warnings
-from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
-from store.config import StoreConfig, TypeSpec
+from store.config import StoreConfig
 from store.defaults import embedded_config
 from store.engines import Engines
 from store.exceptions import (
@@ -24,27 +22,14 @@ from store.exceptions import (
     IdError,
     NotFound,
     ShardFullError,
-    UnknownTypeError,
-    WrongTypeError,
 )
-from store.ids import PINTEREST, decode_pinterest, encode_pinterest
+from store.ids import decode_pinterest, encode_pinterest
 from store.objects import ObjectRepository, Updater
+from store.routing import MAX_LOCAL_ID, Location, Router
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
 
 __all__ = ["Location", "Store"]
-
-_MAX_LOCAL_ID = PINTEREST.field("local_id").max
-_ID_LIMIT = 1 << 62  # IDs at or above this have reserved bits set
-
-
-class Location(NamedTuple):
-    """Where an ID's object lives."""
-
-    shard: int
-    type: TypeSpec
-    local_id: int
-    host: str
 
 
 class Store:
@@ -64,15 +49,7 @@ class Store:
         self._map = config.shard_map
         self._engines = engines or Engines(config)
         self._objects = ObjectRepository(serde=serde or JsonSerde(max_bytes=config.max_object_bytes))
-        self._rng = rng or random.Random()
-        self._rng_lock = threading.Lock()
-        self._types_by_id = {t.id: t for t in config.types.values()}
-        starts, total = [], 0
-        for low, high in config.open_shards:
-            starts.append(total)
-            total += high - low + 1
-        self._open_starts = starts
-        self._open_total = total
+        self._router = Router(config, rng=rng)
         if config.cache.memcached or config.cache.redis or config.cache.memory:
             warnings.warn(
                 "the cache section is validated but not used yet: every read goes to the database",
@@ -103,50 +80,7 @@ class Store:
 
     def locate(self, id: int, *, type_name: str | None = None) -> Location:  # noqa: A002
         """Shard, type, local id and master host of ``id``, from the ID alone."""
-        return Location(*self._route(id, type_name))
-
-    def _route(self, id: int, type_name: str | None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
-        # The hot path of every call: decode inline (decode_pinterest
-        # re-checks and raises the precise IdError for anything odd).
-        if type(id) is int and 0 < id < _ID_LIMIT:
-            shard = id >> 46
-            spec = self._types_by_id.get((id >> 36) & 0x3FF)
-            local_id = id & _MAX_LOCAL_ID
-        else:
-            shard, type_id, local_id = decode_pinterest(id)
-            spec = self._types_by_id.get(type_id)
-        if spec is None or local_id == 0 or (type_name is not None and spec.name != type_name):
-            self._route_error(id, type_name)
-        assert spec is not None
-        return shard, spec, local_id, self._map.master(shard)
-
-    def _route_error(self, id: int, type_name: str | None) -> None:  # noqa: A002
-        _shard, type_id, local_id = decode_pinterest(id)
-        spec = self._types_by_id.get(type_id)
-        if spec is None:
-            raise UnknownTypeError(
-                f"ID {id} has type id {type_id}, which no type in the config uses "
-                f"(known: {', '.join(f'{t.name}={t.id}' for t in self.config.types.values())})"
-            )
-        if type_name is not None and spec.name != type_name:
-            self._type(type_name)
-            raise WrongTypeError(f"ID {id} is a {spec.name}, not a {type_name}")
-        if local_id == 0:
-            raise IdError(f"ID {id} has local id 0, which no object has (local ids start at 1)")
-
-    def _type(self, type_name: str) -> TypeSpec:
-        spec = self.config.types.get(type_name)
-        if spec is None:
-            raise UnknownTypeError(
-                f"unknown type {type_name!r}; the config defines: {', '.join(self.config.types)}"
-            )
-        return spec
-
-    def _pick_shard(self) -> int:
-        with self._rng_lock:
-            n = self._rng.randrange(self._open_total)
-        i = bisect_right(self._open_starts, n) - 1
-        return self.config.open_shards[i][0] + n - self._open_starts[i]
+        return self._router.locate(id, type_name)
 
     # -- objects -----------------------------------------------------------
 
@@ -158,7 +92,7 @@ class Store:
         ``near=some_id`` puts it on that ID's shard (a pin on its board's
         shard); ``shard=N`` names the shard; otherwise a random open shard.
         """
-        spec = self._type(type_name)
+        spec = self._router.type(type_name)
         text = self._objects.encode(data)
         if near is not None and shard is not None:
             raise IdError("give near= or shard=, not both")
@@ -169,28 +103,28 @@ class Store:
                 raise IdError(f"shard must be an int in 0..{self._map.shards - 1}, got {shard!r}")
             target = shard
         else:
-            target = self._pick_shard()
+            target = self._router.pick_shard()
         host = self._map.master(target)
         h = self._engines.shard(target, host)
         local_id = self._objects.insert(h, spec.table, text)
-        if local_id > _MAX_LOCAL_ID:
+        if local_id > MAX_LOCAL_ID:
             self._objects.remove(h, spec.table, local_id)
             raise ShardFullError(
-                f"shard {target} table {spec.table} has used all {_MAX_LOCAL_ID} local ids; "
+                f"shard {target} table {spec.table} has used all {MAX_LOCAL_ID} local ids; "
                 "create the object on another shard"
             )
         return encode_pinterest(target, spec.id, local_id)
 
     def get(self, id: int, *, type_name: str | None = None) -> dict[str, Any] | None:  # noqa: A002
         """The object with ``id``, or None if it does not exist or was deleted."""
-        shard, spec, local_id, host = self._route(id, type_name)
+        shard, spec, local_id, host = self._router.route(id, type_name)
         return self._objects.get(self._engines.shard(shard, host), spec.table, local_id)
 
     def get_many(self, ids: Iterable[int], *, type_name: str | None = None) -> dict[int, dict[str, Any]]:
         """Objects by ID, absent and deleted ones left out: one round trip per host."""
         by_host: dict[str, dict[tuple[int, str], list[int]]] = {}
         keys: dict[tuple[int, str, int], int] = {}
-        route = self._route
+        route = self._router.route
         for id_ in ids:
             shard, spec, local_id, host = route(id_, type_name)
             groups = by_host.get(host)
@@ -228,14 +162,14 @@ class Store:
         """
         if not callable(changes) and not isinstance(changes, dict):
             raise DataError(f"changes must be a dict or a function old -> new, got {type(changes).__name__}")
-        shard, spec, local_id, host = self._route(id, type_name)
+        shard, spec, local_id, host = self._router.route(id, type_name)
         return self._objects.update(
             self._engines.shard(shard, host), spec.table, local_id, changes, what=str(id)
         )
 
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002
         """Soft-delete: the row stays, marked inactive. True if it was live."""
-        shard, spec, local_id, host = self._route(id, type_name)
+        shard, spec, local_id, host = self._router.route(id, type_name)
         return self._objects.delete(self._engines.shard(shard, host), spec.table, local_id)
 
     def require(self, id: int, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002

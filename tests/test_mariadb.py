@@ -65,7 +65,7 @@ def test_init_is_idempotent_and_makes_the_documented_tables(mariadb_ready: Store
             assert "ENGINE=InnoDB" in ddl
             assert "utf8mb4" in ddl
             cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'db00005'")
-            expected = len(mariadb_ready.types) + len(mariadb_ready.relations)
+            expected = len(mariadb_ready.types) + len(mariadb_ready.relations) + 1  # + relation_counts
             assert cur.fetchone()[0] == expected
     finally:
         conn.close()

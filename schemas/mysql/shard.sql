@@ -66,3 +66,10 @@ CREATE TABLE IF NOT EXISTS `db00000`.`users_has_pins` (
   PRIMARY KEY (`from_id`, `to_id`),
   KEY `from_sequence_to` (`from_id`, `sequence`, `to_id`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+CREATE TABLE IF NOT EXISTS `db00000`.`relation_counts` (
+  `relation` VARCHAR(64) NOT NULL,
+  `from_id` BIGINT UNSIGNED NOT NULL,
+  `n` BIGINT NOT NULL,
+  PRIMARY KEY (`relation`, `from_id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

@@ -66,3 +66,10 @@ CREATE TABLE IF NOT EXISTS "users_has_pins" (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS "users_has_pins_from_sequence_to" ON "users_has_pins" ("from_id", "sequence", "to_id");
+
+CREATE TABLE IF NOT EXISTS "relation_counts" (
+  "relation" TEXT NOT NULL,
+  "from_id" INTEGER NOT NULL,
+  "n" INTEGER NOT NULL,
+  PRIMARY KEY ("relation", "from_id")
+) WITHOUT ROWID;

@@ -16,7 +16,7 @@ from pathlib import Path
 from store.config import StoreConfig
 from store.engines import Engines
 from store.exceptions import RoutingError
-from store.schema import DATABASE_PREFIX, database_name, shard_ddl
+from store.schema import DATABASE_PREFIX, database_name, shard_statements
 
 __all__ = ["InitReport", "init_shards"]
 
@@ -93,17 +93,18 @@ def _init_host(
             tick(s)
         return created, created * (len(types) + len(relations))
     existing_dbs, existing_tables = _existing(engines, host)
-    tables = [t.table for t in types] + [r.name for r in relations]
 
     def work(s: int) -> tuple[int, int]:
         db = database_name(s)
-        ddl = shard_ddl("mysql", s, types, relations)
-        todo = [] if db in existing_dbs else [ddl[0]]
-        todo += [stmt for stmt, t in zip(ddl[1:], tables, strict=True) if (db, t) not in existing_tables]
+        todo = [
+            (table, stmt)
+            for table, stmt in shard_statements("mysql", s, types, relations)
+            if (db not in existing_dbs if table == "" else (db, table) not in existing_tables)
+        ]
         if todo:
             with engines.shard(s, host).connect() as conn:
                 cur = conn.cursor()
-                for stmt in todo:
+                for _table, stmt in todo:
                     cur.execute(stmt)
                 cur.close()
         tick(s)
