@@ -9,8 +9,10 @@ from store.exceptions import (
     BackendError,
     ConfigError,
     ConnectionLostError,
+    CursorError,
     DataError,
     IdError,
+    LimitError,
     NotFound,
     NotSerializableError,
     ObjectTooLargeError,
@@ -31,6 +33,7 @@ from store.ids import (
     encode_pinterest,
     instagram_datetime,
 )
+from store.relations import Page
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap, ShardRange
 from store.store import Location, Store
@@ -42,14 +45,17 @@ __all__ = [
     "CacheConfig",
     "ConfigError",
     "ConnectionLostError",
+    "CursorError",
     "DataError",
     "IdError",
     "InstagramId",
     "JsonSerde",
+    "LimitError",
     "Location",
     "NotFound",
     "NotSerializableError",
     "ObjectTooLargeError",
+    "Page",
     "PinterestId",
     "RelationSpec",
     "RoutingError",

@@ -20,6 +20,8 @@ from typing import Any
 import orjson
 
 from store.engines import DBAPIConnection, mysql_connector, sqlite_connector
+from store.ids import encode_pinterest
+from store.relations import encode_cursor
 from store.schema import database_name
 from store.store import Store
 
@@ -107,66 +109,157 @@ def run_bench(
     """Run every case ``n`` times against ``store``'s first open shard's host."""
     shard = store.config.open_shards[0][0]
     host = store.shard_map.master(shard)
-    pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
-    table = store.engines.dialect(host).table(shard, pin_type.table)
-    results: list[BenchResult] = []
     say = progress or (lambda _msg: None)
     with _raw_connection(store, host, shard) as (raw, p):
         cur = raw.cursor()
+        try:
+            results = _object_cases(store, cur, p, shard, n, say)
+            if "board_has_pins" in store.config.relations:
+                results += _relation_cases(store, cur, p, shard, n, say)
+        finally:
+            cur.close()
+    return results
 
-        # The floors do the same work as the store: encode before the INSERT,
-        # decode after the SELECT, with the same JSON library.
-        def raw_insert(_i: int) -> None:
-            cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
 
-        say("create")
-        results.append(
-            _pair("create", lambda _i: store.create(pin_type.name, PIN, shard=shard), raw_insert, n)
+def _object_cases(
+    store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
+) -> list[BenchResult]:
+    pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
+    table = store.engines.dialect(store.shard_map.master(shard)).table(shard, pin_type.table)
+    results: list[BenchResult] = []
+
+    # The floors do the same work as the store: encode before the INSERT,
+    # decode after the SELECT, with the same JSON library.
+    def raw_insert(_i: int) -> None:
+        cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
+
+    say("create")
+    results.append(_pair("create", lambda _i: store.create(pin_type.name, PIN, shard=shard), raw_insert, n))
+    ids = [store.create(pin_type.name, PIN, shard=shard) for _ in range(200)]
+    local_ids = [store.locate(i).local_id for i in ids]
+    rng = random.Random(7)
+    picks = [rng.randrange(len(ids)) for _ in range(n + 50)]
+
+    def raw_get(i: int) -> None:
+        cur.execute(f"SELECT data FROM {table} WHERE local_id = {p} AND active = 1", (local_ids[picks[i]],))
+        orjson.loads(cur.fetchone()[0])
+
+    say("get")
+    results.append(_pair("get", lambda i: store.get(ids[picks[i]]), raw_get, n))
+
+    batches = [rng.sample(range(len(ids)), 50) for _ in range(16)]
+    in_list = ", ".join([p] * 50)
+
+    def raw_get_many(i: int) -> None:
+        cur.execute(
+            f"SELECT local_id, data FROM {table} WHERE active = 1 AND local_id IN ({in_list})",
+            [local_ids[j] for j in batches[i % 16]],
         )
-        ids = [store.create(pin_type.name, PIN, shard=shard) for _ in range(200)]
-        local_ids = [store.locate(i).local_id for i in ids]
-        rng = random.Random(7)
-        picks = [rng.randrange(len(ids)) for _ in range(n + 50)]
+        {row[0]: orjson.loads(row[1]) for row in cur.fetchall()}
 
-        def raw_get(i: int) -> None:
-            cur.execute(
-                f"SELECT data FROM {table} WHERE local_id = {p} AND active = 1", (local_ids[picks[i]],)
-            )
-            orjson.loads(cur.fetchone()[0])
-
-        say("get")
-        results.append(_pair("get", lambda i: store.get(ids[picks[i]]), raw_get, n))
-
-        batches = [rng.sample(range(len(ids)), 50) for _ in range(16)]
-        in_list = ", ".join([p] * 50)
-
-        def raw_get_many(i: int) -> None:
-            cur.execute(
-                f"SELECT local_id, data FROM {table} WHERE active = 1 AND local_id IN ({in_list})",
-                [local_ids[j] for j in batches[i % 16]],
-            )
-            {row[0]: orjson.loads(row[1]) for row in cur.fetchall()}
-
-        say("get_many(50)")
-        results.append(
-            _pair(
-                "get_many(50)",
-                lambda i: store.get_many([ids[j] for j in batches[i % 16]]),
-                raw_get_many,
-                max(1, n // 2),
-            )
+    say("get_many(50)")
+    results.append(
+        _pair(
+            "get_many(50)",
+            lambda i: store.get_many([ids[j] for j in batches[i % 16]]),
+            raw_get_many,
+            max(1, n // 2),
         )
-        cur.close()
+    )
+    return results
+
+
+#: Pins on the bench board: page 200 of 50 starts at entry 9,950.
+BOARD_PINS = 10_050
+Row = tuple[int, int, int]  # from_id, to_id, sequence
+
+
+@contextmanager
+def _loaded_board(store: Store, cur: Any, p: str, shard: int, rel: str) -> Iterator[tuple[int, list[Row]]]:
+    """A new board with BOARD_PINS entries in ``rel``, bulk-loaded, removed afterwards."""
+    spec = store.config.relations[rel]
+    board = store.create(spec.from_type, {"name": "bench board"}, shard=shard)
+    to_type = store.config.types[spec.to_type].id
+    h = store.engines.shard(shard, store.shard_map.master(shard))
+    table, counts = h.table(rel), h.table("relation_counts")
+    # Straight into the table (reads need no inverse side), plus the count row the store keeps.
+    rows = [(board, encode_pinterest(shard, to_type, 1 + k), k) for k in range(BOARD_PINS)]
+    cur.execute("BEGIN")
+    cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES ({p}, {p}, {p})", rows)
+    cur.execute(
+        f"INSERT INTO {counts} (relation, from_id, n) VALUES ({p}, {p}, {p})", (rel, board, len(rows))
+    )
+    cur.execute("COMMIT")
+    try:
+        yield board, rows
+    finally:
+        # Leave no bench rows behind: they have no inverse side, and a later
+        # `store relations repair` would rightly report them.
+        cur.execute(f"DELETE FROM {table} WHERE from_id = {p}", (board,))
+        cur.execute(f"DELETE FROM {counts} WHERE relation = {p} AND from_id = {p}", (rel, board))
+
+
+def _relation_cases(
+    store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
+) -> list[BenchResult]:
+    rel = "board_has_pins"
+    h = store.engines.shard(shard, store.shard_map.master(shard))
+    table, counts = h.table(rel), h.table("relation_counts")
+    keyed = f"SELECT sequence, to_id FROM {table} WHERE from_id = {p}"
+    first_sql = f"{keyed} ORDER BY sequence, to_id LIMIT {p}"
+    deep_sql = (
+        f"{keyed} AND sequence >= {p} AND (sequence > {p} OR to_id > {p}) ORDER BY sequence, to_id LIMIT {p}"
+    )
+    offset_sql = (
+        f"SELECT to_id FROM {table} WHERE from_id = {p} ORDER BY sequence, to_id LIMIT {p} OFFSET {p}"
+    )
+    count_sql = f"SELECT n FROM {counts} WHERE relation = {p} AND from_id = {p}"
+    say(f"loading {BOARD_PINS} pins onto a board")
+    with _loaded_board(store, cur, p, shard, rel) as (board, rows):
+        _from, deep_to, deep_seq = rows[9_949]  # page 200 starts after entry 9,949
+        deep_cursor = encode_cursor(rel, board, False, deep_seq, deep_to)
+
+        def raw(sql: str, params: tuple[Any, ...]) -> Callable[[int], None]:
+            def run(_i: int) -> None:
+                cur.execute(sql, params)
+                cur.fetchall()
+
+            return run
+
+        cases = [
+            ("page 1", lambda _i: store.page(rel, board, limit=50), raw(first_sql, (board, 51)), n),
+            (
+                "page 200 cursor",
+                lambda _i: store.page(rel, board, limit=50, cursor=deep_cursor),
+                raw(deep_sql, (board, deep_seq, deep_seq, deep_to, 51)),
+                n,
+            ),
+            (
+                "page 200 offset",
+                lambda _i: store.links(rel, board, limit=50, offset=9_950),
+                raw(offset_sql, (board, 50, 9_950)),
+                max(1, n // 4),
+            ),
+            ("count", lambda _i: store.count(rel, board), raw(count_sql, (rel, board)), n),
+        ]
+        results = []
+        for case, store_op, raw_op, times in cases:
+            say(case)
+            results.append(_pair(case, store_op, raw_op, times))
     return results
 
 
 def format_results(results: list[BenchResult]) -> str:
     """A fixed-width table of results."""
     head = ("case", "store med", "raw med", "ratio", "store p99", "raw p99", "ratio")
-    lines = ["{:<16}{:>11}{:>10}{:>7}{:>11}{:>10}{:>7}".format(*head)]
+    lines = ["{:<18}{:>11}{:>10}{:>7}{:>11}{:>10}{:>7}".format(*head)]
     for r in results:
         lines.append(
-            f"{r.case:<16}{r.store_median_us:>9.0f}us{r.raw_median_us:>8.0f}us{r.ratio_median:>6.2f}x"
+            f"{r.case:<18}{r.store_median_us:>9.0f}us{r.raw_median_us:>8.0f}us{r.ratio_median:>6.2f}x"
             f"{r.store_p99_us:>9.0f}us{r.raw_p99_us:>8.0f}us{r.ratio_p99:>6.2f}x"
         )
+    by_case = {r.case: r for r in results}
+    if "page 1" in by_case and "page 200 cursor" in by_case:
+        depth = by_case["page 200 cursor"].store_median_us / by_case["page 1"].store_median_us
+        lines.append(f"cursor page 200 (depth 9,950) costs {depth:.2f}x the first page (store medians)")
     return "\n".join(lines)

@@ -274,6 +274,127 @@ def delete(id_text: str, config_path: Path | None, yes: bool) -> None:
         click.echo("deleted" if store.delete(value) else "nothing to delete")
 
 
+# -- relations -----------------------------------------------------------------
+
+
+@main.command()
+@click.argument("relation")
+@click.argument("from_text", metavar="FROM_ID")
+@_config_option
+@click.option("--limit", default=50, show_default=True, help="Entries per page.")
+@click.option("--cursor", help="Continue after this cursor (printed by the previous page).")
+@click.option("--offset", type=int, help="Use LIMIT/OFFSET paging instead of a cursor.")
+@click.option("--newest-first", is_flag=True, help="Highest sequence first.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {ids, next_cursor}.")
+def links(
+    relation: str,
+    from_text: str,
+    config_path: Path | None,
+    limit: int,
+    cursor: str | None,
+    offset: int | None,
+    newest_first: bool,
+    as_json: bool,
+) -> None:
+    """List the IDs FROM_ID links to through RELATION, in sequence order."""
+    from_id = _parse_id(from_text)
+    with _open(config_path) as store:
+        if offset is not None:
+            if cursor is not None:
+                raise IdError("give --cursor or --offset, not both")
+            ids = store.links(relation, from_id, limit=limit, offset=offset, newest_first=newest_first)
+            next_cursor = None
+        else:
+            page = store.page(relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first)
+            ids, next_cursor = page.ids, page.next_cursor
+    if as_json:
+        _echo_json({"ids": ids, "next_cursor": next_cursor})
+        return
+    for i in ids:
+        click.echo(i)
+    if next_cursor is not None:
+        click.echo(f"next page: --cursor {next_cursor}", err=True)
+
+
+@main.command()
+@click.argument("relation")
+@click.argument("from_text", metavar="FROM_ID")
+@_config_option
+def count(relation: str, from_text: str, config_path: Path | None) -> None:
+    """Print how many entries FROM_ID's RELATION list has."""
+    with _open(config_path) as store:
+        click.echo(store.count(relation, _parse_id(from_text)))
+
+
+@main.command()
+@click.argument("relation")
+@click.argument("from_text", metavar="FROM_ID")
+@click.argument("to_text", metavar="TO_ID")
+@_config_option
+@click.option("--sequence", type=int, help="Position (default: now in microseconds; moves an existing pair).")
+def link(relation: str, from_text: str, to_text: str, config_path: Path | None, sequence: int | None) -> None:
+    """Add TO_ID to FROM_ID's RELATION list (and the inverse, if configured)."""
+    with _open(config_path) as store:
+        new = store.link(relation, _parse_id(from_text), _parse_id(to_text), sequence=sequence)
+    click.echo("linked" if new else "already linked")
+
+
+@main.command()
+@click.argument("relation")
+@click.argument("from_text", metavar="FROM_ID")
+@click.argument("to_text", metavar="TO_ID")
+@_config_option
+def unlink(relation: str, from_text: str, to_text: str, config_path: Path | None) -> None:
+    """Remove TO_ID from FROM_ID's RELATION list (and the inverse)."""
+    with _open(config_path) as store:
+        gone = store.unlink(relation, _parse_id(from_text), _parse_id(to_text))
+    click.echo("unlinked" if gone else "not linked")
+
+
+@main.group()
+def relations() -> None:
+    """Maintain relation tables."""
+
+
+@relations.command("repair")
+@click.argument("relation", required=False)
+@_config_option
+@click.option("--shards", "shard_text", help="Only tables on these shards, A-B (default: all).")
+@click.option("--dry-run", is_flag=True, help="Report what is wrong; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def relations_repair(
+    relation: str | None, config_path: Path | None, shard_text: str | None, dry_run: bool, as_json: bool
+) -> None:
+    """Restore missing inverse pairs, drop dangling ones, fix counts."""
+    from store.admin import repair_relations
+
+    with _open(config_path) as store:
+        wanted = _parse_shards(shard_text, store.config.shards) or range(store.config.shards)
+        if relation is not None:
+            store.router.relation(relation)  # fail before the progress bar starts
+        with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
+            report = repair_relations(
+                store, relation, shards=wanted, dry_run=dry_run, on_shard=lambda _s: bar.update(1)
+            )
+    if as_json:
+        _echo_json(
+            {"dry_run": report.dry_run, "rows_scanned": report.rows_scanned,
+             "inverse_added": report.inverse_added, "inverse_removed": report.inverse_removed,
+             "counts_fixed": report.counts_fixed, "unroutable": report.unroutable}
+        )  # fmt: skip
+        return
+    verb = "would " if dry_run else ""
+    for name, f, t in report.inverse_added:
+        click.echo(f"{verb}add {name} {f} -> {t} (its primary pair exists)")
+    for name, f, t in report.inverse_removed:
+        click.echo(f"{verb}remove {name} {f} -> {t} (its primary pair is gone)")
+    for name, f, kept, actual in report.counts_fixed:
+        click.echo(f"{verb}set count of {name} {f} from {kept} to {actual}")
+    for name, f, t, why in report.unroutable:
+        click.echo(f"cannot check {name} {f} -> {t}: {why}")
+    click.echo(f"{report.rows_scanned} rows scanned on {len(wanted)} shard(s): {report.changes} fix(es)")
+
+
 def _parse_json(text: str) -> dict[str, Any]:
     from store.exceptions import NotSerializableError
 

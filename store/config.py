@@ -59,12 +59,18 @@ class TypeSpec:
 
 @dataclass(frozen=True, slots=True)
 class RelationSpec:
-    """A one-directional relation table stored on the shard of ``from_type`` objects."""
+    """A one-directional relation table stored on the shard of ``from_type`` objects.
+
+    Of an inverse pair, the relation declared with ``inverse:`` is the
+    primary: it is written first and is the truth that ``store relations
+    repair`` restores the other side from.
+    """
 
     name: str
     from_type: str
     to_type: str
     inverse: str | None = None
+    primary: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,12 +323,13 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
         if spec.name == RESERVED_TABLE:
             raise ConfigError(f"{RESERVED_TABLE!r} is the table of relation counts; pick another name")
         old = out.get(spec.name)
-        if old is not None and old != spec:
+        if old is None:
+            out[spec.name] = spec
+        elif (old.from_type, old.to_type, old.inverse) != (spec.from_type, spec.to_type, spec.inverse):
             raise ConfigError(
                 f"relation {spec.name!r} is defined twice, differently "
                 f"(once as the inverse of {old.inverse or spec.inverse!r}); make them agree"
             )
-        out[spec.name] = spec
 
     for name, spec in raw.items():
         if not isinstance(name, str) or not _IDENT.match(name):
@@ -342,7 +349,7 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
             raise ConfigError(f"relations.{name}.inverse names the relation itself")
         add(RelationSpec(name, spec["from"], spec["to"], inverse))
         if inverse is not None:
-            add(RelationSpec(inverse, spec["to"], spec["from"], name))
+            add(RelationSpec(inverse, spec["to"], spec["from"], name, primary=False))
     return out
 
 

@@ -1,4 +1,4 @@
-"""`store demo`: create users, boards and pins, read them back, time each step."""
+"""`store demo`: create users, boards and pins, link and page them, time each step."""
 
 from __future__ import annotations
 
@@ -50,6 +50,20 @@ def run_demo(store: Store, *, say: Callable[[str], None] = print, pins_per_board
         for _ in range(8):
             store.update(boards[0], lambda b: {**b, "views": b.get("views", 0) + 1})
     say(f"             -> board views = {store.get(boards[0], type_name='board')['views']}")  # type: ignore[index]
+    if "board_has_pins" in cfg.relations:
+        first = pins[:pins_per_board]
+        with step(f"linked {len(first)} pins to board 0 (and each pin back to its board)"):
+            for p in first:
+                store.link("board_has_pins", boards[0], p)
+        with step("read board 0's first page of 8 pins with their objects (2 queries)"):
+            page = store.board_pins(boards[0], limit=8)
+        say(f"             -> {[o['title'] for o in page.objects[:3]]} ... ({len(page.ids)} pins)")
+        with step("read the next page by cursor"):
+            page2 = store.board_pins(boards[0], limit=8, cursor=page.next_cursor)
+        say(f"             -> starts at {page2.objects[0]['title']!r}")
+        with step("counted board 0's pins (one key read, no scan)"):
+            n = store.count("board_has_pins", boards[0])
+        say(f"             -> {n} pins; pin 0 is on boards {store.links('pin_owned_by_board', first[0])}")
     with step("soft-deleted one pin"):
         store.delete(pins[-1])
     say(f"             -> get now returns {store.get(pins[-1])}")

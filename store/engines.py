@@ -84,6 +84,16 @@ class SqlDialect:
     begin: str = "BEGIN"
     for_update: str = " FOR UPDATE"
     touch_ts: str = ""  # extra SET clause where the DDL has no ON UPDATE
+    #: INSERT suffix that skips a row whose key exists, with rowcount 0.
+    on_conflict_skip: str = ""
+
+    def upsert_increment(self, column: str, key: tuple[str, ...]) -> str:
+        """INSERT suffix that adds 1 to ``column`` of the row whose ``key`` exists."""
+        raise NotImplementedError
+
+    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
+        """INSERT suffix that overwrites ``column`` of the row whose ``key`` exists."""
+        raise NotImplementedError
 
     def table(self, shard: int, table: str) -> str:
         """The quoted name of ``table`` in shard ``shard``."""
@@ -99,6 +109,17 @@ class MySQLDialect(SqlDialect):
 
     name = "mysql"
     param = "%s"
+    # A no-op update reports 0 affected rows (the driver does not set
+    # CLIENT_FOUND_ROWS), unlike INSERT IGNORE it hides no other error.
+    on_conflict_skip = "ON DUPLICATE KEY UPDATE from_id = from_id"
+
+    def upsert_increment(self, column: str, key: tuple[str, ...]) -> str:
+        """``ON DUPLICATE KEY UPDATE n = n + 1``."""
+        return f"ON DUPLICATE KEY UPDATE {column} = {column} + 1"
+
+    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
+        """``ON DUPLICATE KEY UPDATE n = VALUES(n)``."""
+        return f"ON DUPLICATE KEY UPDATE {column} = VALUES({column})"
 
     def table(self, shard: int, table: str) -> str:
         """``db00042`.`pins``, quoted."""
@@ -113,6 +134,15 @@ class SQLiteDialect(SqlDialect):
     begin = "BEGIN IMMEDIATE"  # take the write lock up front: SQLite has no FOR UPDATE
     for_update = ""
     touch_ts = ", ts = strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    on_conflict_skip = "ON CONFLICT DO NOTHING"
+
+    def upsert_increment(self, column: str, key: tuple[str, ...]) -> str:
+        """``ON CONFLICT (key) DO UPDATE SET n = n + 1``."""
+        return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = {column} + 1"
+
+    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
+        """``ON CONFLICT (key) DO UPDATE SET n = excluded.n``."""
+        return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = excluded.{column}"
 
     def table(self, shard: int, table: str) -> str:
         """``"pins"``, quoted."""

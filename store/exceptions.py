@@ -12,6 +12,8 @@ The tree::
     ├── DataError              (also ValueError)  an object that cannot be stored
     │   ├── NotSerializableError                  not plain JSON (set, NaN, datetime, ...)
     │   └── ObjectTooLargeError                   larger than `limits.max_object_bytes`
+    ├── LimitError             (also ValueError)  a page limit or offset out of range
+    ├── CursorError            (also ValueError)  a page cursor that is not for this list
     ├── NotFound               (also LookupError) no live object with that ID
     ├── ShardFullError                            a shard table ran out of local ids
     └── BackendError                              a database failed; `.orig` is the driver error
@@ -28,8 +30,10 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "ConnectionLostError",
+    "CursorError",
     "DataError",
     "IdError",
+    "LimitError",
     "NotFound",
     "NotSerializableError",
     "ObjectTooLargeError",
@@ -81,6 +85,14 @@ class NotSerializableError(DataError):
 
 class ObjectTooLargeError(DataError):
     """Serialised object data larger than the configured limit."""
+
+
+class LimitError(StoreError, ValueError):
+    """A page limit above ``limits.max_page`` (or below 1), or a negative offset."""
+
+
+class CursorError(StoreError, ValueError):
+    """A page cursor that is malformed or was made for another list or direction."""
 
 
 class NotFound(StoreError, LookupError):  # noqa: N818 - the name the API promises

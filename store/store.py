@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import random
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -25,6 +25,7 @@ from store.exceptions import (
 )
 from store.ids import decode_pinterest, encode_pinterest
 from store.objects import ObjectRepository, Updater
+from store.relations import Page, RelationRepository, RelationService
 from store.routing import MAX_LOCAL_ID, Location, Router
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
@@ -42,6 +43,7 @@ class Store:
         engines: Engines | None = None,
         serde: Serde | None = None,
         rng: random.Random | None = None,
+        clock_us: Callable[[], int] | None = None,
     ) -> None:
         if config.ids != "pinterest":
             raise NotImplementedError("ids: instagram is not supported by the object store yet")
@@ -50,6 +52,7 @@ class Store:
         self._engines = engines or Engines(config)
         self._objects = ObjectRepository(serde=serde or JsonSerde(max_bytes=config.max_object_bytes))
         self._router = Router(config, rng=rng)
+        self._relations = RelationService(router=self._router, shard=self._engines.shard, clock_us=clock_us)
         if config.cache.memcached or config.cache.redis or config.cache.memory:
             warnings.warn(
                 "the cache section is validated but not used yet: every read goes to the database",
@@ -179,7 +182,62 @@ class Store:
             raise NotFound(f"no live object {id}")
         return data
 
+    # -- relations ---------------------------------------------------------
+
+    def link(self, relation: str, from_id: int, to_id: int, *, sequence: int | None = None) -> bool:
+        """Add ``to_id`` to ``from_id``'s list (and the inverse pair, if configured).
+
+        ``sequence`` defaults to now in microseconds, so newer entries sort
+        after older ones (ties by ``to_id``). Linking an existing pair keeps
+        its position unless ``sequence`` is given, which moves it. Returns
+        True if the pair is new.
+        """
+        return self._relations.link(relation, from_id, to_id, sequence=sequence)
+
+    def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
+        """Remove the pair (and its inverse); True if it was there."""
+        return self._relations.unlink(relation, from_id, to_id)
+
+    def links(
+        self, relation: str, from_id: int, *, limit: int = 50, offset: int = 0, newest_first: bool = False
+    ) -> list[int]:
+        """``to_id``s of ``from_id`` in sequence order, ``LIMIT limit OFFSET offset``."""
+        return self._relations.links(relation, from_id, limit=limit, offset=offset, newest_first=newest_first)
+
+    def page(
+        self,
+        relation: str,
+        from_id: int,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        newest_first: bool = False,
+    ) -> Page:
+        """One page of ``from_id``'s list by keyset (page 2,000 costs what page 1 costs)."""
+        return self._relations.page(relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first)
+
+    def count(self, relation: str, from_id: int) -> int:
+        """How many entries ``from_id``'s list has: one key read of a count kept exact."""
+        return self._relations.count(relation, from_id)
+
+    def board_pins(self, board_id: int, *, limit: int = 50, cursor: str | None = None) -> Page:
+        """One page of a board's pins with the pin objects: one list read, one batched object read."""
+        page = self._relations.page("board_has_pins", board_id, limit=limit, cursor=cursor)
+        found = self.get_many(page.ids)
+        ids = [i for i in page.ids if i in found]
+        return Page(ids, page.next_cursor, [found[i] for i in ids])
+
     # -- lifecycle ---------------------------------------------------------
+
+    @property
+    def router(self) -> Router:
+        """The router (ID -> shard, type, host) this store uses."""
+        return self._router
+
+    @property
+    def relation_repository(self) -> RelationRepository:
+        """The relation repository (per-shard SQL), for admin jobs."""
+        return self._relations.repo
 
     @property
     def engines(self) -> Engines:

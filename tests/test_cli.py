@@ -139,6 +139,7 @@ def test_demo_runs_on_the_embedded_default(run, tmp_path: Path) -> None:  # type
     out = run("demo").output
     assert "store with 16 shards on 1 host(s): local" in out
     assert "board views = 8" in out
+    assert "20 pins; pin 0 is on boards" in out
     assert "get now returns None" in out
     assert any((tmp_path / "data").glob("db000*.sqlite3"))
 
@@ -146,3 +147,44 @@ def test_demo_runs_on_the_embedded_default(run, tmp_path: Path) -> None:  # type
 def test_schema_prints_the_ddl(run) -> None:  # type: ignore[no-untyped-def]
     out = run("schema", "--shard", "42").output
     assert "CREATE DATABASE IF NOT EXISTS `db00042`" in out
+
+
+def test_link_links_count_unlink_and_repair(run) -> None:  # type: ignore[no-untyped-def]
+    board = run("create", "board", "{}").output.strip()
+    pins = [run("create", "pin", f'{{"i": {i}}}', "--near", board).output.strip() for i in range(3)]
+    for i, p in enumerate(pins):
+        assert run("link", "board_has_pins", board, p, "--sequence", str(10 - i)).output.strip() == "linked"
+    assert run("link", "board_has_pins", board, pins[0]).output.strip() == "already linked"
+    assert run("count", "board_has_pins", board).output.strip() == "3"
+    assert run("links", "board_has_pins", board).output.split() == pins[::-1]
+    first = json.loads(run("links", "board_has_pins", board, "--limit", "2", "--json").output)
+    assert first["ids"] == [int(p) for p in pins[:0:-1]]
+    rest = json.loads(
+        run("links", "board_has_pins", board, "--cursor", first["next_cursor"], "--json").output
+    )
+    assert rest == {"ids": [int(pins[0])], "next_cursor": None}
+    assert run("links", "board_has_pins", board, "--offset", "1", "--limit", "1").output.split() == [pins[1]]
+    assert run("links", "pin_owned_by_board", pins[0]).output.split() == [board]
+    assert run("unlink", "board_has_pins", board, pins[0]).output.strip() == "unlinked"
+    assert run("unlink", "board_has_pins", board, pins[0]).output.strip() == "not linked"
+    out = run("relations", "repair", "--dry-run").output
+    assert "0 fix(es)" in out
+    report = json.loads(run("relations", "repair", "board_has_pins", "--json").stdout)
+    assert report["inverse_added"] == []
+    assert report["rows_scanned"] >= 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("links", "nope", "1"), "unknown relation 'nope'"),
+        (("links", "board_has_pins", "137438953473", "--limit", "5000"), "limit must be an int in 1..1000"),
+        (("links", "board_has_pins", "137438953473", "--cursor", "zz"), "is not a cursor"),
+        (("count", "board_has_pins", "68719476737"), "is a pin, not a board"),
+        (("relations", "repair", "nope"), "unknown relation 'nope'"),
+    ],
+)
+def test_relation_errors_are_one_line(run, args: tuple[str, ...], message: str) -> None:  # type: ignore[no-untyped-def]
+    result = run(*args, code=1)
+    assert message in result.output
+    assert result.output.count("\n") == 1

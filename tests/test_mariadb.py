@@ -9,7 +9,14 @@ from typing import Any
 import pymysql
 import pytest
 
-from store import ConnectionLostError, ShardNotInitializedError, Store, StoreConfig, decode_pinterest
+from store import (
+    ConnectionLostError,
+    ShardNotInitializedError,
+    Store,
+    StoreConfig,
+    decode_pinterest,
+    encode_pinterest,
+)
 from store.admin import init_shards
 from tests.conftest import mariadb_config
 
@@ -117,3 +124,42 @@ def test_unreachable_host_is_a_connection_error() -> None:
     }
     with Store.from_config(raw) as store, pytest.raises(ConnectionLostError, match="on host MySQL00"):
         store.create("pin", {"a": 1})
+
+
+@pytest.mark.parametrize(
+    "statement", ["list_asc", "list_desc", "page_asc", "page_asc_after", "page_desc_after"]
+)
+def test_list_queries_use_the_sequence_index_without_filesort(
+    mariadb_ready: StoreConfig, statement: str
+) -> None:
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {}, shard=6)
+        h = store.engines.shard(6, store.shard_map.master(6))
+        table = h.table("board_has_pins")
+        # This board and three others no test creates, 500 pins each; removed again below.
+        froms = [board] + [encode_pinterest(6, 2, 10**9 + k) for k in range(3)]
+        rows = [(f, encode_pinterest(6, 1, 10**9 + j), j) for f in froms for j in range(500)]
+        conn = root()
+        try:
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s)", rows)
+                cur.execute(f"ANALYZE TABLE {table}")
+                cur.fetchall()
+                sql = getattr(store.relation_repository.sql(h, "board_has_pins"), statement)
+                params = {
+                    "list_asc": (board, 50, 150),
+                    "list_desc": (board, 50, 150),
+                    "page_asc": (board, 51),
+                    "page_asc_after": (board, 200, 200, rows[200][1], 51),
+                    "page_desc_after": (board, 200, 200, rows[200][1], 51),
+                }[statement]
+                cur.execute("EXPLAIN " + sql, params)
+                names = [d[0] for d in cur.description]
+                plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        finally:
+            with conn.cursor() as cur:
+                cur.executemany(f"DELETE FROM {table} WHERE from_id = %s", [(f,) for f in froms])
+            conn.close()
+    assert len(plan) == 1, plan
+    assert plan[0]["key"] == "from_sequence_to", plan
+    assert "filesort" not in (plan[0]["Extra"] or ""), plan

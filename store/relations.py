@@ -1,0 +1,443 @@
+"""Ordered relations: from/to lists kept in sequence order, with exact counts.
+
+A relation is a one-directional table on the shard of its ``from`` object
+(``board_has_pins`` lives with the board). Each shard also keeps
+``relation_counts``, updated in the same transaction as every link and
+unlink, so `count` is one primary-key read and always exact.
+
+Inverse pairs cross shards and no transaction covers both sides. The primary
+side (the relation declared with ``inverse:``) is written first: a crash
+between the two writes leaves either an inverse row missing (after a link)
+or an inverse row too many (after an unlink), and `store.admin.repair`
+makes the inverse side match the primary again.
+
+`RelationRepository` runs SQL on one shard; `RelationService` validates,
+routes and orders the two sides.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from store.config import RelationSpec
+from store.engines import ShardHandle
+from store.exceptions import BackendError, ConnectionLostError, CursorError, DataError, LimitError
+from store.routing import Router
+from store.schema import COUNTS_TABLE
+
+__all__ = ["Page", "RelationRepository", "RelationService"]
+
+_SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
+# MariaDB: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction
+# back, so it is safe to run it again.
+_RETRY_CODES = frozenset({1205, 1213})
+_WRITE_ATTEMPTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a relation list: IDs in order, and the cursor of the next page.
+
+    ``next_cursor`` is None on the last page. `Store.board_pins` also fills
+    ``objects``, aligned with ``ids`` (IDs whose object is gone are left out).
+    """
+
+    ids: list[int]
+    next_cursor: str | None
+    objects: list[dict[str, Any]] = field(default_factory=list)
+
+
+def encode_cursor(relation: str, from_id: int, newest_first: bool, sequence: int, to_id: int) -> str:
+    """An opaque cursor: the list it belongs to and the (sequence, to_id) to continue after."""
+    raw = orjson.dumps([1, relation, from_id, int(newest_first), sequence, to_id])
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str, relation: str, from_id: int, newest_first: bool) -> tuple[int, int]:
+    """(sequence, to_id) from a cursor made for this same list and direction."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        version, rel, frm, newest, sequence, to_id = orjson.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise CursorError(f"cursor {cursor!r} is not a cursor that page() returned") from exc
+    if version != 1 or not all(type(v) is int for v in (frm, newest, sequence, to_id)):
+        raise CursorError(f"cursor {cursor!r} is not a cursor that page() returned")
+    if (rel, frm, bool(newest)) != (relation, from_id, newest_first):
+        raise CursorError(
+            f"cursor was made for {rel} of {frm} ({'newest' if newest else 'oldest'} first), "
+            f"not for {relation} of {from_id} ({'newest' if newest_first else 'oldest'} first)"
+        )
+    return sequence, to_id
+
+
+class _RelSql:
+    """The statements for one relation table of one shard."""
+
+    __slots__ = (
+        "count",
+        "count_down",
+        "count_set",
+        "count_up",
+        "counts_actual",
+        "counts_kept",
+        "delete",
+        "exists",
+        "insert",
+        "list_asc",
+        "list_desc",
+        "lock_count",
+        "move",
+        "page_asc",
+        "page_asc_after",
+        "page_desc",
+        "page_desc_after",
+        "scan",
+        "scan_after",
+    )
+
+    def __init__(self, h: ShardHandle, relation: str) -> None:
+        d = h.dialect
+        t = h.table(relation)
+        c = h.table(COUNTS_TABLE)
+        p = d.param
+        self.insert = (
+            f"INSERT INTO {t} (from_id, to_id, sequence) VALUES ({p}, {p}, {p}) {d.on_conflict_skip}"
+        )
+        self.move = f"UPDATE {t} SET sequence = {p} WHERE from_id = {p} AND to_id = {p}"
+        self.delete = f"DELETE FROM {t} WHERE from_id = {p} AND to_id = {p}"
+        self.exists = f"SELECT sequence FROM {t} WHERE from_id = {p} AND to_id = {p}"
+        self.count_up = (
+            f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, 1) "
+            f"{d.upsert_increment('n', ('relation', 'from_id'))}"
+        )
+        self.count_down = f"UPDATE {c} SET n = n - 1 WHERE relation = {p} AND from_id = {p}"
+        self.count = f"SELECT n FROM {c} WHERE relation = {p} AND from_id = {p}"
+        # For repair: the counts as kept and as they are, and a locked recount.
+        self.counts_kept = f"SELECT from_id, n FROM {c} WHERE relation = {p} AND n <> 0"
+        self.counts_actual = f"SELECT from_id, COUNT(*) FROM {t} GROUP BY from_id"
+        self.lock_count = f"SELECT COUNT(*) FROM {t} WHERE from_id = {p}{d.for_update}"
+        self.count_set = (
+            f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, {p}) "
+            f"{d.upsert_set('n', ('relation', 'from_id'))}"
+        )
+        rows = f"SELECT from_id, to_id, sequence FROM {t}"
+        self.scan = f"{rows} ORDER BY from_id, to_id LIMIT {p}"
+        after = f"from_id >= {p} AND (from_id > {p} OR to_id > {p})"
+        self.scan_after = f"{rows} WHERE {after} ORDER BY from_id, to_id LIMIT {p}"
+        base = f"SELECT to_id FROM {t} WHERE from_id = {p}"
+        self.list_asc = f"{base} ORDER BY sequence, to_id LIMIT {p} OFFSET {p}"
+        self.list_desc = f"{base} ORDER BY sequence DESC, to_id DESC LIMIT {p} OFFSET {p}"
+        # Keyset pages: `sequence >= s` is the index range; the OR only sorts
+        # out ties at the boundary, so page 2,000 reads what page 1 reads.
+        keyed = f"SELECT sequence, to_id FROM {t} WHERE from_id = {p}"
+        self.page_asc = f"{keyed} ORDER BY sequence, to_id LIMIT {p}"
+        self.page_asc_after = (
+            f"{keyed} AND sequence >= {p} AND (sequence > {p} OR to_id > {p}) "
+            f"ORDER BY sequence, to_id LIMIT {p}"
+        )
+        self.page_desc = f"{keyed} ORDER BY sequence DESC, to_id DESC LIMIT {p}"
+        self.page_desc_after = (
+            f"{keyed} AND sequence <= {p} AND (sequence < {p} OR to_id < {p}) "
+            f"ORDER BY sequence DESC, to_id DESC LIMIT {p}"
+        )
+
+
+class RelationRepository:
+    """Pairs of one relation on one shard: add, remove, list, page, count."""
+
+    def __init__(self) -> None:
+        self._sql: dict[tuple[str, int, str], _RelSql] = {}
+
+    def sql(self, h: ShardHandle, relation: str) -> _RelSql:
+        """The cached statements for ``relation`` on ``h``'s shard."""
+        key = (h.host, h.shard, relation)
+        sql = self._sql.get(key)
+        if sql is None:
+            sql = self._sql[key] = _RelSql(h, relation)
+        return sql
+
+    def add(
+        self, h: ShardHandle, relation: str, from_id: int, to_id: int, sequence: int, *, move: bool
+    ) -> bool:
+        """Insert the pair (True) or, if it exists, move it to ``sequence`` when ``move``."""
+        sql = self.sql(h, relation)
+
+        def txn(cur: Any) -> bool:
+            cur.execute(sql.insert, (from_id, to_id, sequence))
+            if cur.rowcount == 1:
+                cur.execute(sql.count_up, (relation, from_id))
+                return True
+            if move:
+                cur.execute(sql.move, (sequence, from_id, to_id))
+            return False
+
+        return _transaction(h, txn)
+
+    def remove(self, h: ShardHandle, relation: str, from_id: int, to_id: int) -> bool:
+        """Delete the pair; True if it was there."""
+        sql = self.sql(h, relation)
+
+        def txn(cur: Any) -> bool:
+            cur.execute(sql.delete, (from_id, to_id))
+            if cur.rowcount:
+                cur.execute(sql.count_down, (relation, from_id))
+                return True
+            return False
+
+        return _transaction(h, txn)
+
+    def sequence_of(self, h: ShardHandle, relation: str, from_id: int, to_id: int) -> int | None:
+        """The pair's sequence, or None if the pair is absent."""
+        row = _read(h, self.sql(h, relation).exists, (from_id, to_id), one=True)
+        return None if row is None else int(row[0])
+
+    def list_ids(
+        self, h: ShardHandle, relation: str, from_id: int, limit: int, offset: int, newest_first: bool
+    ) -> list[int]:
+        """``to_id``s by sequence (ties by to_id), ``LIMIT limit OFFSET offset``."""
+        sql = self.sql(h, relation)
+        query = sql.list_desc if newest_first else sql.list_asc
+        return [int(r[0]) for r in _read(h, query, (from_id, limit, offset), one=False)]
+
+    def page(
+        self,
+        h: ShardHandle,
+        relation: str,
+        from_id: int,
+        limit: int,
+        after: tuple[int, int] | None,
+        newest_first: bool,
+    ) -> list[tuple[int, int]]:
+        """Up to ``limit`` (sequence, to_id) rows after the key ``after``, in list order."""
+        sql = self.sql(h, relation)
+        if after is None:
+            query = sql.page_desc if newest_first else sql.page_asc
+            params: tuple[int, ...] = (from_id, limit)
+        else:
+            query = sql.page_desc_after if newest_first else sql.page_asc_after
+            params = (from_id, after[0], after[0], after[1], limit)
+        return [(int(s), int(t)) for s, t in _read(h, query, params, one=False)]
+
+    def count(self, h: ShardHandle, relation: str, from_id: int) -> int:
+        """The kept count of pairs from ``from_id``."""
+        row = _read(h, self.sql(h, relation).count, (relation, from_id), one=True)
+        return 0 if row is None else int(row[0])
+
+    # -- for repair: scans and checks, never on the request path ------------
+
+    def scan(
+        self, h: ShardHandle, relation: str, after: tuple[int, int] | None, limit: int
+    ) -> list[tuple[int, int, int]]:
+        """Up to ``limit`` (from_id, to_id, sequence) rows in key order after ``after``."""
+        sql = self.sql(h, relation)
+        if after is None:
+            rows = _read(h, sql.scan, (limit,), one=False)
+        else:
+            rows = _read(h, sql.scan_after, (after[0], after[0], after[1], limit), one=False)
+        return [(int(f), int(t), int(q)) for f, t, q in rows]
+
+    def present(
+        self, h: ShardHandle, relation: str, pairs: Sequence[tuple[int, int]]
+    ) -> set[tuple[int, int]]:
+        """Which of ``pairs`` (from_id, to_id) exist on ``h``'s shard."""
+        if not pairs:
+            return set()
+        froms = sorted({f for f, _t in pairs})
+        tos = sorted({t for _f, t in pairs})
+        d = h.dialect
+        query = (
+            f"SELECT from_id, to_id FROM {h.table(relation)} "
+            f"WHERE from_id IN ({d.params(len(froms))}) AND to_id IN ({d.params(len(tos))})"
+        )
+        wanted = set(pairs)
+        return {(int(f), int(t)) for f, t in _read(h, query, [*froms, *tos], one=False)} & wanted
+
+    def count_mismatches(self, h: ShardHandle, relation: str) -> list[tuple[int, int, int]]:
+        """(from_id, kept, actual) wherever the kept count differs from the rows."""
+        sql = self.sql(h, relation)
+        kept = {int(f): int(n) for f, n in _read(h, sql.counts_kept, (relation,), one=False)}
+        actual = {int(f): int(n) for f, n in _read(h, sql.counts_actual, (), one=False)}
+        return [
+            (f, kept.get(f, 0), actual.get(f, 0))
+            for f in sorted(kept.keys() | actual.keys())
+            if kept.get(f, 0) != actual.get(f, 0)
+        ]
+
+    def recount(self, h: ShardHandle, relation: str, from_id: int) -> int:
+        """Set the kept count of ``from_id`` to its rows, under lock; return it."""
+        sql = self.sql(h, relation)
+        counted = 0
+
+        def txn(cur: Any) -> bool:
+            nonlocal counted
+            cur.execute(sql.lock_count, (from_id,))
+            counted = int(cur.fetchone()[0])
+            cur.execute(sql.count_set, (relation, from_id, counted))
+            return True
+
+        _transaction(h, txn)
+        return counted
+
+
+def _read(h: ShardHandle, sql: str, params: Sequence[Any], *, one: bool) -> Any:
+    for attempt in (1, 2):  # a read is safe to retry, once, on a new connection
+        try:
+            with h.connect() as conn:
+                cur = conn.cursor()
+                cur.execute(sql, params)
+                rows = cur.fetchone() if one else cur.fetchall()
+                cur.close()
+            return rows
+        except ConnectionLostError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _transaction(h: ShardHandle, body: Callable[[Any], bool]) -> bool:
+    """Run ``body`` in one transaction on ``h``'s shard, again after a deadlock."""
+    for attempt in range(1, _WRITE_ATTEMPTS + 1):
+        try:
+            with h.connect() as conn:
+                cur = conn.cursor()
+                cur.execute(h.dialect.begin)
+                try:
+                    result = body(cur)
+                    cur.execute("COMMIT")
+                except BaseException:
+                    with suppress(Exception):
+                        cur.execute("ROLLBACK")
+                    raise
+                finally:
+                    cur.close()
+            return result
+        except BackendError as exc:
+            code = getattr(exc.orig, "args", (None,))[0] if exc.orig is not None else None
+            if code not in _RETRY_CODES or attempt == _WRITE_ATTEMPTS:
+                raise
+            time.sleep(0.005 * attempt)
+    raise AssertionError("unreachable")
+
+
+class RelationService:
+    """Validated, routed relation calls; writes the primary side of an inverse pair first."""
+
+    def __init__(
+        self,
+        *,
+        router: Router,
+        shard: Callable[[int, str], ShardHandle],
+        repo: RelationRepository | None = None,
+        clock_us: Callable[[], int] | None = None,
+    ) -> None:
+        self._router = router
+        self._shard = shard
+        self.repo = repo or RelationRepository()
+        self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
+
+    # -- validation ----------------------------------------------------------
+
+    def _side(self, spec: RelationSpec, from_id: int, to_id: int | None) -> ShardHandle:
+        shard, _t, _l, host = self._router.route(from_id, spec.from_type)
+        if to_id is not None:
+            self._router.route(to_id, spec.to_type)
+        return self._shard(shard, host)
+
+    def _limit(self, limit: int) -> int:
+        cap = self._router.config.max_page
+        if type(limit) is not int or not 1 <= limit <= cap:
+            raise LimitError(f"limit must be an int in 1..{cap} (limits.max_page), got {limit!r}")
+        return limit
+
+    # -- writes --------------------------------------------------------------
+
+    def link(self, relation: str, from_id: int, to_id: int, *, sequence: int | None = None) -> bool:
+        """Add the pair (and its inverse); True if the pair is new."""
+        spec = self._router.relation(relation)
+        if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
+            raise DataError(f"sequence must be a 64-bit signed int, got {sequence!r}")
+        here = self._side(spec, from_id, to_id)
+        seq = self._clock_us() if sequence is None else sequence
+        move = sequence is not None
+        if spec.inverse is None:
+            return self.repo.add(here, relation, from_id, to_id, seq, move=move)
+        inverse = self._router.relation(spec.inverse)
+        there = self._side(inverse, to_id, from_id)
+        # Write the primary side first; the other side gets the position the
+        # primary settled on (a re-link without a sequence keeps the old one).
+        first, first_spec, first_from, first_to, second, second_spec = (
+            (here, spec, from_id, to_id, there, inverse)
+            if spec.primary
+            else (there, inverse, to_id, from_id, here, spec)
+        )
+        new = self.repo.add(first, first_spec.name, first_from, first_to, seq, move=move)
+        if not new and not move:
+            found = self.repo.sequence_of(first, first_spec.name, first_from, first_to)
+            seq = seq if found is None else found
+        self.repo.add(second, second_spec.name, first_to, first_from, seq, move=True)
+        return new
+
+    def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
+        """Remove the pair (and its inverse); True if it was there."""
+        spec = self._router.relation(relation)
+        here = self._side(spec, from_id, to_id)
+        if spec.inverse is None:
+            return self.repo.remove(here, relation, from_id, to_id)
+        inverse = self._router.relation(spec.inverse)
+        there = self._side(inverse, to_id, from_id)
+        if spec.primary:
+            gone = self.repo.remove(here, relation, from_id, to_id)
+            self.repo.remove(there, inverse.name, to_id, from_id)
+        else:
+            gone = self.repo.remove(there, inverse.name, to_id, from_id)
+            self.repo.remove(here, relation, from_id, to_id)
+        return gone
+
+    # -- reads ---------------------------------------------------------------
+
+    def links(
+        self, relation: str, from_id: int, *, limit: int = 50, offset: int = 0, newest_first: bool = False
+    ) -> list[int]:
+        """``to_id``s in sequence order: ``ORDER BY sequence LIMIT limit OFFSET offset``."""
+        spec = self._router.relation(relation)
+        self._limit(limit)
+        if type(offset) is not int or offset < 0:
+            raise LimitError(f"offset must be an int >= 0, got {offset!r}")
+        h = self._side(spec, from_id, None)
+        return self.repo.list_ids(h, relation, from_id, limit, offset, newest_first)
+
+    def page(
+        self,
+        relation: str,
+        from_id: int,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        newest_first: bool = False,
+    ) -> Page:
+        """One keyset page; pass ``next_cursor`` back for the next one."""
+        spec = self._router.relation(relation)
+        self._limit(limit)
+        h = self._side(spec, from_id, None)
+        after = None if cursor is None else decode_cursor(cursor, relation, from_id, newest_first)
+        rows = self.repo.page(h, relation, from_id, limit + 1, after, newest_first)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        next_cursor = None
+        if more:
+            seq, last = rows[-1]
+            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last)
+        return Page([t for _s, t in rows], next_cursor)
+
+    def count(self, relation: str, from_id: int) -> int:
+        """How many pairs start at ``from_id`` (kept exact, no scan)."""
+        spec = self._router.relation(relation)
+        h = self._side(spec, from_id, None)
+        return self.repo.count(h, relation, from_id)

@@ -1,0 +1,246 @@
+"""Ordered relations on each backend: order, idempotence, moves, counts, cursors, inverses."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from store import (
+    CursorError,
+    DataError,
+    LimitError,
+    Store,
+    UnknownRelationError,
+    WrongTypeError,
+    encode_pinterest,
+)
+
+BHP = "board_has_pins"
+POB = "pin_owned_by_board"
+
+
+@pytest.fixture
+def board(store: Store) -> int:
+    return store.create("board", {"name": "kitchen"})
+
+
+def pins(store: Store, n: int, *, spread: bool = True) -> list[int]:
+    return [store.create("pin", {"i": i}, shard=(i % store.config.shards) if spread else 0) for i in range(n)]
+
+
+def test_default_sequence_is_time_of_adding(store: Store, board: int) -> None:
+    ps = pins(store, 5)
+    for p in ps:
+        assert store.link(BHP, board, p) is True
+    assert store.links(BHP, board) == ps
+    assert store.links(BHP, board, newest_first=True) == ps[::-1]
+    assert store.count(BHP, board) == 5
+
+
+def test_order_by_sequence_with_ties_broken_by_to_id(store: Store, board: int) -> None:
+    ps = pins(store, 6)
+    seqs = [30, 10, 20, 10, 30, 10]
+    for p, s in zip(ps, seqs, strict=True):
+        store.link(BHP, board, p, sequence=s)
+    expected = [p for _s, p in sorted(zip(seqs, ps, strict=True))]
+    assert store.links(BHP, board) == expected
+    assert store.links(BHP, board, newest_first=True) == expected[::-1]
+    assert store.links(BHP, board, limit=2, offset=3) == expected[3:5]
+    assert store.links(BHP, board, offset=6) == []
+
+
+def test_link_is_idempotent_and_keeps_its_position(store: Store, board: int) -> None:
+    a, b, c = pins(store, 3)
+    for p in (a, b, c):
+        store.link(BHP, board, p)
+    assert store.link(BHP, board, a) is False
+    assert store.links(BHP, board) == [a, b, c]
+    assert store.count(BHP, board) == 3
+    assert store.count(POB, a) == 1
+
+
+def test_relinking_with_a_sequence_moves_the_pair_on_both_sides(store: Store, board: int) -> None:
+    a, b, c = pins(store, 3)
+    for i, p in enumerate((a, b, c)):
+        store.link(BHP, board, p, sequence=100 + i)
+    assert store.link(BHP, board, a, sequence=500) is False
+    assert store.links(BHP, board) == [b, c, a]
+    assert store.count(BHP, board) == 3
+    h = store.engines.shard(store.locate(a).shard, store.locate(a).host)
+    assert store.relation_repository.sequence_of(h, POB, a, board) == 500
+
+
+def test_unlink_removes_both_sides(store: Store, board: int) -> None:
+    a, b = pins(store, 2)
+    store.link(BHP, board, a)
+    store.link(BHP, board, b)
+    assert store.unlink(BHP, board, a) is True
+    assert store.unlink(BHP, board, a) is False
+    assert store.links(BHP, board) == [b]
+    assert store.links(POB, a) == []
+    assert store.count(BHP, board) == 1
+    assert store.count(POB, a) == 0
+
+
+def test_inverse_lists_match_and_can_be_written_through_either_name(store: Store) -> None:
+    boards = [store.create("board", {"b": i}) for i in range(3)]
+    (pin,) = pins(store, 1)
+    store.link(BHP, boards[0], pin, sequence=1)
+    store.link(POB, pin, boards[1], sequence=2)  # written as the inverse: primary side first
+    store.link(BHP, boards[2], pin, sequence=3)
+    assert store.links(POB, pin) == boards
+    for b in boards:
+        assert store.links(BHP, b) == [pin]
+    assert store.count(POB, pin) == 3
+    assert store.unlink(POB, pin, boards[1]) is True
+    assert store.links(BHP, boards[1]) == []
+    assert store.links(POB, pin) == [boards[0], boards[2]]
+
+
+def test_relation_without_inverse(store: Store) -> None:
+    user = store.create("user", {"name": "ada"})
+    (pin,) = pins(store, 1)
+    store.link("users_has_pins", user, pin)
+    assert store.links("users_has_pins", user) == [pin]
+    assert store.count("users_has_pins", user) == 1
+    assert store.unlink("users_has_pins", user, pin) is True
+
+
+def walk(store: Store, board: int, limit: int, newest_first: bool = False) -> Iterator[list[int]]:
+    cursor = None
+    while True:
+        page = store.page(BHP, board, limit=limit, cursor=cursor, newest_first=newest_first)
+        yield page.ids
+        if page.next_cursor is None:
+            return
+        cursor = page.next_cursor
+
+
+def test_cursor_pages_cover_the_list_once_in_order(store: Store, board: int) -> None:
+    ps = pins(store, 23)
+    for i, p in enumerate(ps):
+        store.link(BHP, board, p, sequence=i // 3)  # many ties, across page boundaries
+    expected = store.links(BHP, board, limit=100)
+    pages = list(walk(store, board, 5))
+    assert [len(p) for p in pages] == [5, 5, 5, 5, 3]
+    assert [i for p in pages for i in p] == expected
+    assert [i for p in walk(store, board, 4, newest_first=True) for i in p] == expected[::-1]
+    assert store.page(BHP, board, limit=23).next_cursor is None
+    empty = store.create("board", {})
+    assert store.page(BHP, empty) == store.page(BHP, empty, limit=1)
+
+
+def test_cursor_pages_while_pins_are_added(store: Store, board: int) -> None:
+    before = pins(store, 120)
+    for p in before:
+        store.link(BHP, board, p)
+    later = pins(store, 80)
+    done = threading.Event()
+
+    def add() -> None:
+        for p in later:
+            store.link(BHP, board, p)
+        done.set()
+
+    adder = threading.Thread(target=add)
+    adder.start()
+    seen: list[int] = []
+    for page in walk(store, board, 7):
+        seen += page
+    adder.join()
+    assert len(seen) == len(set(seen)), "a pin came back twice"
+    assert set(before) <= set(seen), "a pin that existed before paging began was skipped"
+    assert set(seen) <= set(before) | set(later)
+
+
+def test_counts_stay_exact_under_concurrent_link_and_unlink(store: Store, board: int) -> None:
+    ps = pins(store, 25)
+    errors: list[BaseException] = []
+
+    def churn(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(200):
+                p = rng.choice(ps)
+                if rng.random() < 0.6:
+                    store.link(BHP, board, p)
+                else:
+                    store.unlink(BHP, board, p)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    linked = store.links(BHP, board, limit=1000)
+    assert store.count(BHP, board) == len(linked)
+    for p in ps:
+        assert store.links(POB, p) == ([board] if p in linked else [])
+        assert store.count(POB, p) == (1 if p in linked else 0)
+
+
+def test_board_pins_returns_objects_in_order(store: Store, board: int) -> None:
+    ps = pins(store, 5)
+    for p in ps:
+        store.link(BHP, board, p)
+    store.delete(ps[2])
+    page = store.board_pins(board, limit=4)
+    assert page.ids == [ps[0], ps[1], ps[3]]
+    assert page.objects == [{"i": 0}, {"i": 1}, {"i": 3}]
+    rest = store.board_pins(board, limit=4, cursor=page.next_cursor)
+    assert rest.ids == [ps[4]]
+    assert rest.next_cursor is None
+
+
+def test_bad_relation_calls(store: Store, board: int) -> None:
+    (pin,) = pins(store, 1)
+    user = store.create("user", {})
+    with pytest.raises(
+        UnknownRelationError, match="unknown relation 'likes'; the config defines: board_has_pins"
+    ):
+        store.link("likes", board, pin)
+    with pytest.raises(WrongTypeError, match="is a user, not a board"):
+        store.link(BHP, user, pin)
+    with pytest.raises(WrongTypeError, match="is a user, not a pin"):
+        store.link(BHP, board, user)
+    with pytest.raises(WrongTypeError):
+        store.links(BHP, pin)
+    with pytest.raises(LimitError, match=r"limit must be an int in 1\.\.1000 \(limits.max_page\)"):
+        store.links(BHP, board, limit=1001)
+    with pytest.raises(LimitError):
+        store.page(BHP, board, limit=0)
+    with pytest.raises(LimitError, match="offset"):
+        store.links(BHP, board, offset=-1)
+    with pytest.raises(DataError, match="sequence must be a 64-bit signed int"):
+        store.link(BHP, board, pin, sequence=1 << 63)
+    assert store.links(BHP, board) == []
+    assert store.count(BHP, board) == 0
+
+
+def test_bad_cursors(store: Store, board: int) -> None:
+    ps = pins(store, 3)
+    for p in ps:
+        store.link(BHP, board, p)
+    cursor = store.page(BHP, board, limit=1).next_cursor
+    assert cursor is not None
+    other = store.create("board", {})
+    with pytest.raises(CursorError, match="not a cursor that page"):
+        store.page(BHP, board, cursor="garbage!")
+    with pytest.raises(CursorError, match="made for board_has_pins of"):
+        store.page(BHP, other, cursor=cursor)
+    with pytest.raises(CursorError, match="oldest first"):
+        store.page(BHP, board, cursor=cursor, newest_first=True)
+
+
+def test_unmapped_to_id_writes_nothing(store: Store, board: int) -> None:
+    from store import RoutingError
+
+    with pytest.raises(RoutingError):
+        store.link(BHP, board, encode_pinterest(3429, 1, 5))
+    assert store.count(BHP, board) == 0
