@@ -40,6 +40,7 @@ DEFAULT_MAX_PAGE = 1000
 MAX_OBJECT_BYTES_CEILING = (1 << 24) - 1
 DEFAULT_POOL_SIZE = 8
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size"}
@@ -75,11 +76,24 @@ class RelationSpec:
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """Which caches to use. Empty means no cache."""
+    """Which caches to use, and how they behave. No memcached, redis or memory: no cache."""
 
     memcached: tuple[str, ...] = ()
     redis: str | None = None
     memory: bool = False
+    timeout_ms: int = 50
+    connect_timeout_ms: int = 50
+    failures_to_trip: int = 3
+    cooldown_s: int = 5
+    ttl_s: int = 3600
+    lease_ttl_s: int = 10
+    list_entries: int = 1000
+    prefix: str = "s:"
+
+    @property
+    def enabled(self) -> bool:
+        """True if any cache is configured."""
+        return bool(self.memcached or self.redis or self.memory)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -361,17 +375,31 @@ def _open_shards(raw: object, shards: int) -> tuple[tuple[int, int], ...]:
     return (_pair(raw, "open_shards", shards),)
 
 
+_CACHE_INTS = {
+    "timeout_ms": (1, 60_000),
+    "connect_timeout_ms": (1, 60_000),
+    "failures_to_trip": (1, 1000),
+    "cooldown_s": (0, 3600),
+    "ttl_s": (1, 30 * 86_400),
+    "lease_ttl_s": (1, 3600),
+    "list_entries": (1, 100_000),
+}
+
+
 def _cache(raw: object) -> CacheConfig:
     if raw is None:
         return CacheConfig()
-    if not isinstance(raw, Mapping) or set(raw) - {"memcached", "redis", "memory"}:
+    known = {"memcached", "redis", "memory", "prefix", *_CACHE_INTS}
+    if not isinstance(raw, Mapping) or set(raw) - known:
+        bad = sorted(set(raw) - known) if isinstance(raw, Mapping) else raw
         raise ConfigError(
-            "cache must be a mapping with memcached: [host:port, ...], redis: URL and/or memory: true"
+            f"cache must be a mapping with memcached: [host:port, ...], redis: URL and/or memory: true "
+            f"(and optionally {', '.join(sorted(known - {'memcached', 'redis', 'memory'}))}); got {bad!r}"
         )
     mc = raw.get("memcached") or []
     if isinstance(mc, str):
         mc = [mc]
-    if not isinstance(mc, list) or not all(isinstance(s, str) and ":" in s for s in mc):
+    if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.match(s) for s in mc):
         raise ConfigError(f"cache.memcached must be a list of host:port strings, got {mc!r}")
     redis = raw.get("redis")
     if redis is not None and (not isinstance(redis, str) or not redis.startswith(("redis://", "unix://"))):
@@ -379,4 +407,9 @@ def _cache(raw: object) -> CacheConfig:
     memory = raw.get("memory", False)
     if not isinstance(memory, bool):
         raise ConfigError(f"cache.memory must be true or false, got {memory!r}")
-    return CacheConfig(memcached=tuple(mc), redis=redis, memory=memory)
+    prefix = raw.get("prefix", "s:")
+    if not isinstance(prefix, str) or not re.match(r"^[A-Za-z0-9_:.-]{0,32}$", prefix):
+        raise ConfigError(f"cache.prefix must be up to 32 letters, digits or _:.- , got {prefix!r}")
+    ints = {k: _int(raw, f"{k}", CacheConfig.__dataclass_fields__[k].default, lo, hi)  # type: ignore[arg-type]
+            for k, (lo, hi) in _CACHE_INTS.items()}  # fmt: skip
+    return CacheConfig(memcached=tuple(mc), redis=redis, memory=memory, prefix=prefix, **ints)

@@ -64,6 +64,10 @@ class ObjectRepository:
             sql = self._sql[key] = _Sql(h, table)
         return sql
 
+    def decode(self, text: str | bytes) -> dict[str, Any]:
+        """Deserialise stored JSON text."""
+        return self._serde.loads(text)
+
     def encode(self, data: dict[str, Any]) -> str:
         """Validate and serialise ``data``; raises `DataError` before any I/O."""
         return self._serde.dumps(data)
@@ -87,23 +91,23 @@ class ObjectRepository:
             cur.execute(self.sql(h, table).remove, (local_id,))
             cur.close()
 
-    def get(self, h: ShardHandle, table: str, local_id: int) -> dict[str, Any] | None:
-        """The live object with ``local_id``, or None."""
+    def get(self, h: ShardHandle, table: str, local_id: int) -> str | None:
+        """The JSON text of the live object with ``local_id``, or None."""
         sql = self.sql(h, table).select
         try:
             row = _fetch(h, sql, (local_id,), one=True)
         except ConnectionLostError:  # a read is safe to retry, once, on a new connection
             row = _fetch(h, sql, (local_id,), one=True)
-        return None if row is None else self._serde.loads(row[0])
+        return None if row is None else str(row[0])
 
     def get_many(
         self, h: ShardHandle, parts: Sequence[tuple[int, str, Sequence[int]]]
-    ) -> list[tuple[int, str, int, dict[str, Any]]]:
+    ) -> list[tuple[int, str, int, str]]:
         """Live objects for several (shard, table, local ids) on one connection.
 
         On a server host the parts become one UNION ALL query, one round trip
         for the whole host; on SQLite ``parts`` hold one shard.
-        Returns (shard, table, local_id, data) for every live object found.
+        Returns (shard, table, local_id, JSON text) for every live object found.
         """
         selects: list[str] = []
         params: list[int] = []
@@ -121,12 +125,7 @@ class ObjectRepository:
             rows = _fetch(h, query, params, one=False)
         except ConnectionLostError:
             rows = _fetch(h, query, params, one=False)
-        loads = self._serde.loads
-        out = []
-        for part, local_id, text in rows:
-            shard, table = labels[part]
-            out.append((shard, table, local_id, loads(text)))
-        return out
+        return [(*labels[part], local_id, text) for part, local_id, text in rows]
 
     def update(
         self, h: ShardHandle, table: str, local_id: int, changes: Updater, *, what: str

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from store.cache.lists import ListCache, decode_member, encode_member
 from store.config import RelationSpec
 from store.engines import ShardHandle
 from store.exceptions import BackendError, ConnectionLostError, CursorError, DataError, LimitError
@@ -336,11 +338,24 @@ class RelationService:
         shard: Callable[[int, str], ShardHandle],
         repo: RelationRepository | None = None,
         clock_us: Callable[[], int] | None = None,
+        lists: ListCache | None = None,
+        prefix: str = "s:",
     ) -> None:
         self._router = router
         self._shard = shard
         self.repo = repo or RelationRepository()
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
+        self.lists = lists
+        self._prefix = prefix
+
+    def list_key(self, relation: str, from_id: int) -> str:
+        """The cache key of ``from_id``'s ``relation`` list."""
+        return f"{self._prefix}l:{relation}:{from_id}"
+
+    def invalidate(self, pairs: Sequence[tuple[str, int]]) -> None:
+        """Drop the cached lists of (relation, from_id) after a committed write."""
+        if self.lists is not None and pairs:
+            self.lists.invalidate([self.list_key(r, f) for r, f in pairs])
 
     # -- validation ----------------------------------------------------------
 
@@ -367,9 +382,30 @@ class RelationService:
         seq = self._clock_us() if sequence is None else sequence
         move = sequence is not None
         if spec.inverse is None:
-            return self.repo.add(here, relation, from_id, to_id, seq, move=move)
+            try:
+                return self.repo.add(here, relation, from_id, to_id, seq, move=move)
+            finally:
+                self.invalidate([(relation, from_id)])
         inverse = self._router.relation(spec.inverse)
         there = self._side(inverse, to_id, from_id)
+        try:
+            return self._link_pair(spec, inverse, here, there, from_id, to_id, seq, move)
+        finally:
+            # Commit first, then invalidate; also after a failure, since a
+            # side may have committed before it.
+            self.invalidate([(relation, from_id), (inverse.name, to_id)])
+
+    def _link_pair(
+        self,
+        spec: RelationSpec,
+        inverse: RelationSpec,
+        here: ShardHandle,
+        there: ShardHandle,
+        from_id: int,
+        to_id: int,
+        seq: int,
+        move: bool,
+    ) -> bool:
         # Write the primary side first; the other side gets the position the
         # primary settled on (a re-link without a sequence keeps the old one).
         first, first_spec, first_from, first_to, second, second_spec = (
@@ -389,15 +425,21 @@ class RelationService:
         spec = self._router.relation(relation)
         here = self._side(spec, from_id, to_id)
         if spec.inverse is None:
-            return self.repo.remove(here, relation, from_id, to_id)
+            try:
+                return self.repo.remove(here, relation, from_id, to_id)
+            finally:
+                self.invalidate([(relation, from_id)])
         inverse = self._router.relation(spec.inverse)
         there = self._side(inverse, to_id, from_id)
-        if spec.primary:
-            gone = self.repo.remove(here, relation, from_id, to_id)
-            self.repo.remove(there, inverse.name, to_id, from_id)
-        else:
-            gone = self.repo.remove(there, inverse.name, to_id, from_id)
-            self.repo.remove(here, relation, from_id, to_id)
+        try:
+            if spec.primary:
+                gone = self.repo.remove(here, relation, from_id, to_id)
+                self.repo.remove(there, inverse.name, to_id, from_id)
+            else:
+                gone = self.repo.remove(there, inverse.name, to_id, from_id)
+                self.repo.remove(here, relation, from_id, to_id)
+        finally:
+            self.invalidate([(relation, from_id), (inverse.name, to_id)])
         return gone
 
     # -- reads ---------------------------------------------------------------
@@ -411,6 +453,11 @@ class RelationService:
         if type(offset) is not int or offset < 0:
             raise LimitError(f"offset must be an int >= 0, got {offset!r}")
         h = self._side(spec, from_id, None)
+        if self.lists is not None:
+            op = ("rank", offset, offset + limit - 1, newest_first)
+            rows = self._cached(h, relation, from_id, op, offset + limit, newest_first)
+            if rows is not None:
+                return [t for _s, t in rows]
         return self.repo.list_ids(h, relation, from_id, limit, offset, newest_first)
 
     def page(
@@ -427,7 +474,15 @@ class RelationService:
         self._limit(limit)
         h = self._side(spec, from_id, None)
         after = None if cursor is None else decode_cursor(cursor, relation, from_id, newest_first)
-        rows = self.repo.page(h, relation, from_id, limit + 1, after, newest_first)
+        rows = None
+        if self.lists is not None:
+            if after is None:
+                op: tuple[object, ...] = ("rank", 0, limit, newest_first)
+            else:
+                op = ("after", encode_member(*after), limit + 1, newest_first)
+            rows = self._cached(h, relation, from_id, op, limit + 1, newest_first, after=after)
+        if rows is None:
+            rows = self.repo.page(h, relation, from_id, limit + 1, after, newest_first)
         more = len(rows) > limit
         rows = rows[:limit]
         next_cursor = None
@@ -440,4 +495,74 @@ class RelationService:
         """How many pairs start at ``from_id`` (kept exact, no scan)."""
         spec = self._router.relation(relation)
         h = self._side(spec, from_id, None)
+        if self.lists is not None:
+            read = self.lists.read(self.list_key(relation, from_id), ("meta",))
+            if read is not None and read.meta is not None:
+                self.lists.stats.add(hits=1)
+                return read.meta[0]
+            if read is not None:
+                self.lists.stats.add(misses=1)
+                return self._fill(h, relation, from_id, read.version)[0]
         return self.repo.count(h, relation, from_id)
+
+    # -- the list cache --------------------------------------------------------
+
+    def _cached(
+        self,
+        h: ShardHandle,
+        relation: str,
+        from_id: int,
+        op: tuple[object, ...],
+        want: int,
+        newest_first: bool,
+        *,
+        after: tuple[int, int] | None = None,
+    ) -> list[tuple[int, int]] | None:
+        """Rows from the cache (filling it on a miss), or None if the database must answer.
+
+        ``want`` is how many rows the caller needs, or, for ranks, the end of
+        the rank range. A cached head answers when the list is complete, or,
+        oldest first, when it holds every row asked for.
+        """
+        assert self.lists is not None
+        read = self.lists.read(self.list_key(relation, from_id), op)
+        if read is None:
+            return None  # the cache failed: a miss, and no fill
+        stats = self.lists.stats
+        if read.meta is not None:
+            n, cached = read.meta
+            complete = cached == n
+            rows = [decode_member(m) for m in read.members]
+            if complete or (not newest_first and (len(rows) >= want if op[0] == "after" else want <= cached)):
+                stats.add(hits=1)
+                return rows
+            stats.add(misses=1)
+            return None  # beyond the cached head
+        stats.add(misses=1)
+        n, head = self._fill(h, relation, from_id, read.version)
+        complete = len(head) == n
+        if op[0] == "rank":
+            start, stop = int(op[1]), int(op[2])  # type: ignore[call-overload]
+            if not complete and (newest_first or stop + 1 > len(head)):
+                return None
+            ordered = head[::-1] if newest_first else head
+            return ordered[start : stop + 1]
+        assert after is not None
+        if newest_first:
+            if not complete:
+                return None
+            i = bisect_left(head, after)
+            return head[max(0, i - want) : i][::-1]
+        i = bisect_right(head, after)
+        rows = head[i : i + want]
+        return rows if complete or len(rows) >= want else None
+
+    def _fill(
+        self, h: ShardHandle, relation: str, from_id: int, version: bytes | None
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """Read the head and the count from the database and cache them (if still current)."""
+        assert self.lists is not None
+        head = self.repo.page(h, relation, from_id, self.lists.entries, None, False)
+        n = self.repo.count(h, relation, from_id)
+        self.lists.fill(self.list_key(relation, from_id), version, n, head)
+        return n, head

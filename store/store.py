@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import random
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
-from store.config import StoreConfig
+from store.cache import Caches, build_caches
+from store.config import StoreConfig, TypeSpec
 from store.defaults import embedded_config
 from store.engines import Engines
 from store.exceptions import (
@@ -44,6 +44,7 @@ class Store:
         serde: Serde | None = None,
         rng: random.Random | None = None,
         clock_us: Callable[[], int] | None = None,
+        caches: Caches | None = None,
     ) -> None:
         if config.ids != "pinterest":
             raise NotImplementedError("ids: instagram is not supported by the object store yet")
@@ -52,12 +53,14 @@ class Store:
         self._engines = engines or Engines(config)
         self._objects = ObjectRepository(serde=serde or JsonSerde(max_bytes=config.max_object_bytes))
         self._router = Router(config, rng=rng)
-        self._relations = RelationService(router=self._router, shard=self._engines.shard, clock_us=clock_us)
-        if config.cache.memcached or config.cache.redis or config.cache.memory:
-            warnings.warn(
-                "the cache section is validated but not used yet: every read goes to the database",
-                stacklevel=2,
-            )
+        self._caches = caches if caches is not None else build_caches(config.cache)
+        self._relations = RelationService(
+            router=self._router,
+            shard=self._engines.shard,
+            clock_us=clock_us,
+            lists=self._caches.lists,
+            prefix=self._caches.prefix,
+        )
 
     @classmethod
     def from_config(
@@ -121,15 +124,44 @@ class Store:
     def get(self, id: int, *, type_name: str | None = None) -> dict[str, Any] | None:  # noqa: A002
         """The object with ``id``, or None if it does not exist or was deleted."""
         shard, spec, local_id, host = self._router.route(id, type_name)
-        return self._objects.get(self._engines.shard(shard, host), spec.table, local_id)
+        cache = self._caches.objects
+        if cache is None:
+            text = self._objects.get(self._engines.shard(shard, host), spec.table, local_id)
+            return None if text is None else self._objects.decode(text)
+        key = self._okey(id)
+
+        def load(_missing: list[str]) -> dict[str, bytes]:
+            text = self._objects.get(self._engines.shard(shard, host), spec.table, local_id)
+            return {} if text is None else {key: text.encode()}
+
+        value = cache.get_many([key], load).get(key)
+        return None if value is None else self._objects.decode(value)
 
     def get_many(self, ids: Iterable[int], *, type_name: str | None = None) -> dict[int, dict[str, Any]]:
-        """Objects by ID, absent and deleted ones left out: one round trip per host."""
+        """Objects by ID, absent and deleted ones left out.
+
+        Cache first (one round trip per cache server); the misses are read
+        with one query per host (per shard on SQLite).
+        """
+        route = self._router.route
+        routed = {id_: route(id_, type_name) for id_ in ids}
+        decode = self._objects.decode
+        cache = self._caches.objects
+        if cache is None:
+            return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
+        keys = {self._okey(id_): id_ for id_ in routed}
+
+        def load(missing: list[str]) -> dict[str, bytes]:
+            wanted = {keys[k]: routed[keys[k]] for k in missing}
+            return {self._okey(i): text.encode() for i, text in self._read_texts(wanted).items()}
+
+        return {keys[k]: decode(v) for k, v in cache.get_many(list(keys), load).items()}
+
+    def _read_texts(self, routed: dict[int, tuple[int, TypeSpec, int, str]]) -> dict[int, str]:
+        """JSON text of live objects from the databases, batched per host (per shard on SQLite)."""
         by_host: dict[str, dict[tuple[int, str], list[int]]] = {}
         keys: dict[tuple[int, str, int], int] = {}
-        route = self._router.route
-        for id_ in ids:
-            shard, spec, local_id, host = route(id_, type_name)
+        for id_, (shard, spec, local_id, host) in routed.items():
             groups = by_host.get(host)
             if groups is None:
                 groups = by_host[host] = {}
@@ -138,7 +170,7 @@ class Store:
                 group = groups[(shard, spec.table)] = []
             group.append(local_id)
             keys[(shard, spec.table, local_id)] = id_
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, str] = {}
         for host, groups in by_host.items():
             parts = [(shard, table, local_ids) for (shard, table), local_ids in groups.items()]
             # A server host answers for all its shards in one query; SQLite
@@ -152,9 +184,16 @@ class Store:
                 batches = [parts]
             for batch in batches:
                 h = self._engines.shard(batch[0][0], host)
-                for shard, table, local_id, data in self._objects.get_many(h, batch):
-                    out[keys[(shard, table, local_id)]] = data
+                for shard, table, local_id, text in self._objects.get_many(h, batch):
+                    out[keys[(shard, table, local_id)]] = text
         return out
+
+    def _okey(self, id: int) -> str:  # noqa: A002
+        return f"{self._caches.prefix}o:{id}"
+
+    def _invalidate_object(self, id: int) -> None:  # noqa: A002
+        if self._caches.objects is not None:
+            self._caches.objects.invalidate([self._okey(id)])
 
     def update(self, id: int, changes: Updater, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
         """Merge ``changes`` (a dict, or a function old -> new) into the object atomically.
@@ -166,14 +205,22 @@ class Store:
         if not callable(changes) and not isinstance(changes, dict):
             raise DataError(f"changes must be a dict or a function old -> new, got {type(changes).__name__}")
         shard, spec, local_id, host = self._router.route(id, type_name)
-        return self._objects.update(
-            self._engines.shard(shard, host), spec.table, local_id, changes, what=str(id)
-        )
+        try:
+            return self._objects.update(
+                self._engines.shard(shard, host), spec.table, local_id, changes, what=str(id)
+            )
+        finally:
+            # Also after a failure: the commit may have happened before the
+            # error (a lost connection), and a needless delete is harmless.
+            self._invalidate_object(id)
 
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002
         """Soft-delete: the row stays, marked inactive. True if it was live."""
         shard, spec, local_id, host = self._router.route(id, type_name)
-        return self._objects.delete(self._engines.shard(shard, host), spec.table, local_id)
+        try:
+            return self._objects.delete(self._engines.shard(shard, host), spec.table, local_id)
+        finally:
+            self._invalidate_object(id)
 
     def require(self, id: int, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
         """Like `get`, but raises `NotFound` instead of returning None."""
@@ -240,13 +287,28 @@ class Store:
         return self._relations.repo
 
     @property
+    def relation_service(self) -> RelationService:
+        """The relation service (validation, inverse order, list cache), for admin jobs."""
+        return self._relations
+
+    @property
     def engines(self) -> Engines:
         """The engines (one per host) this store uses."""
         return self._engines
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Cache counters (hits, misses, fills, invalidations, errors, skipped) per cache."""
+        return self._caches.stats()
+
+    @property
+    def caches(self) -> Caches:
+        """The caches this store uses."""
+        return self._caches
+
     def close(self) -> None:
         """Close every pooled connection."""
         self._engines.dispose()
+        self._caches.close()
 
     def __enter__(self) -> Store:
         return self

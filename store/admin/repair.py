@@ -95,6 +95,7 @@ class _Repair:
         self.store = store
         self.report = report
         self.repo = store.relation_repository
+        self.service = store.relation_service
         self.router = store.router
 
     def _chunks(self, shard: int, spec: RelationSpec) -> Iterable[list[Row]]:
@@ -135,6 +136,7 @@ class _Repair:
                     if settled is None:  # unlinked meanwhile: nothing to restore
                         continue
                     self.repo.add(there, inverse.name, t, f, settled, move=True)
+                    self.service.invalidate([(inverse.name, t)])
                     self.report.inverse_added.append((inverse.name, t, f))
 
     def dangling_inverses(self, shard: int, inverse: RelationSpec, primary: RelationSpec) -> None:
@@ -152,6 +154,7 @@ class _Repair:
                     if self.repo.sequence_of(there, primary.name, t, f) is not None:
                         continue  # linked meanwhile: the inverse is right
                     self.repo.remove(here, inverse.name, f, t)
+                    self.service.invalidate([(inverse.name, f)])
                     self.report.inverse_removed.append((inverse.name, f, t))
 
     def counts(self, shard: int, spec: RelationSpec) -> None:
@@ -159,4 +162,5 @@ class _Repair:
         for from_id, kept, actual in self.repo.count_mismatches(h, spec.name):
             if not self.report.dry_run:
                 actual = self.repo.recount(h, spec.name, from_id)
+                self.service.invalidate([(spec.name, from_id)])
             self.report.counts_fixed.append((spec.name, from_id, kept, actual))

@@ -1,0 +1,88 @@
+"""Caches: objects in memcached (or in-process), relation lists in Redis (or in-process).
+
+The cache is never needed for correctness: every cache error or timeout is
+a miss, writes commit to the database first and invalidate after, and a
+reader can never put back a value that a writer's invalidation removed
+(leases for objects, versions for lists). See `leases` and `lists`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.cache.leases import LeaseStore, MemoryLeaseStore, ObjectCache
+from store.cache.lists import ListBackend, ListCache, MemoryListBackend
+from store.cache.stats import Breaker, CacheStats
+from store.config import CacheConfig
+
+__all__ = [
+    "Breaker",
+    "CacheStats",
+    "Caches",
+    "LeaseStore",
+    "ListBackend",
+    "ListCache",
+    "MemoryLeaseStore",
+    "MemoryListBackend",
+    "ObjectCache",
+    "build_caches",
+]
+
+
+@dataclass(frozen=True)
+class Caches:
+    """The object cache and the list cache a store uses (either may be None)."""
+
+    objects: ObjectCache | None = None
+    lists: ListCache | None = None
+    prefix: str = "s:"
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters of each cache, by name."""
+        out = {}
+        for cache in (self.objects, self.lists):
+            if cache is not None:
+                out[cache.stats.name] = cache.stats.as_dict()
+        return out
+
+    def close(self) -> None:
+        """Release network connections."""
+        if self.lists is not None:
+            close = getattr(self.lists.backend, "close", None)
+            if close is not None:
+                close()
+
+
+def build_caches(config: CacheConfig) -> Caches:
+    """The caches ``config`` asks for: memcached and/or Redis, else in-process if ``memory``."""
+    timeout_s, connect_timeout_s = config.timeout_ms / 1000, config.connect_timeout_ms / 1000
+    objects: ObjectCache | None = None
+    lists: ListCache | None = None
+    if config.memcached:
+        from store.cache.memcached import MemcachedLeaseStore
+
+        store: LeaseStore = MemcachedLeaseStore(
+            config.memcached,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            failures_to_trip=config.failures_to_trip,
+            cooldown_s=config.cooldown_s,
+        )
+        objects = ObjectCache(store, ttl_s=config.ttl_s, lease_ttl_s=config.lease_ttl_s)
+    elif config.memory:
+        objects = ObjectCache(MemoryLeaseStore(name="memory-objects"), ttl_s=config.ttl_s)
+    if config.redis:
+        from store.cache.redis_lists import RedisListBackend
+
+        backend: ListBackend = RedisListBackend(
+            config.redis,
+            prefix=config.prefix,
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            failures_to_trip=config.failures_to_trip,
+            cooldown_s=config.cooldown_s,
+        )
+        lists = ListCache(backend, entries=config.list_entries, ttl_s=config.ttl_s)
+    elif config.memory:
+        lists = ListCache(MemoryListBackend(), entries=config.list_entries, ttl_s=config.ttl_s)
+    return Caches(objects, lists, config.prefix)

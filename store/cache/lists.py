@@ -1,0 +1,164 @@
+"""Caching the head of each relation list (and its count), guarded by a version.
+
+Each cached list holds its first ``list_entries`` entries (default 1,000) as
+members that sort like ``(sequence, to_id)`` (16 bytes, big-endian, the
+sequence offset so that negative ones sort first), plus a meta value
+``(n, cached)``: the list's length and how many entries are cached. A list
+with ``cached == n`` is complete and serves any read; otherwise only reads
+within the cached head are served and the rest fall through to the database.
+
+No stale fill: every list has a version. A writer commits, then bumps the
+version and deletes the list in one atomic step. A reader that misses notes
+the version it saw, reads the database, and fills only if the version is
+still the one it saw (checked and written atomically by the backend). So a
+reader that read the old rows cannot fill after a writer's invalidation.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from store.cache.stats import CacheStats
+
+__all__ = ["ListBackend", "ListCache", "ListRead", "MemoryListBackend", "decode_member", "encode_member"]
+
+_PACK = struct.Struct(">QQ")
+_OFFSET = 1 << 63
+
+
+def encode_member(sequence: int, to_id: int) -> bytes:
+    """16 bytes whose byte order is the order of ``(sequence, to_id)``."""
+    return _PACK.pack(sequence + _OFFSET, to_id)
+
+
+def decode_member(member: bytes) -> tuple[int, int]:
+    """``(sequence, to_id)`` of a member."""
+    s, t = _PACK.unpack(member)
+    return s - _OFFSET, t
+
+
+@dataclass(frozen=True, slots=True)
+class ListRead:
+    """One atomic read: the meta (None if the list is not cached), members and version."""
+
+    meta: tuple[int, int] | None
+    members: list[bytes]
+    version: bytes | None
+
+
+class ListBackend(Protocol):
+    """Atomic operations on cached lists (Redis, or in-process)."""
+
+    stats: CacheStats
+
+    def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
+        """Meta, version and the members that ``op`` selects; None if the server failed.
+
+        ``op`` is ``("rank", start, stop, desc)`` (inclusive ranks) or
+        ``("after", member, limit, desc)`` (members strictly after, in
+        direction) or ``("meta",)``.
+        """
+        ...
+
+    def fill(self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int) -> bool:
+        """Replace the cached list if the version is still ``version``; True if filled."""
+        ...
+
+    def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
+        """Bump each list's version and drop it, atomically per key."""
+        ...
+
+
+class ListCache:
+    """Reads relation lists from a `ListBackend`, filling misses from the database."""
+
+    def __init__(self, backend: ListBackend, *, entries: int = 1000, ttl_s: int = 3600) -> None:
+        self.backend = backend
+        self.stats = backend.stats
+        self.entries = entries
+        self._ttl_s = ttl_s
+        #: Test hook: called after the database read, before the fill.
+        self.after_load: Callable[[], None] | None = None
+
+    def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
+        """The backend's atomic read (None on failure)."""
+        return self.backend.read(key, op)
+
+    def fill(self, key: str, version: bytes | None, n: int, head: Sequence[tuple[int, int]]) -> None:
+        """Cache ``head`` (the first entries) and the length ``n``, unless invalidated meanwhile."""
+        if self.after_load is not None:
+            self.after_load()
+        if self.backend.fill(key, version, n, [encode_member(s, t) for s, t in head], self._ttl_s):
+            self.stats.add(fills=1)
+
+    def invalidate(self, keys: Sequence[str]) -> None:
+        """Drop lists after a committed write."""
+        self.backend.invalidate(keys, self._ttl_s)
+        self.stats.add(invalidations=len(keys))
+
+
+class MemoryListBackend:
+    """An in-process `ListBackend` (one process only), same rules as Redis."""
+
+    def __init__(self, *, name: str = "memory-lists", clock: Callable[[], float] = time.monotonic) -> None:
+        self.stats = CacheStats(name)
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float]] = {}
+        self._versions: dict[str, int] = {}
+
+    def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
+        """Meta, version and selected members, under one lock."""
+        with self._lock:
+            version = self._versions.get(key)
+            vbytes = None if version is None else str(version).encode()
+            entry = self._lists.get(key)
+            if entry is not None and entry[2] <= self._clock():
+                del self._lists[key]
+                entry = None
+            if entry is None:
+                return ListRead(None, [], vbytes)
+            meta, members, _exp = entry
+            return ListRead(meta, _select(members, op), vbytes)
+
+    def fill(self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int) -> bool:
+        """Replace the list if its version is unchanged."""
+        with self._lock:
+            current = self._versions.get(key)
+            if (None if current is None else str(current).encode()) != version:
+                return False
+            self._lists[key] = ((n, len(members)), sorted(members), self._clock() + ttl_s)
+            return True
+
+    def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
+        """Bump versions and drop the lists."""
+        with self._lock:
+            for key in keys:
+                self._versions[key] = self._versions.get(key, 0) + 1
+                self._lists.pop(key, None)
+
+
+def _select(members: list[bytes], op: tuple[object, ...]) -> list[bytes]:
+    kind = op[0]
+    if kind == "meta":
+        return []
+    if kind == "rank":
+        start, stop, desc = op[1], op[2], op[3]
+        assert isinstance(start, int)
+        assert isinstance(stop, int)
+        ordered = members[::-1] if desc else members
+        return ordered[start : stop + 1]
+    member, limit, desc = op[1], op[2], op[3]
+    assert isinstance(member, bytes)
+    assert isinstance(limit, int)
+    if desc:
+        i = bisect_left(members, member)
+        return members[max(0, i - limit) : i][::-1]
+    i = bisect_right(members, member)
+    return members[i : i + limit]

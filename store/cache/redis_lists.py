@@ -1,0 +1,190 @@
+"""The `ListBackend` on Redis: a sorted set per list, a meta and a version key.
+
+All members have score 0 and sort by their bytes (`encode_member`), so one
+``ZRANGE ... BYLEX`` serves a cursor page and one ``ZRANGE`` by rank serves an
+offset page. A read is one MULTI/EXEC round trip (meta, version, members), so
+it never sees a list half dropped. A fill is one Lua script that checks the
+version and replaces the list; an invalidation is one MULTI/EXEC that bumps
+the version and drops the list.
+
+redis-py's defaults are unsafe for a cache (no socket timeout; retries that
+stretch a dead server into seconds): this client has explicit short
+timeouts, no retries, and a `Breaker`. An invalidation that fails marks the
+cache dirty: before it is used again, every key under the store's prefix is
+dropped (SCAN + UNLINK, so a shared database is safe).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from store.cache.lists import ListRead
+from store.cache.stats import Breaker, CacheStats
+
+__all__ = ["RedisListBackend"]
+
+# KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, members...
+_FILL = """
+local v = redis.call('GET', KEYS[3])
+if (v or '') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+local ttl = tonumber(ARGV[3])
+local batch = {}
+for i = 4, #ARGV do
+  batch[#batch + 1] = 0
+  batch[#batch + 1] = ARGV[i]
+  if #batch >= 1000 then
+    redis.call('ZADD', KEYS[1], unpack(batch))
+    batch = {}
+  end
+end
+if #batch > 0 then redis.call('ZADD', KEYS[1], unpack(batch)) end
+if #ARGV >= 4 then redis.call('EXPIRE', KEYS[1], ttl) end
+redis.call('SET', KEYS[2], ARGV[2] .. ':' .. (#ARGV - 3), 'EX', ttl)
+return 1
+"""
+
+#: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
+VERSION_TTL_S = 86_400
+
+
+class RedisListBackend:
+    """Relation lists in one Redis database, keys under ``prefix``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "s:",
+        timeout_s: float = 0.05,
+        connect_timeout_s: float = 0.05,
+        failures_to_trip: int = 3,
+        cooldown_s: float = 5.0,
+    ) -> None:
+        self.stats = CacheStats("redis")
+        self.breaker = Breaker(failures_to_trip=failures_to_trip, cooldown_s=cooldown_s)
+        self.prefix = prefix
+        self.client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=connect_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
+        )
+        self._fill = self.client.register_script(_FILL)
+        self._clean_lock = threading.Lock()
+
+    def _keys(self, key: str) -> tuple[str, str, str]:
+        return key, key + ":m", key + ":v"
+
+    def _guard(self) -> bool:
+        if not self.breaker.allow():
+            self.stats.add(skipped=1)
+            return False
+        return not self.breaker.dirty or self._clean()
+
+    def _failed(self) -> None:
+        self.breaker.failure()
+        self.stats.add(errors=1)
+
+    def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
+        """Meta, version and selected members in one MULTI/EXEC; None on failure."""
+        if not self._guard():
+            return None
+        lkey, mkey, vkey = self._keys(key)
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.get(mkey)
+            pipe.get(vkey)
+            _queue_select(pipe, lkey, op)
+            meta_raw, version, members = pipe.execute()
+        except redis.RedisError:
+            self._failed()
+            return None
+        self.breaker.success()
+        meta = None
+        if meta_raw is not None:
+            n, _, cached = meta_raw.partition(b":")
+            meta = (int(n), int(cached))
+        return ListRead(meta, members if isinstance(members, list) else [], version)
+
+    def fill(self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int) -> bool:
+        """Replace the list if the version is unchanged (one Lua call)."""
+        if not self._guard():
+            return False
+        try:
+            done = self._fill(keys=list(self._keys(key)), args=[version or b"", n, ttl_s, *members])
+        except redis.RedisError:
+            self._failed()
+            return False
+        self.breaker.success()
+        return bool(done)
+
+    def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
+        """Bump versions and drop lists; on failure, mark the cache dirty."""
+        if not self.breaker.allow():
+            self.stats.add(skipped=1)
+            self.breaker.dirty = True
+            return
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            for key in keys:
+                lkey, mkey, vkey = self._keys(key)
+                pipe.incr(vkey)
+                pipe.expire(vkey, VERSION_TTL_S)
+                pipe.delete(lkey, mkey)
+            pipe.execute()
+        except redis.RedisError:
+            self._failed()
+            self.breaker.dirty = True
+            return
+        self.breaker.success()
+
+    def _clean(self) -> bool:
+        """Drop every cached list (not the versions) after a lost invalidation."""
+        with self._clean_lock:
+            if not self.breaker.dirty:
+                return True
+            try:
+                batch: list[Any] = []
+                for k in self.client.scan_iter(match=self.prefix + "l:*", count=1000):
+                    if not k.endswith(b":v"):
+                        batch.append(k)
+                    if len(batch) >= 500:
+                        self.client.unlink(*batch)
+                        batch = []
+                if batch:
+                    self.client.unlink(*batch)
+            except redis.RedisError:
+                self._failed()
+                return False
+            self.breaker.dirty = False
+            return True
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.client.close()
+
+
+def _queue_select(pipe: Any, lkey: str, op: tuple[object, ...]) -> None:
+    kind = op[0]
+    if kind == "meta":
+        pipe.exists(lkey)  # a placeholder result, ignored by callers of ("meta",)
+        return
+    if kind == "rank":
+        _k, start, stop, desc = op
+        pipe.zrange(lkey, start, stop, desc=bool(desc))
+        return
+    _k, member, limit, desc = op
+    assert isinstance(member, bytes)
+    if desc:
+        pipe.zrange(lkey, b"(" + member, b"-", desc=True, bylex=True, offset=0, num=limit)
+    else:
+        pipe.zrange(lkey, b"(" + member, b"+", bylex=True, offset=0, num=limit)
