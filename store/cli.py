@@ -435,3 +435,7 @@ def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
         _echo_json([r.as_dict() for r in results])
     else:
         click.echo(format_results(results))
+
+
+if __name__ == "__main__":  # python -m store.cli
+    main()

@@ -1,4 +1,4 @@
-"""The embedded default config: SQLite shard files and no servers.
+"""The embedded default config: SQLite shard files, in-process caches, no servers.
 
 `store demo`, and `Store.from_config()` with no argument, use it so that a
 fresh machine needs nothing running. ``config/embedded.yaml`` is the same
@@ -32,6 +32,8 @@ EMBEDDED: dict[str, Any] = {
         "users_likes_pins": {"from": "user", "to": "pin", "inverse": "pin_liked_by_user"},
         "users_has_pins": {"from": "user", "to": "pin"},
     },
+    # In-process caches: the same rules as memcached and Redis, one process only.
+    "cache": {"memory": True},
 }
 
 

@@ -8,7 +8,10 @@ reachable they skip on a developer's laptop; with STORE_REQUIRE_SERVICES=1
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ def require_port(name: str, port: int, host: str = "127.0.0.1") -> None:
 
 def base_config(**overrides: Any) -> dict[str, Any]:
     """The embedded default's types and relations with other hosts and map."""
-    raw = {k: v for k, v in EMBEDDED.items() if k not in ("hosts", "map", "shards")}
+    raw = {k: v for k, v in EMBEDDED.items() if k not in ("hosts", "map", "shards", "cache")}
     raw.update(overrides)
     return raw
 
@@ -86,9 +89,70 @@ def mariadb_ready() -> StoreConfig:
     return config
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
+REDIS_TEST_URL = "redis://127.0.0.1:6379/15"
+MEMCACHED_SECOND_PORT = 11212
+
+
+def start_memcached(port: int) -> subprocess.Popen[bytes]:
+    """A memcached of the tests' own on ``port`` (stopped by the caller)."""
+    binary = shutil.which("memcached")
+    if binary is None:
+        if os.environ.get("STORE_REQUIRE_SERVICES") == "1":
+            pytest.fail("memcached is not installed (run scripts/services.sh)")
+        pytest.skip("memcached is not installed")
+    user = ["-u", "memcache"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([binary, *user, "-l", "127.0.0.1", "-p", str(port), "-m", "64", "-U", "0"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"memcached did not start on port {port}")
+
+
+def memcached_flush(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(b"flush_all\r\n")
+        assert sock.recv(100) == b"OK\r\n"
+
+
+@pytest.fixture(scope="session")
+def memcached_pair() -> Iterator[list[str]]:
+    """The memcached on 11211 and a second one the tests start on 11212, both empty."""
+    require_port("memcached", 11211)
+    second = start_memcached(MEMCACHED_SECOND_PORT)
+    try:
+        for port in (11211, MEMCACHED_SECOND_PORT):
+            memcached_flush(port)
+        yield ["127.0.0.1:11211", f"127.0.0.1:{MEMCACHED_SECOND_PORT}"]
+    finally:
+        second.kill()
+        second.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_ready() -> str:
+    """Redis on 6379, database 15 emptied for the tests."""
+    require_port("Redis", 6379)
+    import redis
+
+    redis.Redis.from_url(REDIS_TEST_URL).flushdb()
+    return REDIS_TEST_URL
+
+
+def cached_mariadb_config(memcached: list[str], redis_url: str) -> dict[str, Any]:
+    """The MariaDB test config with memcached (two servers) and Redis."""
+    raw = mariadb_config()
+    raw["cache"] = {"memcached": memcached, "redis": redis_url, "prefix": "t:"}
+    return raw
+
+
+@pytest.fixture(params=["sqlite", "sqlite-memory", "mariadb", "mariadb-cached"])
 def backend(request: pytest.FixtureRequest) -> str:
-    """Each store test runs once per backend."""
+    """Each store test runs on SQLite and MariaDB, each without and with caches."""
     return str(request.param)
 
 
@@ -98,7 +162,16 @@ def config(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Stor
     if backend == "mariadb":
         ready: StoreConfig = request.getfixturevalue("mariadb_ready")
         return ready
-    return StoreConfig.from_dict(sqlite_config(tmp_path))
+    if backend == "mariadb-cached":
+        request.getfixturevalue("mariadb_ready")
+        raw = cached_mariadb_config(
+            request.getfixturevalue("memcached_pair"), request.getfixturevalue("redis_ready")
+        )
+        return StoreConfig.from_dict(raw)
+    raw = sqlite_config(tmp_path)
+    if backend == "sqlite-memory":
+        raw["cache"] = {"memory": True}
+    return StoreConfig.from_dict(raw)
 
 
 @pytest.fixture

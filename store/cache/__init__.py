@@ -47,8 +47,11 @@ class Caches:
 
     def close(self) -> None:
         """Release network connections."""
-        if self.lists is not None:
-            close = getattr(self.lists.backend, "close", None)
+        for backend in (
+            self.objects.store if self.objects else None,
+            self.lists.backend if self.lists else None,
+        ):
+            close = getattr(backend, "close", None)
             if close is not None:
                 close()
 

@@ -136,15 +136,28 @@ class MemcachedServer:
                 conn = self._connect()
             conn.send(request, deadline)
             result = read(conn, deadline)
-        except (OSError, _ProtocolError, ValueError):
+        except (OSError, _ProtocolError, ValueError) as exc:
             if conn is not None:
                 conn.close()
-            self.breaker.failure()
+            if isinstance(exc, TimeoutError):
+                # A hung server already cost a whole timeout: leave it alone at
+                # once, so that no call pays the timeout twice.
+                self.breaker.trip()
+            else:
+                self.breaker.failure()
             self._stats.add(errors=1)
             return None
         self._idle.append(conn)
         self.breaker.success()
         return result
+
+    def close(self) -> None:
+        """Close every idle socket."""
+        while True:
+            try:
+                self._idle.pop().close()
+            except IndexError:
+                return
 
     def _flush(self) -> bool:
         """Empty a server that may hold values whose invalidation was lost."""
@@ -289,3 +302,8 @@ class MemcachedLeaseStore:
                 # The delete may not have arrived: this server may now hold a
                 # stale value. Empty it before it is trusted again.
                 server.breaker.dirty = True
+
+    def close(self) -> None:
+        """Close every server's idle sockets."""
+        for server in self.servers:
+            server.close()

@@ -88,10 +88,21 @@ class RedisListBackend:
         if not self.breaker.allow():
             self.stats.add(skipped=1)
             return False
-        return not self.breaker.dirty or self._clean()
+        if self.breaker.dirty:
+            # Cleaning scans the keyspace: do it off the request path and
+            # treat the cache as absent until it is done.
+            self.stats.add(skipped=1)
+            if self._clean_lock.acquire(blocking=False):
+                self._clean_lock.release()
+                threading.Thread(target=self._clean, name="store-redis-clean", daemon=True).start()
+            return False
+        return True
 
-    def _failed(self) -> None:
-        self.breaker.failure()
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, redis.TimeoutError):
+            self.breaker.trip()  # a hung server already cost a whole timeout
+        else:
+            self.breaker.failure()
         self.stats.add(errors=1)
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
@@ -105,8 +116,8 @@ class RedisListBackend:
             pipe.get(vkey)
             _queue_select(pipe, lkey, op)
             meta_raw, version, members = pipe.execute()
-        except redis.RedisError:
-            self._failed()
+        except redis.RedisError as exc:
+            self._failed(exc)
             return None
         self.breaker.success()
         meta = None
@@ -121,8 +132,8 @@ class RedisListBackend:
             return False
         try:
             done = self._fill(keys=list(self._keys(key)), args=[version or b"", n, ttl_s, *members])
-        except redis.RedisError:
-            self._failed()
+        except redis.RedisError as exc:
+            self._failed(exc)
             return False
         self.breaker.success()
         return bool(done)
@@ -141,8 +152,8 @@ class RedisListBackend:
                 pipe.expire(vkey, VERSION_TTL_S)
                 pipe.delete(lkey, mkey)
             pipe.execute()
-        except redis.RedisError:
-            self._failed()
+        except redis.RedisError as exc:
+            self._failed(exc)
             self.breaker.dirty = True
             return
         self.breaker.success()
@@ -162,8 +173,8 @@ class RedisListBackend:
                         batch = []
                 if batch:
                     self.client.unlink(*batch)
-            except redis.RedisError:
-                self._failed()
+            except redis.RedisError as exc:
+                self._failed(exc)
                 return False
             self.breaker.dirty = False
             return True

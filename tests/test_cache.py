@@ -1,0 +1,206 @@
+"""Caches: the lease and version rules, read-after-write across processes, counters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from store import Store, StoreConfig
+from store.cache import Breaker, MemoryLeaseStore, ObjectCache
+from store.cache.leases import LEASE_PREFIX
+from store.cache.lists import decode_member, encode_member
+from store.cache.memcached import MemcachedLeaseStore
+from tests.conftest import cached_mariadb_config
+
+BHP = "board_has_pins"
+
+
+@pytest.fixture(params=["sqlite-memory", "mariadb-cached"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Only the cached backends."""
+    return str(request.param)
+
+
+# -- pure pieces ------------------------------------------------------------------
+
+
+@given(
+    st.tuples(st.integers(-(1 << 63), (1 << 63) - 1), st.integers(0, (1 << 63) - 1)),
+    st.tuples(st.integers(-(1 << 63), (1 << 63) - 1), st.integers(0, (1 << 63) - 1)),
+)
+def test_members_sort_like_sequence_then_to_id(a: tuple[int, int], b: tuple[int, int]) -> None:
+    assert decode_member(encode_member(*a)) == a
+    assert (encode_member(*a) < encode_member(*b)) == (a < b)
+
+
+def test_breaker_opens_after_failures_and_closes_after_cooldown() -> None:
+    now = [0.0]
+    b = Breaker(failures_to_trip=2, cooldown_s=5, clock=lambda: now[0])
+    b.failure()
+    assert b.allow()
+    b.failure()
+    assert not b.allow()
+    now[0] = 5.1
+    assert b.allow()
+    b.success()
+    b.failure()
+    assert b.allow()  # the count started again
+    b.trip()
+    assert not b.allow()
+
+
+def test_keys_spread_over_both_servers_and_stay_put() -> None:
+    two = MemcachedLeaseStore(["127.0.0.1:1", "127.0.0.1:2"])
+    three = MemcachedLeaseStore(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    keys = [f"s:o:{i}" for i in range(2000)]
+    owners = [two.server_for(k).address for k in keys]
+    assert 800 < owners.count("127.0.0.1:1") < 1200
+    moved = sum(two.server_for(k).address != three.server_for(k).address for k in keys)
+    assert 450 < moved < 900  # a third server takes about a third, the rest stay
+
+
+def test_memory_lease_store_has_memcached_semantics() -> None:
+    m = MemoryLeaseStore()
+    held = m.lease_many(["a", "b"], b"\x00lease:1", 10)
+    assert set(held) == {"a", "b"}
+    assert m.lease_many(["a"], b"\x00lease:2", 10) == {}  # add fails: a marker is there
+    m.delete_many(["b"])  # a writer's invalidation voids b's lease
+    assert m.cas_many({"a": (b"A", held["a"]), "b": (b"B", held["b"])}, 60) == 1
+    got = m.gets_many(["a", "b"])
+    assert set(got) == {"a"}
+    assert got["a"][0] == b"A"
+
+
+# -- the forced races: a slow reader must not fill after a writer's invalidation ---
+
+
+def test_slow_reader_cannot_refill_an_object_a_writer_invalidated(store: Store) -> None:
+    cache = store.caches.objects
+    assert isinstance(cache, ObjectCache)
+    pin = store.create("pin", {"v": "old"})
+    ran: list[bool] = []
+
+    def writer_commits_in_between() -> None:
+        cache.after_load = None  # the writer's own reads must not recurse
+        store.update(pin, {"v": "new"})  # commit to the database, then invalidate
+        ran.append(True)
+
+    cache.after_load = writer_commits_in_between
+    fills = cache.stats.fills
+    assert store.get(pin) == {"v": "old"}  # read before the write: the old row
+    assert ran == [True]
+    assert cache.stats.fills == fills, "the stale value was put back"
+    key = store._okey(pin)
+    cached = cache.store.gets_many([key]).get(key)
+    assert cached is None or cached[0].startswith(LEASE_PREFIX) or b"new" in cached[0]
+    assert store.get(pin) == {"v": "new"}
+    assert store.get(pin) == {"v": "new"}  # and now from the cache
+    assert cache.stats.fills == fills + 1
+
+
+def test_slow_reader_cannot_refill_a_list_a_writer_invalidated(store: Store) -> None:
+    lists = store.caches.lists
+    assert lists is not None
+    board = store.create("board", {})
+    a, b = (store.create("pin", {"i": i}) for i in range(2))
+    store.link(BHP, board, a)
+    ran: list[bool] = []
+
+    def writer_links_in_between() -> None:
+        lists.after_load = None
+        store.link(BHP, board, b)
+        ran.append(True)
+
+    lists.after_load = writer_links_in_between
+    fills = lists.stats.fills
+    assert store.page(BHP, board).ids == [a]  # the reader's view from before the link
+    assert ran == [True]
+    assert lists.stats.fills == fills, "the stale list was put back"
+    assert store.page(BHP, board).ids == [a, b]
+    assert store.count(BHP, board) == 2
+    assert lists.stats.fills == fills + 1
+
+
+def test_lists_longer_than_the_cached_head_fall_through(config: StoreConfig) -> None:
+    from dataclasses import replace
+
+    with Store(replace(config, cache=replace(config.cache, list_entries=5))) as store:
+        board = store.create("board", {})
+        pins = [store.create("pin", {"i": i}) for i in range(12)]
+        for i, p in enumerate(pins):
+            store.link(BHP, board, p, sequence=i)
+        assert store.links(BHP, board, limit=3) == pins[:3]  # fills the head of 5
+        hits = store.stats()[store.caches.lists.stats.name]["hits"]  # type: ignore[union-attr]
+        assert store.links(BHP, board, limit=3, offset=2) == pins[2:5]  # inside the head
+        assert store.links(BHP, board, limit=3, offset=4) == pins[4:7]  # beyond: the database
+        assert store.links(BHP, board, limit=3, newest_first=True) == pins[::-1][:3]
+        page = store.page(BHP, board, limit=4)
+        page2 = store.page(BHP, board, limit=4, cursor=page.next_cursor)
+        assert page.ids + page2.ids == pins[:8]
+        assert store.count(BHP, board) == 12
+        assert store.stats()[store.caches.lists.stats.name]["hits"] >= hits + 3  # type: ignore[union-attr]
+
+
+def test_stats_count_hits_misses_fills_and_invalidations(store: Store) -> None:
+    pin = store.create("pin", {"a": 1})
+    before = {name: dict(s) for name, s in store.stats().items()}
+    store.get(pin)
+    store.get(pin)
+    store.update(pin, {"a": 2})
+    name = store.caches.objects.stats.name  # type: ignore[union-attr]
+    after = store.stats()[name]
+    assert after["misses"] - before[name]["misses"] == 1
+    assert after["hits"] - before[name]["hits"] == 1
+    assert after["fills"] - before[name]["fills"] == 1
+    assert after["invalidations"] - before[name]["invalidations"] == 1
+
+
+def test_get_many_reads_only_misses_from_the_database(store: Store) -> None:
+    pins = [store.create("pin", {"i": i}) for i in range(10)]
+    assert store.get_many(pins[:5]) == {p: {"i": i} for i, p in enumerate(pins[:5])}
+    name = store.caches.objects.stats.name  # type: ignore[union-attr]
+    before = store.stats()[name]
+    assert store.get_many(pins) == {p: {"i": i} for i, p in enumerate(pins)}
+    after = store.stats()[name]
+    assert after["hits"] - before["hits"] == 5
+    assert after["misses"] - before["misses"] == 5
+
+
+# -- read-after-write from another process -----------------------------------------
+
+
+def cli(config_file: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "store.cli", *args, "--config", str(config_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout
+
+
+def test_read_after_write_across_processes(
+    mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, tmp_path: Path
+) -> None:
+    raw = cached_mariadb_config(memcached_pair, redis_ready)
+    config_file = tmp_path / "store.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    with Store.from_config(raw) as store:
+        pin = store.create("pin", {"v": 1})
+        board = store.create("board", {})
+        assert store.get(pin) == {"v": 1}  # now cached here
+        assert store.links(BHP, board) == []  # and the empty list
+        cli(config_file, "update", str(pin), '{"v": 2}')
+        cli(config_file, "link", BHP, str(board), str(pin))
+        assert store.get(pin) == {"v": 2}
+        assert store.links(BHP, board) == [pin]
+        assert store.count(BHP, board) == 1
+        store.update(pin, {"v": 3})
+        assert '"v": 3' in cli(config_file, "get", str(pin))
