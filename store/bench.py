@@ -13,19 +13,20 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from store.config import CacheConfig
 from store.engines import DBAPIConnection, mysql_connector, sqlite_connector
 from store.ids import encode_pinterest
 from store.relations import encode_cursor
 from store.schema import database_name
 from store.store import Store
 
-__all__ = ["BenchResult", "run_bench"]
+__all__ = ["PIN", "BenchResult", "format_results", "pair", "run_bench"]
 
 PIN = {
     "title": "Granite countertop, honed, with an undermount sink",
@@ -66,7 +67,7 @@ def _p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[98]
 
 
-def _pair(
+def pair(
     case: str, store_op: Callable[[int], object], raw_op: Callable[[int], object], n: int
 ) -> BenchResult:
     for i in range(min(50, n)):  # warm pools, caches and code paths
@@ -106,18 +107,27 @@ def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPI
 def run_bench(
     store: Store, *, n: int = 2000, progress: Callable[[str], None] | None = None
 ) -> list[BenchResult]:
-    """Run every case ``n`` times against ``store``'s first open shard's host."""
+    """Run every case ``n`` times against ``store``'s first open shard's host.
+
+    The database cases run without caches (a twin of ``store`` sharing its
+    pools); the warm-cache cases run when ``store`` has memcached and Redis.
+    """
     shard = store.config.open_shards[0][0]
     host = store.shard_map.master(shard)
     say = progress or (lambda _msg: None)
+    uncached = Store(replace(store.config, cache=CacheConfig()), engines=store.engines)
     with _raw_connection(store, host, shard) as (raw, p):
         cur = raw.cursor()
         try:
-            results = _object_cases(store, cur, p, shard, n, say)
+            results = _object_cases(uncached, cur, p, shard, n, say)
             if "board_has_pins" in store.config.relations:
-                results += _relation_cases(store, cur, p, shard, n, say)
+                results += _relation_cases(uncached, cur, p, shard, n, say)
         finally:
             cur.close()
+    if store.config.cache.memcached and store.config.cache.redis:
+        from store.bench_cache import cache_cases
+
+        results += cache_cases(store, shard, n, say)
     return results
 
 
@@ -134,7 +144,7 @@ def _object_cases(
         cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
 
     say("create")
-    results.append(_pair("create", lambda _i: store.create(pin_type.name, PIN, shard=shard), raw_insert, n))
+    results.append(pair("create", lambda _i: store.create(pin_type.name, PIN, shard=shard), raw_insert, n))
     ids = [store.create(pin_type.name, PIN, shard=shard) for _ in range(200)]
     local_ids = [store.locate(i).local_id for i in ids]
     rng = random.Random(7)
@@ -145,7 +155,7 @@ def _object_cases(
         orjson.loads(cur.fetchone()[0])
 
     say("get")
-    results.append(_pair("get", lambda i: store.get(ids[picks[i]]), raw_get, n))
+    results.append(pair("get", lambda i: store.get(ids[picks[i]]), raw_get, n))
 
     batches = [rng.sample(range(len(ids)), 50) for _ in range(16)]
     in_list = ", ".join([p] * 50)
@@ -159,7 +169,7 @@ def _object_cases(
 
     say("get_many(50)")
     results.append(
-        _pair(
+        pair(
             "get_many(50)",
             lambda i: store.get_many([ids[j] for j in batches[i % 16]]),
             raw_get_many,
@@ -245,7 +255,7 @@ def _relation_cases(
         results = []
         for case, store_op, raw_op, times in cases:
             say(case)
-            results.append(_pair(case, store_op, raw_op, times))
+            results.append(pair(case, store_op, raw_op, times))
     return results
 
 

@@ -431,10 +431,13 @@ def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
     say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
     with _open(config_path) as store:
         results = run_bench(store, n=iterations, progress=say)
+        stats = store.stats()
     if as_json:
-        _echo_json([r.as_dict() for r in results])
-    else:
-        click.echo(format_results(results))
+        _echo_json({"results": [r.as_dict() for r in results], "cache_stats": stats})
+        return
+    click.echo(format_results(results))
+    for name, counters in stats.items():
+        click.echo(f"cache {name}: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
 
 
 if __name__ == "__main__":  # python -m store.cli

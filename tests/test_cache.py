@@ -204,3 +204,45 @@ def test_read_after_write_across_processes(
         assert store.count(BHP, board) == 1
         store.update(pin, {"v": 3})
         assert '"v": 3' in cli(config_file, "get", str(pin))
+
+
+def test_a_warm_board_page_is_two_round_trips(
+    mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis.connection
+
+    from store.cache import memcached
+
+    raw = cached_mariadb_config(memcached_pair[:1], redis_ready)  # one memcached: one get_many
+    with Store.from_config(raw) as store:
+        board = store.create("board", {})
+        pins = [store.create("pin", {"i": i}) for i in range(50)]
+        for p in pins:
+            store.link(BHP, board, p)
+        assert store.board_pins(board).ids == pins  # cold: fills both caches
+        sends: list[str] = []
+        real_mc, real_redis = memcached._Conn.send, redis.connection.Connection.send_packed_command
+
+        def mc_send(self: memcached._Conn, data: bytes, deadline: float) -> None:
+            sends.append("memcached")
+            real_mc(self, data, deadline)
+
+        def redis_send(self: redis.connection.Connection, command: object, check_health: bool = True) -> None:
+            sends.append("redis")
+            real_redis(self, command, check_health)  # type: ignore[arg-type]
+
+        from store.pool import ConnectionPool
+
+        real_checkout = ConnectionPool.checkout
+
+        def db_checkout(self: ConnectionPool) -> tuple[object, float]:
+            sends.append("database")
+            return real_checkout(self)
+
+        monkeypatch.setattr(memcached._Conn, "send", mc_send)
+        monkeypatch.setattr(redis.connection.Connection, "send_packed_command", redis_send)
+        monkeypatch.setattr(ConnectionPool, "checkout", db_checkout)
+        page = store.board_pins(board)
+        assert page.ids == pins
+        assert page.objects == [{"i": i} for i in range(50)]
+        assert sends == ["redis", "memcached"]  # and no database call
