@@ -45,7 +45,7 @@ _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size"}
 )  # fmt: skip
-_BACKENDS = frozenset({"mysql", "mariadb", "sqlite"})
+_BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
 RESERVED_TABLE = "relation_counts"  # store.schema.COUNTS_TABLE (schema imports config, not back)
 
 
@@ -159,6 +159,7 @@ class StoreConfig:
         shards = _int(raw, "shards", None, 1, 65536 if ids == "pinterest" else 8192)
         hosts = _hosts(raw.get("hosts"), env, base)
         shard_map = _map(raw.get("map"), shards, hosts)
+        _check_backends(ids, hosts)
         types = _types(raw.get("types"), ids)
         relations = _relations(raw.get("relations"), types)
         open_shards = _open_shards(raw.get("open_shards"), shards)
@@ -239,6 +240,12 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
             if not folder.is_absolute():
                 folder = base / folder
             url = url.set(database=str(folder))
+        elif url.get_backend_name() == "postgresql":
+            if not url.database:
+                raise ConfigError(
+                    f"hosts.{name}: a PostgreSQL host names its database, e.g. "
+                    "postgresql+psycopg://postgres@127.0.0.1:5432/store; each shard is a schema in it"
+                )
         elif url.database:
             raise ConfigError(
                 f"hosts.{name} names database {url.database!r}; leave it out: "
@@ -246,6 +253,21 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
             )
         out[name] = url
     return out
+
+
+def _check_backends(ids: str, hosts: Mapping[str, URL]) -> None:
+    for name, url in hosts.items():
+        backend = url.get_backend_name()
+        if ids == "pinterest" and backend == "postgresql":
+            raise ConfigError(
+                f"hosts.{name} is PostgreSQL, which serves ids: instagram (IDs made by next_id() in "
+                "each shard schema); use MariaDB or SQLite hosts for ids: pinterest"
+            )
+        if ids == "instagram" and backend == "sqlite":
+            raise ConfigError(
+                f"hosts.{name} is SQLite, which cannot make Instagram IDs in the database; "
+                "use PostgreSQL or MariaDB hosts for ids: instagram"
+            )
 
 
 def _pair(value: object, what: str, shards: int) -> tuple[int, int]:

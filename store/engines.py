@@ -29,9 +29,21 @@ from sqlalchemy.engine import URL
 from store.config import StoreConfig
 from store.exceptions import BackendError, ConnectionLostError, ShardNotInitializedError
 from store.pool import ConnectionPool
-from store.schema import database_name, shard_ddl
+from store.schema import database_name, schema_name, shard_ddl
 
-__all__ = ["Cursor", "DBAPIConnection", "Engines", "ShardHandle", "SqlDialect"]
+__all__ = [
+    "Cursor",
+    "DBAPIConnection",
+    "Engines",
+    "MySQLDialect",
+    "PostgresDialect",
+    "SQLiteDialect",
+    "ShardHandle",
+    "SqlDialect",
+    "mysql_connector",
+    "postgres_connector",
+    "sqlite_connector",
+]
 
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
@@ -42,6 +54,8 @@ _MYSQL_MISSING = frozenset({1049, 1146})
 # 2003), server gone away (2006), lost during query (2013), lost (2055).
 _MYSQL_DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
 _DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
+# PostgreSQL: undefined table, invalid schema name, undefined function.
+_PG_MISSING = frozenset({"42P01", "3F000", "42883"})
 
 
 class Cursor(Protocol):
@@ -87,8 +101,8 @@ class SqlDialect:
     #: INSERT suffix that skips a row whose key exists, with rowcount 0.
     on_conflict_skip: str = ""
 
-    def upsert_increment(self, column: str, key: tuple[str, ...]) -> str:
-        """INSERT suffix that adds 1 to ``column`` of the row whose ``key`` exists."""
+    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
+        """INSERT suffix adding 1 to ``column`` of the existing ``key`` row of ``table`` (unqualified)."""
         raise NotImplementedError
 
     def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
@@ -98,6 +112,10 @@ class SqlDialect:
     def table(self, shard: int, table: str) -> str:
         """The quoted name of ``table`` in shard ``shard``."""
         raise NotImplementedError
+
+    def count_locked(self, table: str) -> str:
+        """Count one list's rows, locking them against concurrent link/unlink."""
+        return f"SELECT COUNT(*) FROM {table} WHERE from_id = {self.param}{self.for_update}"
 
     def params(self, n: int) -> str:
         """``n`` comma-separated placeholders."""
@@ -113,7 +131,7 @@ class MySQLDialect(SqlDialect):
     # CLIENT_FOUND_ROWS), unlike INSERT IGNORE it hides no other error.
     on_conflict_skip = "ON DUPLICATE KEY UPDATE from_id = from_id"
 
-    def upsert_increment(self, column: str, key: tuple[str, ...]) -> str:
+    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
         """``ON DUPLICATE KEY UPDATE n = n + 1``."""
         return f"ON DUPLICATE KEY UPDATE {column} = {column} + 1"
 
@@ -126,6 +144,31 @@ class MySQLDialect(SqlDialect):
         return f"`{database_name(shard)}`.`{table}`"
 
 
+class PostgresDialect(SqlDialect):
+    """PostgreSQL: every logical shard is a schema (``shard0042``) in the host's database."""
+
+    name = "postgresql"
+    param = "%s"
+    touch_ts = ", ts = now()"
+    on_conflict_skip = "ON CONFLICT DO NOTHING"
+
+    def table(self, shard: int, table: str) -> str:
+        """``"shard0042"."pins"``, quoted."""
+        return f'"{schema_name(shard)}"."{table}"'
+
+    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
+        """``ON CONFLICT (key) DO UPDATE SET n = relation_counts.n + 1`` (the existing row's n)."""
+        return f'ON CONFLICT ({", ".join(key)}) DO UPDATE SET {column} = "{table}".{column} + 1'
+
+    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
+        """``ON CONFLICT (key) DO UPDATE SET n = EXCLUDED.n``."""
+        return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = EXCLUDED.{column}"
+
+    def count_locked(self, table: str) -> str:
+        """PostgreSQL refuses FOR UPDATE with an aggregate: lock the rows in a subquery."""
+        return f"SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE from_id = %s FOR UPDATE) AS locked"
+
+
 class SQLiteDialect(SqlDialect):
     """SQLite: every shard is a file of its own, so names are unqualified."""
 
@@ -136,7 +179,7 @@ class SQLiteDialect(SqlDialect):
     touch_ts = ", ts = strftime('%Y-%m-%d %H:%M:%f', 'now')"
     on_conflict_skip = "ON CONFLICT DO NOTHING"
 
-    def upsert_increment(self, column: str, key: tuple[str, ...]) -> str:
+    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
         """``ON CONFLICT (key) DO UPDATE SET n = n + 1``."""
         return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = {column} + 1"
 
@@ -211,6 +254,9 @@ def _is_driver_error(exc: Exception) -> bool:
 def _is_disconnect(exc: Exception) -> bool:
     if isinstance(exc, ConnectionError | TimeoutError | BrokenPipeError):
         return True
+    if type(exc).__module__.startswith("psycopg"):
+        # psycopg: a lost or refused connection is an OperationalError with no SQLSTATE.
+        return type(exc).__name__ == "OperationalError" and getattr(exc, "sqlstate", None) is None
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     name = type(exc).__name__
     return (code in _MYSQL_DISCONNECT) or (name == "InterfaceError" and code in (0, None))
@@ -219,8 +265,9 @@ def _is_disconnect(exc: Exception) -> bool:
 def _wrap(exc: Exception, shard: int, host: str) -> BackendError:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     text = str(exc)
-    where = f"shard {shard} ({database_name(shard)}) on host {host}"
-    if code in _MYSQL_MISSING or "no such table" in text:
+    where = f"shard {shard} on host {host}"
+    sqlstate = getattr(exc, "sqlstate", None)
+    if code in _MYSQL_MISSING or "no such table" in text or sqlstate in _PG_MISSING:
         return ShardNotInitializedError(
             f"{where} is not initialised ({text}); run `store init --shards {shard}-{shard}`",
             orig=exc,
@@ -255,6 +302,27 @@ def mysql_connector(url: URL) -> Callable[[], Any]:
     return connect
 
 
+def postgres_connector(url: URL) -> Callable[[], Any]:
+    """A function that opens an autocommit psycopg connection to ``url``."""
+    import psycopg
+
+    kwargs: dict[str, Any] = {
+        "host": url.host or "127.0.0.1",
+        "port": url.port or 5432,
+        "user": url.username or "postgres",
+        "dbname": url.database,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "autocommit": True,
+    }
+    if url.password:
+        kwargs["password"] = url.password
+
+    def connect() -> Any:
+        return psycopg.connect(**kwargs)
+
+    return connect
+
+
 def sqlite_connector(path: Path) -> Callable[[], sqlite3.Connection]:
     """A function that opens one shard file in autocommit mode with WAL."""
 
@@ -282,7 +350,13 @@ class Engines:
         self._dialects: dict[str, SqlDialect] = {}
         for name, url in config.hosts.items():
             backend = url.get_backend_name()
-            self._dialects[name] = SQLiteDialect() if backend == "sqlite" else MySQLDialect()
+            self._dialects[name] = (
+                SQLiteDialect()
+                if backend == "sqlite"
+                else PostgresDialect()
+                if backend == "postgresql"
+                else MySQLDialect()
+            )
 
     def dialect(self, host: str) -> SqlDialect:
         """The dialect of ``host``."""
@@ -310,6 +384,8 @@ class Engines:
     def _make_pool(self, host: str, shard: int, dialect: SqlDialect) -> ConnectionPool:
         url = self._config.hosts[host]
         size = self._config.pool_size
+        if dialect.name == "postgresql":
+            return ConnectionPool(postgres_connector(url), name=host, max_open=2 * size, max_idle=size)
         if dialect.name != "sqlite":
             return ConnectionPool(mysql_connector(url), name=host, max_open=2 * size, max_idle=size)
         folder = Path(str(url.database))

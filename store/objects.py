@@ -12,7 +12,7 @@ from contextlib import suppress
 from typing import Any
 
 from store.engines import ShardHandle
-from store.exceptions import ConnectionLostError, DataError, NotFound, NotSerializableError
+from store.exceptions import BackendError, ConnectionLostError, DataError, NotFound, NotSerializableError
 from store.serde import Serde
 
 __all__ = ["ObjectRepository", "Updater"]
@@ -25,19 +25,30 @@ Updater = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 class _Sql:
     """The statements for one table of one shard."""
 
-    __slots__ = ("delete", "insert", "lock", "remove", "select", "select_in", "update")
+    __slots__ = ("delete", "insert", "lock", "remove", "select", "update")
 
-    def __init__(self, h: ShardHandle, table: str) -> None:
+    def __init__(self, h: ShardHandle, table: str, key: str) -> None:
         d = h.dialect
         t = h.table(table)
         p = d.param
-        self.insert = f"INSERT INTO {t} (data) VALUES ({p})"
-        self.select = f"SELECT data FROM {t} WHERE local_id = {p} AND active = 1"
-        self.select_in = f"SELECT local_id, data FROM {t} WHERE active = 1 AND local_id IN "
-        self.lock = f"SELECT data, active FROM {t} WHERE local_id = {p}{d.for_update}"
-        self.update = f"UPDATE {t} SET data = {p}{d.touch_ts} WHERE local_id = {p}"
-        self.delete = f"UPDATE {t} SET active = 0{d.touch_ts} WHERE local_id = {p} AND active = 1"
-        self.remove = f"DELETE FROM {t} WHERE local_id = {p}"
+        # Pinterest tables: local_id AUTO_INCREMENT, read back as lastrowid.
+        # Instagram tables: id made by the database, read back with RETURNING.
+        returning = " RETURNING id" if key == "id" else ""
+        self.insert = f"INSERT INTO {t} (data) VALUES ({p}){returning}"
+        self.select = f"SELECT data FROM {t} WHERE {key} = {p} AND active = 1"
+        self.lock = f"SELECT data, active FROM {t} WHERE {key} = {p}{d.for_update}"
+        self.update = f"UPDATE {t} SET data = {p}{d.touch_ts} WHERE {key} = {p}"
+        self.delete = f"UPDATE {t} SET active = 0{d.touch_ts} WHERE {key} = {p} AND active = 1"
+        self.remove = f"DELETE FROM {t} WHERE {key} = {p}"
+
+
+_INSERT_ATTEMPTS = 5
+
+
+def _duplicate_key(exc: BackendError) -> bool:
+    orig = exc.orig
+    code = orig.args[0] if orig is not None and orig.args else None
+    return code == 1062 or getattr(orig, "sqlstate", None) == "23505"
 
 
 def _fetch(h: ShardHandle, sql: str, params: Sequence[Any], *, one: bool) -> Any:
@@ -52,8 +63,9 @@ def _fetch(h: ShardHandle, sql: str, params: Sequence[Any], *, one: bool) -> Any
 class ObjectRepository:
     """Create, read, update and soft-delete objects on one shard at a time."""
 
-    def __init__(self, *, serde: Serde) -> None:
+    def __init__(self, *, serde: Serde, key: str = "local_id") -> None:
         self._serde = serde
+        self._key = key
         self._sql: dict[tuple[str, int, str], _Sql] = {}
 
     def sql(self, h: ShardHandle, table: str) -> _Sql:
@@ -61,7 +73,7 @@ class ObjectRepository:
         key = (h.host, h.shard, table)
         sql = self._sql.get(key)
         if sql is None:
-            sql = self._sql[key] = _Sql(h, table)
+            sql = self._sql[key] = _Sql(h, table, self._key)
         return sql
 
     def decode(self, text: str | bytes) -> dict[str, Any]:
@@ -73,16 +85,24 @@ class ObjectRepository:
         return self._serde.dumps(data)
 
     def insert(self, h: ShardHandle, table: str, text: str) -> int:
-        """Insert one encoded object; return its new local id."""
+        """Insert one encoded object; return its new key (local id, or the whole Instagram ID)."""
         sql = self.sql(h, table)
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(sql.insert, (text,))
-            local_id = cur.lastrowid
-            cur.close()
+        for attempt in range(1, _INSERT_ATTEMPTS + 1):
+            try:
+                with h.connect() as conn:
+                    cur = conn.cursor()
+                    cur.execute(sql.insert, (text,))
+                    local_id = cur.fetchone()[0] if self._key == "id" else cur.lastrowid
+                    cur.close()
+                break
+            except BackendError as exc:
+                # An ID the database made twice (see store.schema): the primary
+                # key refused the row, nothing was written; make another.
+                if self._key != "id" or not _duplicate_key(exc) or attempt == _INSERT_ATTEMPTS:
+                    raise
         if not local_id:
             raise DataError(f"the database returned no local id for the insert into {table}")
-        return local_id
+        return int(local_id)
 
     def remove(self, h: ShardHandle, table: str, local_id: int) -> None:
         """Hard-delete one row (used only to undo an insert that cannot get an ID)."""
@@ -116,8 +136,8 @@ class ObjectRepository:
             t = h.dialect.table(shard, table)
             labels.append((shard, table))
             selects.append(
-                f"SELECT {i} AS part, local_id, data FROM {t} "
-                f"WHERE active = 1 AND local_id IN ({h.dialect.params(len(local_ids))})"
+                f"SELECT {i} AS part, {self._key}, data FROM {t} "
+                f"WHERE active = 1 AND {self._key} IN ({h.dialect.params(len(local_ids))})"
             )
             params.extend(local_ids)
         query = selects[0] if len(selects) == 1 else " UNION ALL ".join(selects)

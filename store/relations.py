@@ -117,14 +117,14 @@ class _RelSql:
         self.exists = f"SELECT sequence FROM {t} WHERE from_id = {p} AND to_id = {p}"
         self.count_up = (
             f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, 1) "
-            f"{d.upsert_increment('n', ('relation', 'from_id'))}"
+            f"{d.upsert_increment('n', ('relation', 'from_id'), COUNTS_TABLE)}"
         )
         self.count_down = f"UPDATE {c} SET n = n - 1 WHERE relation = {p} AND from_id = {p}"
         self.count = f"SELECT n FROM {c} WHERE relation = {p} AND from_id = {p}"
         # For repair: the counts as kept and as they are, and a locked recount.
         self.counts_kept = f"SELECT from_id, n FROM {c} WHERE relation = {p} AND n <> 0"
         self.counts_actual = f"SELECT from_id, COUNT(*) FROM {t} GROUP BY from_id"
-        self.lock_count = f"SELECT COUNT(*) FROM {t} WHERE from_id = {p}{d.for_update}"
+        self.lock_count = d.count_locked(t)
         self.count_set = (
             f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, {p}) "
             f"{d.upsert_set('n', ('relation', 'from_id'))}"

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from store.config import RelationSpec, StoreConfig, TypeSpec
 from store.exceptions import IdError, UnknownRelationError, UnknownTypeError, WrongTypeError
-from store.ids import PINTEREST, decode_pinterest
+from store.ids import PINTEREST, decode_instagram, decode_pinterest
 from store.shardmap import ShardMap
 
 __all__ = ["MAX_LOCAL_ID", "Location", "Router"]
@@ -40,6 +40,7 @@ class Router:
         self._types_by_id = {t.id: t for t in config.types.values()}
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
+        self._instagram = config.ids == "instagram"
         starts, total = [], 0
         for low, high in config.open_shards:
             starts.append(total)
@@ -48,7 +49,13 @@ class Router:
         self._open_total = total
 
     def route(self, id: int, type_name: str | None = None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
-        """(shard, type, local id, master host) of ``id``; raises a precise error if it has none."""
+        """(shard, type, row key, master host) of ``id``; raises a precise error if it has none.
+
+        The row key is the local id for Pinterest IDs, the whole ID for
+        Instagram IDs (which carry no type: the caller names it).
+        """
+        if self._instagram:
+            return self._route_instagram(id, type_name)
         # The hot path of every call: decode inline (decode_pinterest
         # re-checks and raises the precise IdError for anything odd).
         if type(id) is int and 0 < id < _ID_LIMIT:
@@ -62,6 +69,16 @@ class Router:
             self._route_error(id, type_name)
         assert spec is not None
         return shard, spec, local_id, self.shard_map.master(shard)
+
+    def _route_instagram(self, id: int, type_name: str | None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
+        shard = decode_instagram(id).shard_id
+        if type_name is None:
+            raise IdError(
+                f"Instagram ID {id} carries no type: pass type_name= (one of {', '.join(self.config.types)})"
+            )
+        if id == 0:
+            raise IdError("ID 0 is no object's ID")
+        return shard, self.type(type_name), id, self.shard_map.master(shard)
 
     def locate(self, id: int, type_name: str | None = None) -> Location:  # noqa: A002
         """`route` as a named tuple."""
@@ -107,4 +124,4 @@ class Router:
 
     def shard_of(self, id: int) -> int:  # noqa: A002
         """The shard bits of ``id`` (checked to be a well-formed ID)."""
-        return decode_pinterest(id).shard_id
+        return (decode_instagram(id) if self._instagram else decode_pinterest(id)).shard_id

@@ -20,11 +20,13 @@ __all__ = [
     "DATABASE_PREFIX",
     "database_name",
     "render_shard_sql",
+    "schema_name",
     "shard_ddl",
     "shard_statements",
 ]
 
 DATABASE_PREFIX = "db"
+SCHEMA_PREFIX = "shard"
 #: One row per (relation, from_id) with the number of pairs, kept in the same
 #: transaction as every link and unlink so that it is always exact.
 COUNTS_TABLE = "relation_counts"
@@ -33,6 +35,15 @@ COUNTS_TABLE = "relation_counts"
 def database_name(shard: int) -> str:
     """The database (MariaDB) or file stem (SQLite) of shard ``shard``: ``db00042``."""
     return f"{DATABASE_PREFIX}{shard:05d}"
+
+
+def schema_name(shard: int) -> str:
+    """The PostgreSQL schema of logical shard ``shard``: ``shard0042`` (Instagram's naming)."""
+    return f"{SCHEMA_PREFIX}{shard:04d}"
+
+
+#: Existence keys of objects that are not tables, for `store init`'s skip check.
+NEXT_ID = "#next_id"
 
 
 _MYSQL_DATABASE = "CREATE DATABASE IF NOT EXISTS `{db}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
@@ -99,16 +110,144 @@ _SQLITE_RELATION_INDEX = (
 )
 
 
-def shard_statements(
-    backend: str, shard: int, types: Iterable[TypeSpec], relations: Iterable[RelationSpec]
-) -> list[tuple[str, str]]:
-    """Idempotent DDL for shard ``shard`` as (table it creates, statement) pairs.
+# -- Instagram-style IDs made by the database ------------------------------------
+#
+# The published next_id() uses now() (frozen for a whole transaction) and a
+# sequence `% 1024`: the 1,025th ID in one millisecond repeats the first.
+# On PostgreSQL the counter v of a shard counts in units of (ms since the
+# epoch) * 1024 + sequence: ID = ((v >> 10) << 23) | (shard << 10) | (v & 1023).
+# Each call takes v = nextval; if v lags the clock, the counter jumps forward
+# to the clock first. So IDs never repeat and keep increasing per shard, even
+# when more than 1,024 are made in one millisecond (the ms field borrows the
+# next millisecond) or the clock steps back (the ms field runs ahead of the
+# clock until it catches up). Tests may pin the clock: @store_clock_ms
+# (MariaDB), SET store.clock_ms (PostgreSQL).
 
-    The table is ``""`` for the CREATE DATABASE; an index statement names the
-    table it belongs to, so `store init` can skip what already exists.
+_MYSQL_ID_SEQ = (
+    "CREATE SEQUENCE IF NOT EXISTS `{db}`.`id_seq` START WITH 1 INCREMENT BY 1 MINVALUE 1 "
+    "MAXVALUE 9223372036854775806 CACHE 1000"
+)
+
+_MYSQL_IG_OBJECTS = """\
+CREATE TABLE IF NOT EXISTS `{db}`.`{table}` (
+  `id` BIGINT NOT NULL DEFAULT 0,
+  `data` MEDIUMTEXT NOT NULL,
+  `active` TINYINT(1) NOT NULL DEFAULT 1,
+  `ts` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (`id`)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"""
+
+# MariaDB's SETVAL takes only a literal, so the counter cannot jump to the
+# clock inside a trigger. Here the ID is the article's layout with two fixes:
+# the time is read when the row is made (SYSDATE, not the statement's NOW),
+# and each block of 1,024 sequence values starts at least a millisecond after
+# the previous block began, so one session never repeats an ID. Concurrent
+# sessions, or a clock that steps back, can still produce an ID twice: the
+# primary key refuses the second row and `store` retries the insert.
+_MYSQL_IG_TRIGGER = """\
+CREATE TRIGGER IF NOT EXISTS `{db}`.`{table}_next_id` BEFORE INSERT ON `{db}`.`{table}` FOR EACH ROW
+BEGIN
+  DECLARE ms BIGINT;
+  DECLARE v BIGINT;
+  IF NEW.id = 0 THEN
+    SET v = NEXTVAL(`{db}`.`id_seq`);
+    IF (v & 1023) = 0 THEN
+      DO SLEEP(0.001);
+    END IF;
+    SET ms = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - {epoch};
+    IF ms < 0 OR ms >= 1099511627776 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock outside the Instagram ID range of 2**40 ms';
+    END IF;
+    SET NEW.id = (ms << 23) | ({shard} << 10) | (v & 1023);
+  END IF;
+END"""
+
+_PG_SCHEMA = 'CREATE SCHEMA IF NOT EXISTS "{schema}"'
+_PG_ID_SEQ = 'CREATE SEQUENCE IF NOT EXISTS "{schema}"."id_seq" AS bigint START WITH 1 MINVALUE 1'
+
+# PostgreSQL's setval can move a sequence backwards, so the counter is read
+# and moved under a session advisory lock held for microseconds (not the
+# transaction): the sequence never goes back and never repeats a value.
+_PG_NEXT_ID = """\
+CREATE OR REPLACE FUNCTION "{schema}".next_id() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  units bigint;
+  v bigint;
+BEGIN
+  units := (coalesce(nullif(current_setting('store.clock_ms', true), '')::bigint,
+                     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) - {epoch}) * 1024;
+  PERFORM pg_advisory_lock({lock_key});
+  BEGIN
+    v := nextval('"{schema}"."id_seq"');
+    IF v < units THEN
+      PERFORM setval('"{schema}"."id_seq"', units);
+      v := units;
+    END IF;
+  EXCEPTION WHEN OTHERS THEN
+    PERFORM pg_advisory_unlock({lock_key});
+    RAISE;
+  END;
+  PERFORM pg_advisory_unlock({lock_key});
+  IF (v >> 10) >= 1099511627776 THEN
+    RAISE EXCEPTION 'Instagram ID space of shard {shard} exhausted (2**40 ms)';
+  END IF;
+  RETURN ((v >> 10) << 23) | ({shard}::bigint << 10) | (v & 1023);
+END
+$$"""
+
+_PG_OBJECTS = """\
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
+  "id" bigint NOT NULL DEFAULT "{schema}".next_id() PRIMARY KEY,
+  "data" text NOT NULL,
+  "active" smallint NOT NULL DEFAULT 1,
+  "ts" timestamptz(3) NOT NULL DEFAULT now()
+)"""
+
+_PG_RELATION = """\
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
+  "from_id" bigint NOT NULL,
+  "to_id" bigint NOT NULL,
+  "sequence" bigint NOT NULL,
+  PRIMARY KEY ("from_id", "to_id")
+)"""
+
+_PG_RELATION_INDEX = (
+    'CREATE INDEX IF NOT EXISTS "{table}_from_sequence_to" '
+    'ON "{schema}"."{table}" ("from_id", "sequence", "to_id")'
+)
+
+_PG_COUNTS = """\
+CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (
+  "relation" text NOT NULL,
+  "from_id" bigint NOT NULL,
+  "n" bigint NOT NULL,
+  PRIMARY KEY ("relation", "from_id")
+)"""
+
+#: Advisory lock keys of next_id(): one per shard, in a range of their own.
+PG_LOCK_BASE = 0x5707E1D0000
+
+
+def shard_statements(
+    backend: str,
+    shard: int,
+    types: Iterable[TypeSpec],
+    relations: Iterable[RelationSpec],
+    *,
+    ids: str = "pinterest",
+    epoch_ms: int = 0,
+) -> list[tuple[str, str]]:
+    """Idempotent DDL for shard ``shard`` as (what it creates, statement) pairs.
+
+    What it creates is ``""`` for the database or schema, a table name, or
+    ``table#next_id`` / ``#next_id`` for the ID trigger or function, so that
+    `store init` can skip what already exists.
     """
     db = database_name(shard)
     types, relations = list(types), list(relations)
+    if ids == "instagram":
+        return _instagram_statements(backend, shard, types, relations, epoch_ms)
     if backend in ("mysql", "mariadb"):
         out = [("", _MYSQL_DATABASE.format(db=db))]
         out += [(t.table, _MYSQL_OBJECTS.format(db=db, table=t.table)) for t in types]
@@ -129,21 +268,76 @@ def shard_statements(
     raise ValueError(f"no shard DDL for backend {backend!r}")
 
 
+def _instagram_statements(
+    backend: str, shard: int, types: list[TypeSpec], relations: list[RelationSpec], epoch_ms: int
+) -> list[tuple[str, str]]:
+    if backend in ("mysql", "mariadb"):
+        db = database_name(shard)
+        out = [("", _MYSQL_DATABASE.format(db=db)), ("id_seq", _MYSQL_ID_SEQ.format(db=db))]
+        for t in types:
+            out.append((t.table, _MYSQL_IG_OBJECTS.format(db=db, table=t.table)))
+            out.append(
+                (
+                    t.table + NEXT_ID,
+                    _MYSQL_IG_TRIGGER.format(db=db, table=t.table, shard=shard, epoch=epoch_ms),
+                )
+            )
+        out += [(r.name, _MYSQL_RELATION.format(db=db, table=r.name)) for r in relations]
+        if relations:
+            out.append((COUNTS_TABLE, _MYSQL_COUNTS.format(db=db, table=COUNTS_TABLE)))
+        return out
+    if backend == "postgresql":
+        sc = schema_name(shard)
+        out = [
+            ("", _PG_SCHEMA.format(schema=sc)),
+            (NEXT_ID, _PG_ID_SEQ.format(schema=sc)),
+            (
+                NEXT_ID,
+                _PG_NEXT_ID.format(schema=sc, shard=shard, epoch=epoch_ms, lock_key=PG_LOCK_BASE + shard),
+            ),
+        ]
+        out += [(t.table, _PG_OBJECTS.format(schema=sc, table=t.table)) for t in types]
+        for r in relations:
+            out += [
+                (r.name, _PG_RELATION.format(schema=sc, table=r.name)),
+                (r.name, _PG_RELATION_INDEX.format(schema=sc, table=r.name)),
+            ]
+        if relations:
+            out.append((COUNTS_TABLE, _PG_COUNTS.format(schema=sc, table=COUNTS_TABLE)))
+        return out
+    raise ValueError(f"no Instagram-ID DDL for backend {backend!r}")
+
+
 def shard_ddl(
-    backend: str, shard: int, types: Iterable[TypeSpec], relations: Iterable[RelationSpec]
+    backend: str,
+    shard: int,
+    types: Iterable[TypeSpec],
+    relations: Iterable[RelationSpec],
+    *,
+    ids: str = "pinterest",
+    epoch_ms: int = 0,
 ) -> list[str]:
     """Idempotent statements that create shard ``shard`` on a ``backend`` host."""
-    return [stmt for _table, stmt in shard_statements(backend, shard, types, relations)]
+    pairs = shard_statements(backend, shard, types, relations, ids=ids, epoch_ms=epoch_ms)
+    return [stmt for _what, stmt in pairs]
 
 
 def render_shard_sql(backend: str, shard: int, config: StoreConfig) -> str:
     """One shard's DDL as a readable SQL script (what ``schemas/`` ships)."""
-    where = (
-        f"database {database_name(shard)}" if backend != "sqlite" else f"file {database_name(shard)}.sqlite3"
-    )
+    where = {
+        "sqlite": f"file {database_name(shard)}.sqlite3",
+        "postgresql": f"schema {schema_name(shard)}",
+    }.get(backend, f"database {database_name(shard)}")
     head = (
         f"-- Shard {shard}: {where}. Generated by `store schema --backend {backend} --shard {shard}`;\n"
         "-- `store init` runs the same statements on every shard's master.\n"
     )
-    stmts = shard_ddl(backend, shard, config.types.values(), config.relations.values())
+    stmts = shard_ddl(
+        backend,
+        shard,
+        config.types.values(),
+        config.relations.values(),
+        ids=config.ids,
+        epoch_ms=config.instagram_epoch_ms,
+    )
     return head + "".join(f"\n{stmt};\n" for stmt in stmts)

@@ -23,7 +23,7 @@ from store.exceptions import (
     NotFound,
     ShardFullError,
 )
-from store.ids import decode_pinterest, encode_pinterest
+from store.ids import encode_pinterest
 from store.objects import ObjectRepository, Updater
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import MAX_LOCAL_ID, Location, Router
@@ -46,12 +46,14 @@ class Store:
         clock_us: Callable[[], int] | None = None,
         caches: Caches | None = None,
     ) -> None:
-        if config.ids != "pinterest":
-            raise NotImplementedError("ids: instagram is not supported by the object store yet")
         self.config = config
         self._map = config.shard_map
         self._engines = engines or Engines(config)
-        self._objects = ObjectRepository(serde=serde or JsonSerde(max_bytes=config.max_object_bytes))
+        self._instagram = config.ids == "instagram"
+        self._objects = ObjectRepository(
+            serde=serde or JsonSerde(max_bytes=config.max_object_bytes),
+            key="id" if self._instagram else "local_id",
+        )
         self._router = Router(config, rng=rng)
         self._caches = caches if caches is not None else build_caches(config.cache)
         self._relations = RelationService(
@@ -103,7 +105,7 @@ class Store:
         if near is not None and shard is not None:
             raise IdError("give near= or shard=, not both")
         if near is not None:
-            target = decode_pinterest(near).shard_id
+            target = self._router.shard_of(near)
         elif shard is not None:
             if type(shard) is not int or not 0 <= shard < self._map.shards:
                 raise IdError(f"shard must be an int in 0..{self._map.shards - 1}, got {shard!r}")
@@ -113,6 +115,8 @@ class Store:
         host = self._map.master(target)
         h = self._engines.shard(target, host)
         local_id = self._objects.insert(h, spec.table, text)
+        if self._instagram:
+            return local_id  # the database made the whole ID
         if local_id > MAX_LOCAL_ID:
             self._objects.remove(h, spec.table, local_id)
             raise ShardFullError(
@@ -270,7 +274,7 @@ class Store:
     def board_pins(self, board_id: int, *, limit: int = 50, cursor: str | None = None) -> Page:
         """One page of a board's pins with the pin objects: one list read, one batched object read."""
         page = self._relations.page("board_has_pins", board_id, limit=limit, cursor=cursor)
-        found = self.get_many(page.ids)
+        found = self.get_many(page.ids, type_name=self.config.relations["board_has_pins"].to_type)
         ids = [i for i in page.ids if i in found]
         return Page(ids, page.next_cursor, [found[i] for i in ids])
 

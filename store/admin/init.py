@@ -16,7 +16,14 @@ from pathlib import Path
 from store.config import StoreConfig
 from store.engines import Engines
 from store.exceptions import RoutingError
-from store.schema import DATABASE_PREFIX, database_name, shard_statements
+from store.schema import (
+    DATABASE_PREFIX,
+    NEXT_ID,
+    SCHEMA_PREFIX,
+    database_name,
+    schema_name,
+    shard_statements,
+)
 
 __all__ = ["InitReport", "init_shards"]
 
@@ -92,43 +99,64 @@ def _init_host(
             engines.shard(s, host)  # creates the file and its tables
             tick(s)
         return created, created * (len(types) + len(relations))
-    existing_dbs, existing_tables = _existing(engines, host)
+    backend = engines.dialect(host).name
+    existing = _existing(engines, host, backend)
 
     def work(s: int) -> tuple[int, int]:
-        db = database_name(s)
+        ns = schema_name(s) if backend == "postgresql" else database_name(s)
         todo = [
-            (table, stmt)
-            for table, stmt in shard_statements("mysql", s, types, relations)
-            if (db not in existing_dbs if table == "" else (db, table) not in existing_tables)
+            (what, stmt)
+            for what, stmt in shard_statements(
+                backend, s, types, relations, ids=config.ids, epoch_ms=config.instagram_epoch_ms
+            )
+            if (ns, what) not in existing
         ]
         if todo:
             with engines.shard(s, host).connect() as conn:
                 cur = conn.cursor()
-                for _table, stmt in todo:
+                for _what, stmt in todo:
                     cur.execute(stmt)
                 cur.close()
         tick(s)
-        db_created = int(db not in existing_dbs)
-        return db_created, len(todo) - db_created
+        ns_created = int((ns, "") not in existing)
+        return ns_created, len({what for what, _stmt in todo} - {""})
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(work, shards))
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
-def _existing(engines: Engines, host: str) -> tuple[set[str], set[tuple[str, str]]]:
-    like = DATABASE_PREFIX + "_____"  # db + exactly five characters
+def _existing(engines: Engines, host: str, backend: str) -> set[tuple[str, str]]:
+    """(namespace, what) of everything `shard_statements` would create that exists already.
+
+    ``what`` is ``""`` for the database or schema itself, a table (or
+    sequence) name, ``table#next_id`` for a MariaDB ID trigger and
+    ``#next_id`` for a PostgreSQL next_id() function.
+    """
+    like = SCHEMA_PREFIX + "____" if backend == "postgresql" else DATABASE_PREFIX + "_____"
+    out: set[tuple[str, str]] = set()
     with engines.shard(0, host).connect() as conn:
         cur = conn.cursor()
-        cur.execute(
-            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s",
-            (like,),
-        )
-        dbs = {row[0] for row in cur.fetchall()}
+        cur.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s", (like,))
+        out |= {(row[0], "") for row in cur.fetchall()}
         cur.execute(
             "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE %s",
             (like,),
         )
-        tables = {(row[0], row[1]) for row in cur.fetchall()}
+        out |= {(row[0], row[1]) for row in cur.fetchall()}
+        if backend == "postgresql":
+            cur.execute(
+                "SELECT routine_schema FROM information_schema.routines "
+                "WHERE routine_schema LIKE %s AND routine_name = 'next_id'",
+                (like,),
+            )
+            out |= {(row[0], NEXT_ID) for row in cur.fetchall()}
+        else:
+            cur.execute(
+                "SELECT trigger_schema, event_object_table FROM information_schema.triggers "
+                "WHERE trigger_schema LIKE %s",
+                (like,),
+            )
+            out |= {(row[0], row[1] + NEXT_ID) for row in cur.fetchall()}
         cur.close()
-    return dbs, tables
+    return out
