@@ -118,7 +118,7 @@ DELETE = object()
         ("relations.board_has_pins.inverse", "pins", "same name as an object table"),
         ("hosts", {}, "hosts must map host names"),
         ("hosts.MySQL001A", "not a url", "not a valid SQLAlchemy URL"),
-        ("hosts.MySQL001A", "oracle://x@y", "supported: mariadb, mysql, sqlite"),
+        ("hosts.MySQL001A", "oracle://x@y", "supported: mariadb, mysql, postgresql, sqlite"),
         ("hosts.MySQL001A", "mysql+pymysql://root@h/db00001", "leave it out"),
         ("hosts.MySQL001A", "sqlite://", "names a folder"),
         ("open_shards", [10, 5000], "goes beyond shards"),
