@@ -193,3 +193,32 @@ def row_count(store: Store, table: str) -> int:
                 total += cur.fetchone()[0]
                 cur.close()
     return int(total)
+
+
+PG_TEST_DB = "storetest"
+PG_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_TEST_DB}"
+IG_SHARDS = 16
+
+
+def instagram_pg_config() -> dict[str, Any]:
+    """Instagram IDs: 16 logical shards (schemas shard0000-shard0015) under two host names."""
+    return base_config(
+        ids="instagram",
+        shards=IG_SHARDS,
+        hosts={"PG1": PG_URL, "PG2": PG_URL},
+        map=[{"range": [0, 7], "master": "PG1"}, {"range": [8, 15], "master": "PG2"}],
+    )
+
+
+@pytest.fixture(scope="session")
+def postgres_ready() -> StoreConfig:
+    """A fresh PostgreSQL database with the 16 shard schemas made by `init_shards`."""
+    require_port("PostgreSQL", 5432)
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {PG_TEST_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {PG_TEST_DB}")
+    config = StoreConfig.from_dict(instagram_pg_config())
+    init_shards(config)
+    return config

@@ -52,7 +52,22 @@ def init_shards(
     workers_per_host: int = WORKERS_PER_HOST,
 ) -> InitReport:
     """Create every missing shard database and table on its master host."""
+    own = engines is None
     engines = engines or Engines(config)
+    try:
+        return _init(config, engines, shards, on_shard, workers_per_host)
+    finally:
+        if own:
+            engines.dispose()
+
+
+def _init(
+    config: StoreConfig,
+    engines: Engines,
+    shards: Iterable[int] | None,
+    on_shard: Callable[[int], None] | None,
+    workers_per_host: int,
+) -> InitReport:
     wanted = sorted(set(range(config.shards) if shards is None else shards))
     for s in wanted:
         if not 0 <= s < config.shards:

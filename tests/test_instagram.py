@@ -1,0 +1,222 @@
+"""Instagram-style IDs made by the database: PostgreSQL shard schemas and MariaDB triggers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pymysql
+import pytest
+
+from store import IdError, Store, StoreConfig, decode_instagram
+from store.admin import init_shards
+from store.ids import INSTAGRAM_EPOCH_MS
+from tests.conftest import MARIADB_URL, base_config, require_port
+
+BHP = "board_has_pins"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000) - INSTAGRAM_EPOCH_MS
+
+
+def test_eight_threads_make_40000_distinct_ids_in_16_schemas(postgres_ready: StoreConfig) -> None:
+    made: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    start = now_ms() - 5  # the machine's clock and PostgreSQL's may differ by a few ms
+    with Store(postgres_ready) as store:
+
+        def work(t: int) -> None:
+            try:
+                made[t] = [store.create("pin", {"t": t, "i": i}) for i in range(5000)]
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        end = now_ms() + 5
+        assert errors == []
+        every = [i for ids in made.values() for i in ids]
+        assert len(every) == 40_000
+        assert len(set(every)) == 40_000
+        for ids in made.values():
+            # Time first: a thread's IDs never go back in time. Within one
+            # millisecond IDs order by shard bits (the layout), so strictly
+            # increasing holds per shard.
+            ms = [decode_instagram(i).ms for i in ids]
+            assert ms == sorted(ms), "a thread's IDs went back in time"
+            per_shard: dict[int, list[int]] = {}
+            for i in ids:
+                per_shard.setdefault(decode_instagram(i).shard_id, []).append(i)
+            for shard_ids in per_shard.values():
+                assert shard_ids == sorted(shard_ids)
+                assert len(set(shard_ids)) == len(shard_ids)
+        for i in every:
+            assert start <= decode_instagram(i).ms <= end
+        # Each ID's row is in the schema its shard bits name.
+        by_shard: dict[int, set[int]] = {}
+        for i in every:
+            by_shard.setdefault(decode_instagram(i).shard_id, set()).add(i)
+        assert len(by_shard) == 16
+        for shard, ids in by_shard.items():
+            h = store.engines.shard(shard, store.shard_map.master(shard))
+            with h.connect() as conn:
+                cur = conn.cursor()
+                cur.execute(f"SELECT id FROM {h.table('pins')}")
+                assert ids <= {row[0] for row in cur.fetchall()}
+        assert store.get(made[0][0], type_name="pin") == {"t": 0, "i": 0}
+
+
+PUBLISHED_NEXT_ID = """
+CREATE OR REPLACE FUNCTION public.published_next_id(OUT result bigint) AS $$
+DECLARE
+    our_epoch bigint := 1314220021721;
+    seq_id bigint;
+    now_millis bigint;
+    shard_id int := 5;
+BEGIN
+    SELECT nextval('public.published_seq') % 1024 INTO seq_id;
+    SELECT FLOOR(EXTRACT(EPOCH FROM now()) * 1000) INTO now_millis;
+    result := (now_millis - our_epoch) << 23;
+    result := result | (shard_id << 10);
+    result := result | (seq_id);
+END;
+$$ LANGUAGE plpgsql
+"""
+
+
+def test_a_burst_of_more_than_1024_ids_in_one_millisecond(postgres_ready: StoreConfig) -> None:
+    with Store(postgres_ready) as store:
+        h = store.engines.shard(3, store.shard_map.master(3))
+        pins = h.table("pins")
+        with h.connect() as conn:
+            cur = conn.cursor()
+            # The published function (its % fixed): one statement, one now(), so
+            # IDs 1,025 and on repeat earlier ones. This is the hazard.
+            cur.execute("CREATE SEQUENCE IF NOT EXISTS public.published_seq")
+            cur.execute(PUBLISHED_NEXT_ID)
+            cur.execute("SELECT count(DISTINCT public.published_next_id()) FROM generate_series(1, 3000)")
+            assert cur.fetchone()[0] == 1024
+            # Ours, with the clock pinned to one millisecond: 3,000 rows in one statement.
+            cur.execute("SELECT count(*) FROM " + pins)
+            before = cur.fetchone()[0]
+            cur.execute(f"SET store.clock_ms = '{INSTAGRAM_EPOCH_MS + now_ms()}'")
+            cur.execute(f"INSERT INTO {pins} (data) SELECT '{{}}' FROM generate_series(1, 3000) RETURNING id")
+            ids = [row[0] for row in cur.fetchall()]
+            cur.execute("RESET store.clock_ms")
+            cur.execute("SELECT count(*) FROM " + pins)
+            after = cur.fetchone()[0]
+    assert len(ids) == 3000
+    assert len(set(ids)) == 3000, "a duplicate ID"
+    assert after - before == 3000, "a lost row"
+    assert ids == sorted(ids)
+    assert {decode_instagram(i).shard_id for i in ids} == {3}
+    spans = {decode_instagram(i).ms for i in ids}
+    assert len(spans) >= 3  # 3,000 IDs need 3 ms of 1,024: the later ones borrow ahead
+
+
+def test_clock_stepping_back_keeps_ids_unique_and_increasing(postgres_ready: StoreConfig) -> None:
+    with Store(postgres_ready) as store:
+        h = store.engines.shard(4, store.shard_map.master(4))
+        first = [store.create("pin", {"i": i}, shard=4) for i in range(50)]
+        with h.connect() as conn:
+            cur = conn.cursor()
+            # The clock steps back 10 s for this session.
+            cur.execute(f"SET store.clock_ms = '{INSTAGRAM_EPOCH_MS + now_ms() - 10_000}'")
+            cur.execute(
+                f"INSERT INTO {h.table('pins')} (data) SELECT '{{}}' FROM generate_series(1, 50) RETURNING id"
+            )
+            stepped = [row[0] for row in cur.fetchall()]
+            cur.execute("RESET store.clock_ms")
+        later = [store.create("pin", {"i": i}, shard=4) for i in range(50)]
+    every = first + stepped + later
+    assert len(set(every)) == 150
+    assert every == sorted(every), "IDs went backwards with the clock"
+    # While the clock is behind, the ms field runs on from the last ID instead.
+    assert decode_instagram(stepped[0]).ms >= decode_instagram(first[-1]).ms
+
+
+def test_objects_and_relations_with_instagram_ids(postgres_ready: StoreConfig) -> None:
+    with Store(postgres_ready) as store:
+        board = store.create("board", {"name": "timeline"})
+        pins = [store.create("pin", {"i": i}, near=board) for i in range(5)]
+        assert decode_instagram(pins[0]).shard_id == decode_instagram(board).shard_id
+        for p in pins:
+            store.link(BHP, board, p, sequence=p)  # the ID itself as the sequence: a timeline
+        assert store.links(BHP, board) == pins
+        assert store.links(BHP, board, newest_first=True) == pins[::-1]
+        assert store.count(BHP, board) == 5
+        assert store.links("pin_owned_by_board", pins[0]) == [board]
+        page = store.board_pins(board, limit=3)
+        assert page.objects == [{"i": 0}, {"i": 1}, {"i": 2}]
+        assert store.update(pins[1], {"x": 1}, type_name="pin") == {"i": 1, "x": 1}
+        assert store.delete(pins[1], type_name="pin") is True
+        assert store.get(pins[1], type_name="pin") is None
+        assert store.get_many(pins, type_name="pin") == {p: {"i": i} for i, p in enumerate(pins) if i != 1}
+        with pytest.raises(IdError, match="carries no type: pass type_name="):
+            store.get(pins[0])
+
+
+# -- MariaDB: the same layout from a sequence and a trigger ----------------------
+
+IG_MARIADB_SHARDS = range(24, 32)
+
+
+@pytest.fixture(scope="module")
+def mariadb_instagram() -> StoreConfig:
+    require_port("MariaDB", 3306)
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for s in IG_MARIADB_SHARDS:
+                cur.execute(f"DROP DATABASE IF EXISTS db{s:05d}")
+    finally:
+        conn.close()
+    raw = base_config(
+        ids="instagram",
+        shards=32,
+        open_shards=[24, 29],  # 30 and 31 stay empty for the burst test
+        hosts={"A": MARIADB_URL},
+        map=[{"range": [0, 31], "master": "A"}],
+    )
+    config = StoreConfig.from_dict(raw)
+    init_shards(config, shards=IG_MARIADB_SHARDS)
+    return config
+
+
+def test_mariadb_makes_instagram_ids(mariadb_instagram: StoreConfig) -> None:
+    start = now_ms() - 1000
+    with Store(mariadb_instagram) as store:
+        board = store.create("board", {})
+        pins = [store.create("pin", {"i": i}, near=board) for i in range(20)]
+        assert len(set(pins)) == 20
+        assert pins == sorted(pins)
+        for p in pins:
+            d = decode_instagram(p)
+            assert d.shard_id == decode_instagram(board).shard_id
+            assert start <= d.ms <= now_ms() + 1000
+        store.link(BHP, board, pins[0])
+        assert store.board_pins(board).objects == [{"i": 0}]
+        assert store.get(pins[3], type_name="pin") == {"i": 3}
+
+
+def test_mariadb_burst_in_one_statement_has_no_duplicates(mariadb_instagram: StoreConfig) -> None:
+    conn: Any = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO db00030.pins (data) SELECT '{}' FROM db00030.seq_1_to_3000")
+            cur.execute("SELECT COUNT(*), COUNT(DISTINCT id) FROM db00030.pins")
+            assert cur.fetchone() == (3000, 3000)
+            # With the clock pinned to one millisecond, the 1,025th ID would
+            # repeat the first: the primary key refuses the statement whole.
+            cur.execute(f"SET @store_clock_ms = {INSTAGRAM_EPOCH_MS + now_ms()}")
+            with pytest.raises(pymysql.err.IntegrityError, match="Duplicate entry"):
+                cur.execute("INSERT INTO db00031.pins (data) SELECT '{}' FROM db00031.seq_1_to_2000")
+            cur.execute("SELECT COUNT(*) FROM db00031.pins")
+            assert cur.fetchone() == (0,), "nothing was written, nothing overwritten"
+    finally:
+        conn.close()
