@@ -30,6 +30,7 @@ __all__ = [
     "CacheConfig",
     "RelationSpec",
     "StoreConfig",
+    "TicketsConfig",
     "TypeSpec",
     "host_env_var",
 ]
@@ -40,10 +41,11 @@ DEFAULT_MAX_PAGE = 1000
 MAX_OBJECT_BYTES_CEILING = (1 << 24) - 1
 DEFAULT_POOL_SIZE = 8
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
-     "instagram", "pool_size"}
+     "instagram", "pool_size", "tickets"}
 )  # fmt: skip
 _BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
 RESERVED_TABLE = "relation_counts"  # store.schema.COUNTS_TABLE (schema imports config, not back)
@@ -96,6 +98,56 @@ class CacheConfig:
         return bool(self.memcached or self.redis or self.memory)
 
 
+@dataclass(frozen=True, slots=True)
+class TicketsConfig:
+    """The ``tickets:`` section of the config."""
+
+    servers: tuple[str, ...]
+    counters: tuple[str, ...] = ("default",)
+    block: int = 1
+    retry_after_s: float = 5.0
+    timeout_s: float = 2.0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> TicketsConfig:
+        """Validate a ``tickets:`` mapping."""
+        if not isinstance(raw, Mapping):
+            raise ConfigError("tickets must be a mapping: {servers: [URL, URL], counters: [photos, ...]}")
+        extra = sorted(set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"})
+        if extra:
+            raise ConfigError(
+                f"unknown tickets key(s) {extra}; known: servers, counters, block, retry_after_s"
+            )
+        servers = raw.get("servers")
+        if not isinstance(servers, list) or not servers or not all(isinstance(s, str) for s in servers):
+            raise ConfigError(
+                "tickets.servers must be a list of MariaDB URLs, e.g. [mysql+pymysql://root@db1:3306]"
+            )
+        for s in servers:
+            backend = make_url(s).get_backend_name()
+            if backend not in ("mysql", "mariadb"):
+                raise ConfigError(f"tickets.servers: {s!r} is not a MariaDB/MySQL URL")
+        counters = raw.get("counters", ["default"])
+        if (
+            not isinstance(counters, list)
+            or not counters
+            or not all(isinstance(c, str) and _COUNTER.match(c) for c in counters)
+        ):
+            raise ConfigError(
+                "tickets.counters must be a list of lower_snake_case names, e.g. [photos, accounts]"
+            )
+        block = raw.get("block", 1)
+        if not isinstance(block, int) or isinstance(block, bool) or not 1 <= block <= 1_000_000:
+            raise ConfigError(f"tickets.block must be an int in 1..1000000, got {block!r}")
+        retry = raw.get("retry_after_s", 5.0)
+        if not isinstance(retry, int | float) or retry < 0:
+            raise ConfigError(f"tickets.retry_after_s must be a number >= 0, got {retry!r}")
+        timeout = raw.get("timeout_s", 2.0)
+        if not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(f"tickets.timeout_s must be a number > 0, got {timeout!r}")
+        return cls(tuple(servers), tuple(counters), block, float(retry), float(timeout))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreConfig:
     """The whole validated configuration of a store."""
@@ -111,6 +163,7 @@ class StoreConfig:
     max_page: int = DEFAULT_MAX_PAGE
     instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
     pool_size: int = DEFAULT_POOL_SIZE
+    tickets: TicketsConfig | None = None
     base_dir: Path = field(default_factory=Path.cwd)
 
     @property
@@ -186,6 +239,7 @@ class StoreConfig:
             max_page=_int(limits, "max_page", DEFAULT_MAX_PAGE, 1, 1_000_000),
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
+            tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"]),
             base_dir=base,
         )
 

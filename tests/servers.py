@@ -1,0 +1,87 @@
+"""Real servers of the tests' own: MariaDB instances in temporary data directories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _require(binary: str) -> str:
+    path = shutil.which(binary) or (f"/usr/sbin/{binary}" if Path(f"/usr/sbin/{binary}").exists() else None)
+    if path is None:
+        if os.environ.get("STORE_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{binary} is not installed")
+        pytest.skip(f"{binary} is not installed")
+    return path
+
+
+def wait_port(port: int, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+class MariaDBServer:
+    """A mariadbd with its own data directory and port; start, kill -9, restart."""
+
+    def __init__(self, port: int) -> None:
+        # Its own folder, traversable by the mysql user (pytest's tmp_path is not).
+        self.base = Path(tempfile.mkdtemp(prefix=f"store-mariadb-{port}-"))
+        os.chmod(self.base, 0o755)
+        datadir = self.datadir = self.base / "data"
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"mysql+pymysql://root@127.0.0.1:{port}"
+        install = _require("mariadb-install-db")
+        self._mariadbd = _require("mariadbd")
+        user = ["--user=mysql"] if os.geteuid() == 0 else []
+        subprocess.run(
+            [install, *user, f"--datadir={datadir}", "--auth-root-authentication-method=normal",
+             "--skip-test-db"],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+        if os.geteuid() == 0:
+            shutil.chown(datadir, "mysql", "mysql")
+
+    def start(self) -> None:
+        user = ["--user=mysql"] if os.geteuid() == 0 else []
+        log = open(self.datadir.parent / f"mariadb-{self.port}.log", "ab")  # noqa: SIM115 - kept by the child
+        self.proc = subprocess.Popen(
+            [self._mariadbd, "--no-defaults", *user, f"--datadir={self.datadir}", f"--port={self.port}",
+             f"--socket={self.datadir}/sock", "--bind-address=127.0.0.1",
+             "--innodb-buffer-pool-size=32M", f"--log-error={self.base}/err.log",
+             # Each commit reaches the OS at once, so it survives a SIGKILL of
+             # mariadbd (not a power cut); fsync per commit would triple the run.
+             "--innodb-flush-log-at-trx-commit=2"],
+            stdout=log,
+            stderr=log,
+        )  # fmt: skip
+        log.close()
+        if not wait_port(self.port):
+            self.kill()
+            pytest.fail(f"mariadbd did not start on port {self.port}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, like a crash."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def remove(self) -> None:
+        """Kill the server and delete its files."""
+        self.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
