@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from store.config import CacheConfig
-from store.engines import DBAPIConnection, mysql_connector, sqlite_connector
-from store.ids import encode_pinterest
+from store.engines import DBAPIConnection, mysql_connector, postgres_connector, sqlite_connector
+from store.ids import encode_instagram, encode_pinterest
 from store.relations import encode_cursor
 from store.schema import database_name
 from store.store import Store
@@ -47,6 +47,8 @@ class BenchResult:
     store_p99_us: float
     raw_median_us: float
     raw_p99_us: float
+    store_mean_us: float = 0.0
+    raw_mean_us: float = 0.0
 
     @property
     def ratio_median(self) -> float:
@@ -84,7 +86,15 @@ def pair(
         t2 = clock()
         a.append((t1 - t0) / 1000)
         b.append((t2 - t1) / 1000)
-    return BenchResult(case, statistics.median(a), _p99(a), statistics.median(b), _p99(b))
+    return BenchResult(
+        case,
+        statistics.median(a),
+        _p99(a),
+        statistics.median(b),
+        _p99(b),
+        statistics.fmean(a),
+        statistics.fmean(b),
+    )
 
 
 @contextmanager
@@ -95,6 +105,9 @@ def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPI
         store.engines.shard(shard, host)  # creates the shard file with its tables
         conn: Any = sqlite_connector(Path(str(url.database)) / f"{database_name(shard)}.sqlite3")()
         param = "?"
+    elif url.get_backend_name() == "postgresql":
+        conn = postgres_connector(url)()
+        param = "%s"
     else:
         conn = mysql_connector(url)()
         param = "%s"
@@ -128,6 +141,10 @@ def run_bench(
         from store.bench_cache import cache_cases
 
         results += cache_cases(store, shard, n, say)
+    if store.config.tickets is not None:
+        from store.bench_tickets import ticket_cases
+
+        results += ticket_cases(store.config.tickets, n, say)
     return results
 
 
@@ -137,32 +154,47 @@ def _object_cases(
     pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
     table = store.engines.dialect(store.shard_map.master(shard)).table(shard, pin_type.table)
     results: list[BenchResult] = []
+    instagram = store.config.ids == "instagram"
+    key = "id" if instagram else "local_id"
+    name = pin_type.name
 
     # The floors do the same work as the store: encode before the INSERT,
-    # decode after the SELECT, with the same JSON library.
-    def raw_insert(_i: int) -> None:
-        cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
+    # decode after the SELECT, with the same JSON library. Instagram IDs come
+    # back with RETURNING, made by the database's next_id().
+    if instagram:
 
-    say("create")
-    results.append(pair("create", lambda _i: store.create(pin_type.name, PIN, shard=shard), raw_insert, n))
-    ids = [store.create(pin_type.name, PIN, shard=shard) for _ in range(200)]
-    local_ids = [store.locate(i).local_id for i in ids]
+        def raw_insert(_i: int) -> None:
+            cur.execute(
+                f"INSERT INTO {table} (data) VALUES ({p}) RETURNING id", (orjson.dumps(PIN).decode(),)
+            )
+            cur.fetchone()
+
+    else:
+
+        def raw_insert(_i: int) -> None:
+            cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
+
+    case = "create (instagram)" if instagram else "create"
+    say(case)
+    results.append(pair(case, lambda _i: store.create(name, PIN, shard=shard), raw_insert, n))
+    ids = [store.create(name, PIN, shard=shard) for _ in range(200)]
+    local_ids = [store.locate(i, type_name=name).local_id for i in ids]
     rng = random.Random(7)
     picks = [rng.randrange(len(ids)) for _ in range(n + 50)]
 
     def raw_get(i: int) -> None:
-        cur.execute(f"SELECT data FROM {table} WHERE local_id = {p} AND active = 1", (local_ids[picks[i]],))
+        cur.execute(f"SELECT data FROM {table} WHERE {key} = {p} AND active = 1", (local_ids[picks[i]],))
         orjson.loads(cur.fetchone()[0])
 
     say("get")
-    results.append(pair("get", lambda i: store.get(ids[picks[i]]), raw_get, n))
+    results.append(pair("get", lambda i: store.get(ids[picks[i]], type_name=name), raw_get, n))
 
     batches = [rng.sample(range(len(ids)), 50) for _ in range(16)]
     in_list = ", ".join([p] * 50)
 
     def raw_get_many(i: int) -> None:
         cur.execute(
-            f"SELECT local_id, data FROM {table} WHERE active = 1 AND local_id IN ({in_list})",
+            f"SELECT {key}, data FROM {table} WHERE active = 1 AND {key} IN ({in_list})",
             [local_ids[j] for j in batches[i % 16]],
         )
         {row[0]: orjson.loads(row[1]) for row in cur.fetchall()}
@@ -171,7 +203,7 @@ def _object_cases(
     results.append(
         pair(
             "get_many(50)",
-            lambda i: store.get_many([ids[j] for j in batches[i % 16]]),
+            lambda i: store.get_many([ids[j] for j in batches[i % 16]], type_name=name),
             raw_get_many,
             max(1, n // 2),
         )
@@ -193,7 +225,11 @@ def _loaded_board(store: Store, cur: Any, p: str, shard: int, rel: str) -> Itera
     h = store.engines.shard(shard, store.shard_map.master(shard))
     table, counts = h.table(rel), h.table("relation_counts")
     # Straight into the table (reads need no inverse side), plus the count row the store keeps.
-    rows = [(board, encode_pinterest(shard, to_type, 1 + k), k) for k in range(BOARD_PINS)]
+    if store.config.ids == "instagram":
+        base = int(time.time() * 1000) - store.config.instagram_epoch_ms
+        rows = [(board, encode_instagram(base + k // 1024, shard, k % 1024), k) for k in range(BOARD_PINS)]
+    else:
+        rows = [(board, encode_pinterest(shard, to_type, 1 + k), k) for k in range(BOARD_PINS)]
     cur.execute("BEGIN")
     cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES ({p}, {p}, {p})", rows)
     cur.execute(
@@ -268,6 +304,10 @@ def format_results(results: list[BenchResult]) -> str:
             f"{r.case:<18}{r.store_median_us:>9.0f}us{r.raw_median_us:>8.0f}us{r.ratio_median:>6.2f}x"
             f"{r.store_p99_us:>9.0f}us{r.raw_p99_us:>8.0f}us{r.ratio_p99:>6.2f}x"
         )
+    tickets = [r for r in results if r.case.startswith("ticket")]
+    if tickets:
+        rates = ", ".join(f"{r.case} {1e6 / r.store_mean_us:,.0f}" for r in tickets)
+        lines.append(f"tickets/s, one thread: {rates}; raw REPLACE {1e6 / tickets[0].raw_mean_us:,.0f}")
     by_case = {r.case: r for r in results}
     if "page 1" in by_case and "page 200 cursor" in by_case:
         depth = by_case["page 200 cursor"].store_median_us / by_case["page 1"].store_median_us

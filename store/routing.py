@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from store.config import RelationSpec, StoreConfig, TypeSpec
 from store.exceptions import IdError, UnknownRelationError, UnknownTypeError, WrongTypeError
-from store.ids import PINTEREST, decode_instagram, decode_pinterest
+from store.ids import MAX_ID, PINTEREST, decode_instagram, decode_pinterest
 from store.shardmap import ShardMap
 
 __all__ = ["MAX_LOCAL_ID", "Location", "Router"]
@@ -71,7 +71,9 @@ class Router:
         return shard, spec, local_id, self.shard_map.master(shard)
 
     def _route_instagram(self, id: int, type_name: str | None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
-        shard = decode_instagram(id).shard_id
+        # The 13 shard bits, inline; decode_instagram raises the precise IdError.
+        well_formed = type(id) is int and 0 < id <= MAX_ID
+        shard = (id >> 10) & 0x1FFF if well_formed else decode_instagram(id).shard_id
         if type_name is None:
             raise IdError(
                 f"Instagram ID {id} carries no type: pass type_name= (one of {', '.join(self.config.types)})"
