@@ -19,10 +19,12 @@ from __future__ import annotations
 import importlib
 import sqlite3
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import URL
 
@@ -45,6 +47,8 @@ __all__ = [
     "sqlite_connector",
 ]
 
+T = TypeVar("T")
+
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 60
 SQLITE_BUSY_TIMEOUT_S = 30.0
@@ -54,6 +58,11 @@ _MYSQL_MISSING = frozenset({1049, 1146})
 # 2003), server gone away (2006), lost during query (2013), lost (2055).
 _MYSQL_DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
 _DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
+# Transactions rolled back whole, safe to run again: MariaDB deadlock (1213),
+# lock wait timeout (1205); PostgreSQL deadlock, serialization failure.
+_MYSQL_RETRY = frozenset({1205, 1213})
+_PG_RETRY = frozenset({"40P01", "40001"})
+_TXN_ATTEMPTS = 4
 # PostgreSQL: undefined table, invalid schema name, undefined function.
 _PG_MISSING = frozenset({"42P01", "3F000", "42883"})
 
@@ -243,6 +252,56 @@ class ShardHandle:
     def table(self, table: str) -> str:
         """The quoted name of ``table`` in this shard."""
         return self.dialect.table(self.shard, table)
+
+    def read(self, sql: str, params: Sequence[Any], *, one: bool) -> Any:
+        """Run a read: one row (``one``) or all rows. Retried once on a new connection if it was lost."""
+        for attempt in (1, 2):
+            try:
+                with self.connect() as conn:
+                    cur = conn.cursor()
+                    cur.execute(sql, params)
+                    rows = cur.fetchone() if one else cur.fetchall()
+                    cur.close()
+                return rows
+            except ConnectionLostError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def transaction(self, body: Callable[[Cursor], T]) -> T:
+        """Run ``body`` in one transaction on this shard; again after a deadlock or lock timeout.
+
+        A deadlock or lock wait timeout rolls the whole transaction back, so
+        running it again is safe. Any other error rolls back and is raised.
+        """
+        for attempt in range(1, _TXN_ATTEMPTS + 1):
+            try:
+                with self.connect() as conn:
+                    cur = conn.cursor()
+                    cur.execute(self.dialect.begin)
+                    try:
+                        result = body(cur)
+                        cur.execute("COMMIT")
+                    except BaseException:
+                        # The connection is discarded on the way out anyway; the
+                        # ROLLBACK releases the locks now rather than at disconnect.
+                        with suppress(Exception):
+                            cur.execute("ROLLBACK")
+                        raise
+                    finally:
+                        cur.close()
+                return result
+            except BackendError as exc:
+                if not _retryable(exc) or attempt == _TXN_ATTEMPTS:
+                    raise
+                time.sleep(0.005 * attempt)
+        raise AssertionError("unreachable")
+
+
+def _retryable(exc: BackendError) -> bool:
+    orig = exc.orig
+    code = orig.args[0] if orig is not None and orig.args else None
+    return code in _MYSQL_RETRY or getattr(orig, "sqlstate", None) in _PG_RETRY
 
 
 def _is_driver_error(exc: Exception) -> bool:

@@ -8,11 +8,10 @@ It knows shards, tables and local ids, never 64-bit IDs or the map: the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from typing import Any
 
-from store.engines import ShardHandle
-from store.exceptions import BackendError, ConnectionLostError, DataError, NotFound, NotSerializableError
+from store.engines import Cursor, ShardHandle
+from store.exceptions import BackendError, DataError, NotFound, NotSerializableError
 from store.serde import Serde
 
 __all__ = ["ObjectRepository", "Updater"]
@@ -49,15 +48,6 @@ def _duplicate_key(exc: BackendError) -> bool:
     orig = exc.orig
     code = orig.args[0] if orig is not None and orig.args else None
     return code == 1062 or getattr(orig, "sqlstate", None) == "23505"
-
-
-def _fetch(h: ShardHandle, sql: str, params: Sequence[Any], *, one: bool) -> Any:
-    with h.connect() as conn:
-        cur = conn.cursor()
-        cur.execute(sql, params)
-        rows = cur.fetchone() if one else cur.fetchall()
-        cur.close()
-    return rows
 
 
 class ObjectRepository:
@@ -113,11 +103,7 @@ class ObjectRepository:
 
     def get(self, h: ShardHandle, table: str, local_id: int) -> str | None:
         """The JSON text of the live object with ``local_id``, or None."""
-        sql = self.sql(h, table).select
-        try:
-            row = _fetch(h, sql, (local_id,), one=True)
-        except ConnectionLostError:  # a read is safe to retry, once, on a new connection
-            row = _fetch(h, sql, (local_id,), one=True)
+        row = h.read(self.sql(h, table).select, (local_id,), one=True)
         return None if row is None else str(row[0])
 
     def get_many(
@@ -141,10 +127,7 @@ class ObjectRepository:
             )
             params.extend(local_ids)
         query = selects[0] if len(selects) == 1 else " UNION ALL ".join(selects)
-        try:
-            rows = _fetch(h, query, params, one=False)
-        except ConnectionLostError:
-            rows = _fetch(h, query, params, one=False)
+        rows = h.read(query, params, one=False)
         return [(*labels[part], local_id, text) for part, local_id, text in rows]
 
     def update(
@@ -152,35 +135,26 @@ class ObjectRepository:
     ) -> dict[str, Any]:
         """Read-modify-write one object under a row lock, in one transaction."""
         sql = self.sql(h, table)
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(h.dialect.begin)
-            try:
-                cur.execute(sql.lock, (local_id,))
-                row = cur.fetchone()
-                if row is None or not row[1]:
-                    raise NotFound(f"no live object {what}")
-                old = self._serde.loads(row[0])
-                if callable(changes):
-                    new = changes(old)
-                    if not isinstance(new, dict):
-                        raise NotSerializableError(
-                            f"the update function for {what} returned {type(new).__name__}; "
-                            "it must return the whole new object as a dict"
-                        )
-                else:
-                    new = {**old, **changes}
-                cur.execute(sql.update, (self._serde.dumps(new), local_id))
-                cur.execute("COMMIT")
-            except BaseException:
-                # The connection is invalidated on the way out anyway; the
-                # ROLLBACK releases the row lock now rather than at disconnect.
-                with suppress(Exception):
-                    cur.execute("ROLLBACK")
-                raise
-            finally:
-                cur.close()
-        return new
+
+        def txn(cur: Cursor) -> dict[str, Any]:
+            cur.execute(sql.lock, (local_id,))
+            row = cur.fetchone()
+            if row is None or not row[1]:
+                raise NotFound(f"no live object {what}")
+            old = self._serde.loads(row[0])
+            if callable(changes):
+                new = changes(old)
+                if not isinstance(new, dict):
+                    raise NotSerializableError(
+                        f"the update function for {what} returned {type(new).__name__}; "
+                        "it must return the whole new object as a dict"
+                    )
+            else:
+                new = {**old, **changes}
+            cur.execute(sql.update, (self._serde.dumps(new), local_id))
+            return new
+
+        return h.transaction(txn)
 
     def delete(self, h: ShardHandle, table: str, local_id: int) -> bool:
         """Mark one object inactive; True if it was live."""

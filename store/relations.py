@@ -21,7 +21,6 @@ import base64
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,17 +29,13 @@ import orjson
 from store.cache.lists import ListCache, decode_member, encode_member
 from store.config import RelationSpec
 from store.engines import ShardHandle
-from store.exceptions import BackendError, ConnectionLostError, CursorError, DataError, LimitError
+from store.exceptions import CursorError, DataError, LimitError
 from store.routing import Router
 from store.schema import COUNTS_TABLE
 
 __all__ = ["Page", "RelationRepository", "RelationService"]
 
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
-# MariaDB: 1213 deadlock, 1205 lock wait timeout. Both roll the transaction
-# back, so it is safe to run it again.
-_RETRY_CODES = frozenset({1205, 1213})
-_WRITE_ATTEMPTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +175,7 @@ class RelationRepository:
                 cur.execute(sql.move, (sequence, from_id, to_id))
             return False
 
-        return _transaction(h, txn)
+        return h.transaction(txn)
 
     def remove(self, h: ShardHandle, relation: str, from_id: int, to_id: int) -> bool:
         """Delete the pair; True if it was there."""
@@ -193,11 +188,11 @@ class RelationRepository:
                 return True
             return False
 
-        return _transaction(h, txn)
+        return h.transaction(txn)
 
     def sequence_of(self, h: ShardHandle, relation: str, from_id: int, to_id: int) -> int | None:
         """The pair's sequence, or None if the pair is absent."""
-        row = _read(h, self.sql(h, relation).exists, (from_id, to_id), one=True)
+        row = h.read(self.sql(h, relation).exists, (from_id, to_id), one=True)
         return None if row is None else int(row[0])
 
     def list_ids(
@@ -206,7 +201,7 @@ class RelationRepository:
         """``to_id``s by sequence (ties by to_id), ``LIMIT limit OFFSET offset``."""
         sql = self.sql(h, relation)
         query = sql.list_desc if newest_first else sql.list_asc
-        return [int(r[0]) for r in _read(h, query, (from_id, limit, offset), one=False)]
+        return [int(r[0]) for r in h.read(query, (from_id, limit, offset), one=False)]
 
     def page(
         self,
@@ -225,11 +220,11 @@ class RelationRepository:
         else:
             query = sql.page_desc_after if newest_first else sql.page_asc_after
             params = (from_id, after[0], after[0], after[1], limit)
-        return [(int(s), int(t)) for s, t in _read(h, query, params, one=False)]
+        return [(int(s), int(t)) for s, t in h.read(query, params, one=False)]
 
     def count(self, h: ShardHandle, relation: str, from_id: int) -> int:
         """The kept count of pairs from ``from_id``."""
-        row = _read(h, self.sql(h, relation).count, (relation, from_id), one=True)
+        row = h.read(self.sql(h, relation).count, (relation, from_id), one=True)
         return 0 if row is None else int(row[0])
 
     # -- for repair: scans and checks, never on the request path ------------
@@ -240,9 +235,9 @@ class RelationRepository:
         """Up to ``limit`` (from_id, to_id, sequence) rows in key order after ``after``."""
         sql = self.sql(h, relation)
         if after is None:
-            rows = _read(h, sql.scan, (limit,), one=False)
+            rows = h.read(sql.scan, (limit,), one=False)
         else:
-            rows = _read(h, sql.scan_after, (after[0], after[0], after[1], limit), one=False)
+            rows = h.read(sql.scan_after, (after[0], after[0], after[1], limit), one=False)
         return [(int(f), int(t), int(q)) for f, t, q in rows]
 
     def present(
@@ -259,13 +254,13 @@ class RelationRepository:
             f"WHERE from_id IN ({d.params(len(froms))}) AND to_id IN ({d.params(len(tos))})"
         )
         wanted = set(pairs)
-        return {(int(f), int(t)) for f, t in _read(h, query, [*froms, *tos], one=False)} & wanted
+        return {(int(f), int(t)) for f, t in h.read(query, [*froms, *tos], one=False)} & wanted
 
     def count_mismatches(self, h: ShardHandle, relation: str) -> list[tuple[int, int, int]]:
         """(from_id, kept, actual) wherever the kept count differs from the rows."""
         sql = self.sql(h, relation)
-        kept = {int(f): int(n) for f, n in _read(h, sql.counts_kept, (relation,), one=False)}
-        actual = {int(f): int(n) for f, n in _read(h, sql.counts_actual, (), one=False)}
+        kept = {int(f): int(n) for f, n in h.read(sql.counts_kept, (relation,), one=False)}
+        actual = {int(f): int(n) for f, n in h.read(sql.counts_actual, (), one=False)}
         return [
             (f, kept.get(f, 0), actual.get(f, 0))
             for f in sorted(kept.keys() | actual.keys())
@@ -284,48 +279,8 @@ class RelationRepository:
             cur.execute(sql.count_set, (relation, from_id, counted))
             return True
 
-        _transaction(h, txn)
+        h.transaction(txn)
         return counted
-
-
-def _read(h: ShardHandle, sql: str, params: Sequence[Any], *, one: bool) -> Any:
-    for attempt in (1, 2):  # a read is safe to retry, once, on a new connection
-        try:
-            with h.connect() as conn:
-                cur = conn.cursor()
-                cur.execute(sql, params)
-                rows = cur.fetchone() if one else cur.fetchall()
-                cur.close()
-            return rows
-        except ConnectionLostError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _transaction(h: ShardHandle, body: Callable[[Any], bool]) -> bool:
-    """Run ``body`` in one transaction on ``h``'s shard, again after a deadlock."""
-    for attempt in range(1, _WRITE_ATTEMPTS + 1):
-        try:
-            with h.connect() as conn:
-                cur = conn.cursor()
-                cur.execute(h.dialect.begin)
-                try:
-                    result = body(cur)
-                    cur.execute("COMMIT")
-                except BaseException:
-                    with suppress(Exception):
-                        cur.execute("ROLLBACK")
-                    raise
-                finally:
-                    cur.close()
-            return result
-        except BackendError as exc:
-            code = getattr(exc.orig, "args", (None,))[0] if exc.orig is not None else None
-            if code not in _RETRY_CODES or attempt == _WRITE_ATTEMPTS:
-                raise
-            time.sleep(0.005 * attempt)
-    raise AssertionError("unreachable")
 
 
 class RelationService:

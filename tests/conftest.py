@@ -8,10 +8,7 @@ reachable they skip on a developer's laptop; with STORE_REQUIRE_SERVICES=1
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ import pytest
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.defaults import EMBEDDED
+from tests.servers import start_memcached
 
 MARIADB_URL = os.environ.get("STORE_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306")
 TEST_SHARDS = 8
@@ -91,26 +89,6 @@ def mariadb_ready() -> StoreConfig:
 
 REDIS_TEST_URL = "redis://127.0.0.1:6379/15"
 MEMCACHED_SECOND_PORT = 11212
-
-
-def start_memcached(port: int) -> subprocess.Popen[bytes]:
-    """A memcached of the tests' own on ``port`` (stopped by the caller)."""
-    binary = shutil.which("memcached")
-    if binary is None:
-        if os.environ.get("STORE_REQUIRE_SERVICES") == "1":
-            pytest.fail("memcached is not installed (run scripts/services.sh)")
-        pytest.skip("memcached is not installed")
-    user = ["-u", "memcache"] if os.geteuid() == 0 else []
-    proc = subprocess.Popen([binary, *user, "-l", "127.0.0.1", "-p", str(port), "-m", "64", "-U", "0"])
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"memcached did not start on port {port}")
 
 
 def memcached_flush(port: int) -> None:

@@ -33,6 +33,30 @@ def wait_port(port: int, seconds: float = 30.0) -> bool:
     return False
 
 
+def start_memcached(port: int) -> subprocess.Popen[bytes]:
+    """A memcached of the tests' own on ``port`` (the caller stops it)."""
+    binary = _require("memcached")
+    user = ["-u", "memcache"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([binary, *user, "-l", "127.0.0.1", "-p", str(port), "-m", "64", "-U", "0"])
+    if not wait_port(port, 10):
+        proc.kill()
+        pytest.fail(f"memcached did not start on port {port}")
+    return proc
+
+
+def start_redis(port: int) -> subprocess.Popen[bytes]:
+    """A redis-server of the tests' own on ``port``, keeping nothing on disk."""
+    binary = _require("redis-server")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    if not wait_port(port, 10):
+        proc.kill()
+        pytest.fail(f"redis-server did not start on port {port}")
+    return proc
+
+
 class MariaDBServer:
     """A mariadbd with its own data directory and port; start, kill -9, restart."""
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,31 +19,13 @@ import pytest
 from store import Store, StoreConfig
 from store.cache.leases import LEASE_PREFIX
 from store.cache.lists import decode_member
-from tests.conftest import cached_mariadb_config, mariadb_config, require_port, start_memcached
+from tests.conftest import cached_mariadb_config, mariadb_config, require_port
+from tests.servers import start_memcached, start_redis
 
 BHP = "board_has_pins"
 TIMEOUT_MS = 50
 MEMCACHED_PORT = 11213
 REDIS_PORT = 6391
-
-
-def start_redis(port: int) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"redis-server did not start on port {port}")
 
 
 class Servers:
