@@ -196,9 +196,9 @@ def map_() -> None:
 @_config_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def map_show(config_path: Path | None, as_json: bool) -> None:
-    """List shard ranges, their hosts and the map version."""
+    """List shard ranges, their hosts and the map version (live, from map_source if configured)."""
     config = _load_config(config_path)
-    m = config.shard_map
+    m = _live_map(config)
     if as_json:
         rows = [
             {"range": [r.start, r.end], "shards": len(r), "master": r.master, "slave": r.slave}
@@ -210,6 +210,47 @@ def map_show(config_path: Path | None, as_json: bool) -> None:
     click.echo(f"{'range':<16}{'shards':>8}  {'master':<16}{'slave'}")
     for r in m.ranges:
         click.echo(f"{f'{r.start}-{r.end}':<16}{len(r):>8}  {r.master:<16}{r.slave or '-'}")
+
+
+def _live_map(config: StoreConfig) -> Any:
+    if config.map_source is None:
+        return config.shard_map
+    with Store(config) as store:
+        return store.shard_map
+
+
+@map_.command("diff")
+@_config_option
+@click.option("--from", "from_version", type=int, help="Older version (default: the one before --to).")
+@click.option("--to", "to_version", type=int, help="Newer version (default: the current one).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def map_diff(
+    config_path: Path | None, from_version: int | None, to_version: int | None, as_json: bool
+) -> None:
+    """Show which shard spans changed master between two map versions (table map source)."""
+    from store.mapsource import TableMapSource
+
+    config = _load_config(config_path)
+    if config.map_source is None or config.map_source[0] != "table":
+        raise ConfigError("store map diff reads map history: configure map_source: {table: URL}")
+    source = TableMapSource(config.map_source[1])
+    versions = source.versions()
+    if not versions:
+        raise ConfigError("the map table holds no map yet")
+    new_v = to_version if to_version is not None else versions[-1]
+    old_v = (
+        from_version if from_version is not None else max([v for v in versions if v < new_v], default=new_v)
+    )
+    old, new = source.load(old_v), source.load(new_v)
+    if old is None or new is None:
+        raise ConfigError(f"no map version {old_v if old is None else new_v}; stored: {versions}")
+    changes = old.diff(new)
+    if as_json:
+        _echo_json({"from": old_v, "to": new_v, "changes": [list(c) for c in changes]})
+        return
+    click.echo(f"map version {old_v} -> {new_v}: {len(changes)} span(s) changed master")
+    for first, last, a, b in changes:
+        click.echo(f"  shards {first}-{last}: {a} -> {b}")
 
 
 # -- objects -------------------------------------------------------------------

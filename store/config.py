@@ -45,7 +45,7 @@ _COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
-     "instagram", "pool_size", "tickets"}
+     "instagram", "pool_size", "tickets", "map_source"}
 )  # fmt: skip
 _BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
 RESERVED_TABLE = "relation_counts"  # store.schema.COUNTS_TABLE (schema imports config, not back)
@@ -164,6 +164,9 @@ class StoreConfig:
     instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
     pool_size: int = DEFAULT_POOL_SIZE
     tickets: TicketsConfig | None = None
+    #: Where running stores read the live map: None (the map above), ("file", path) or ("table", url).
+    map_source: tuple[str, str] | None = None
+    map_poll_s: float = 1.0
     base_dir: Path = field(default_factory=Path.cwd)
 
     @property
@@ -240,6 +243,8 @@ class StoreConfig:
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
             tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"]),
+            map_source=_map_source(raw.get("map_source"), base),
+            map_poll_s=float((raw.get("map_source") or {}).get("poll_s", 1.0)),
             base_dir=base,
         )
 
@@ -307,6 +312,39 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
             )
         out[name] = url
     return out
+
+
+def _map_source(raw: object, base: Path) -> tuple[str, str] | None:
+    if raw is None:
+        return None
+    if (
+        not isinstance(raw, Mapping)
+        or len(set(raw) & {"file", "table"}) != 1
+        or set(raw)
+        - {
+            "file",
+            "table",
+            "poll_s",
+        }
+    ):
+        raise ConfigError(
+            "map_source must be {file: PATH} or {table: mysql+pymysql://HOST:3306, poll_s: 1}: "
+            "where running stores read the live shard map"
+        )
+    poll = raw.get("poll_s", 1.0)
+    if not isinstance(poll, int | float) or not 0 < poll <= 3600:
+        raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {poll!r}")
+    if "file" in raw:
+        path = Path(str(raw["file"]))
+        return ("file", str(path if path.is_absolute() else base / path))
+    url = raw["table"]
+    try:
+        backend = make_url(url).get_backend_name()
+    except ArgumentError as exc:
+        raise ConfigError(f"map_source.table is not a URL: {url!r}") from exc
+    if backend not in ("mysql", "mariadb"):
+        raise ConfigError(f"map_source.table must be a MariaDB URL, got {url!r}")
+    return ("table", str(url))
 
 
 def _check_backends(ids: str, hosts: Mapping[str, URL]) -> None:

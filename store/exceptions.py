@@ -9,6 +9,7 @@ The tree::
     ├── UnknownTypeError       (also LookupError) a type name not in the config
     ├── UnknownRelationError   (also LookupError) a relation name not in the config
     ├── RoutingError           (also LookupError) a shard that no map range covers
+    ├── StaleMapError                             a map write based on an older map version
     ├── DataError              (also ValueError)  an object that cannot be stored
     │   ├── NotSerializableError                  not plain JSON (set, NaN, datetime, ...)
     │   └── ObjectTooLargeError                   larger than `limits.max_object_bytes`
@@ -40,6 +41,7 @@ __all__ = [
     "RoutingError",
     "ShardFullError",
     "ShardNotInitializedError",
+    "StaleMapError",
     "StoreError",
     "UnknownRelationError",
     "UnknownTypeError",
@@ -73,6 +75,10 @@ class UnknownRelationError(StoreError, LookupError):
 
 class RoutingError(StoreError, LookupError):
     """No range of the shard map covers the shard an ID points to."""
+
+
+class StaleMapError(StoreError):
+    """A shard-map write based on a version that is no longer the current one; reload and redo."""
 
 
 class DataError(StoreError, ValueError):

@@ -7,6 +7,7 @@ Lookup is a binary search over range starts, O(log ranges).
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -120,6 +121,66 @@ class ShardMap:
             if r.master == host:
                 yield from r.shards()
 
+    def with_move(self, low: int, high: int, master: str, slave: str | None = None) -> ShardMap:
+        """A new map (version + 1) in which shards ``low..high`` are served by ``master``.
+
+        The range may be part of existing ranges, which are split; neighbours
+        left with the same hosts are merged back into one range.
+        """
+        if not 0 <= low <= high < self.shards:
+            raise ConfigError(f"shards {low}-{high} are not within 0-{self.shards - 1}, low before high")
+        pieces: list[ShardRange] = []
+        for r in self.ranges:
+            if r.end < low or r.start > high:
+                pieces.append(r)
+                continue
+            if r.start < low:
+                pieces.append(ShardRange(r.start, low - 1, r.master, r.slave))
+            if r.end > high:
+                pieces.append(ShardRange(high + 1, r.end, r.master, r.slave))
+        pieces.append(ShardRange(low, high, master, slave))
+        return ShardMap(_merge(pieces), shards=self.shards, version=self.version + 1)
+
+    def diff(self, other: ShardMap) -> list[tuple[int, int, str, str]]:
+        """(first, last, master here, master in ``other``) for every shard span whose master differs."""
+        out: list[tuple[int, int, str, str]] = []
+        bounds = sorted({r.start for r in self.ranges} | {r.start for r in other.ranges} | {self.shards})
+        for start, nxt in itertools.pairwise(bounds):
+            a, b = self.range_for(start).master, other.range_for(start).master
+            if a != b:
+                if out and out[-1][1] == start - 1 and out[-1][2:] == (a, b):
+                    out[-1] = (out[-1][0], nxt - 1, a, b)
+                else:
+                    out.append((start, nxt - 1, a, b))
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        """The map as plain data (the config's ``map:`` form plus version and shards)."""
+        return {
+            "version": self.version,
+            "shards": self.shards,
+            "map": [
+                {"range": [r.start, r.end], "master": r.master, **({"slave": r.slave} if r.slave else {})}
+                for r in self.ranges
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object) -> ShardMap:
+        """The inverse of `to_dict`, checked like the config's map."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("map"), list):
+            raise ConfigError("a stored shard map must be {version, shards, map: [...]}")
+        ranges = []
+        for i, item in enumerate(raw["map"]):
+            try:
+                (low, high), master = item["range"], item["master"]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"stored shard map entry {i} is not {{range: [a, b], master: HOST}}"
+                ) from exc
+            ranges.append(ShardRange(int(low), int(high), str(master), item.get("slave")))
+        return cls(ranges, shards=raw.get("shards"), version=raw.get("version", 1))  # type: ignore[arg-type]
+
     def __iter__(self) -> Iterator[ShardRange]:
         return iter(self.ranges)
 
@@ -133,3 +194,14 @@ class ShardMap:
 
     def __repr__(self) -> str:
         return f"ShardMap(version={self.version}, shards={self.shards}, ranges={len(self.ranges)})"
+
+
+def _merge(ranges: list[ShardRange]) -> list[ShardRange]:
+    out: list[ShardRange] = []
+    for r in sorted(ranges, key=lambda r: r.start):
+        last = out[-1] if out else None
+        if last is not None and last.end + 1 == r.start and (last.master, last.slave) == (r.master, r.slave):
+            out[-1] = ShardRange(last.start, r.end, r.master, r.slave)
+        else:
+            out.append(r)
+    return out

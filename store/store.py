@@ -7,23 +7,32 @@ find an object: its ID says where it lives.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import random
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
 from store.config import StoreConfig, TypeSpec
 from store.defaults import embedded_config
 from store.engines import Engines
 from store.exceptions import (
+    ConfigError,
     DataError,
     IdError,
     NotFound,
+    RoutingError,
     ShardFullError,
+    ShardNotInitializedError,
+    StaleMapError,
 )
 from store.ids import encode_pinterest
+from store.mapsource import FileMapSource, MapSource, StaticMapSource, TableMapSource
 from store.objects import ObjectRepository, Updater
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import MAX_LOCAL_ID, Location, Router
@@ -31,6 +40,32 @@ from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
 
 __all__ = ["Location", "Store"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _rerouted(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    """Check for a newer map now and then; after a routing failure, reload it and retry once.
+
+    A shard that moved is fenced on its old host (its tables are gone from
+    there), so a call routed by an old map fails with
+    `ShardNotInitializedError` and writes nothing; with the new map it goes
+    to the new host. Link and unlink are idempotent, so their retry is safe
+    even if one side had committed.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self._maybe_refresh()
+        try:
+            return method(self, *args, **kwargs)
+        except (RoutingError, ShardNotInitializedError):
+            if not self.refresh_map(force=True):
+                raise
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 class Store:
@@ -45,9 +80,9 @@ class Store:
         rng: random.Random | None = None,
         clock_us: Callable[[], int] | None = None,
         caches: Caches | None = None,
+        map_source: MapSource | None = None,
     ) -> None:
         self.config = config
-        self._map = config.shard_map
         self._engines = engines or Engines(config)
         self._instagram = config.ids == "instagram"
         self._objects = ObjectRepository(
@@ -55,6 +90,12 @@ class Store:
             key="id" if self._instagram else "local_id",
         )
         self._router = Router(config, rng=rng)
+        self._source: MapSource = map_source or _source_for(config)
+        self._dynamic = not isinstance(self._source, StaticMapSource)
+        self._next_check = 0.0
+        self._map_lock = threading.Lock()
+        if self._dynamic:
+            self._install(self._seeded_map())
         self._caches = caches if caches is not None else build_caches(config.cache)
         self._relations = RelationService(
             router=self._router,
@@ -81,8 +122,59 @@ class Store:
 
     @property
     def shard_map(self) -> ShardMap:
-        """The shard map this store routes by."""
-        return self._map
+        """The shard map this store routes by now."""
+        return self._router.shard_map
+
+    @property
+    def _map(self) -> ShardMap:
+        return self._router.shard_map
+
+    # -- the live map ---------------------------------------------------------
+
+    @property
+    def map_source(self) -> MapSource:
+        """Where this store reads its shard map."""
+        return self._source
+
+    def _seeded_map(self) -> ShardMap:
+        found = self._source.load()
+        if found is None:  # an empty source starts from the config's map
+            with contextlib.suppress(StaleMapError):  # another process seeded it first
+                self._source.write(self.config.shard_map, expected_version=0)
+            found = self._source.load()
+        assert found is not None
+        return found
+
+    def _install(self, new: ShardMap) -> None:
+        unknown = sorted(set(new.hosts()) - set(self.config.hosts))
+        if unknown:
+            raise ConfigError(
+                f"shard map version {new.version} names host(s) {', '.join(unknown)} that are not under "
+                "hosts in this process's config: add them and restart"
+            )
+        if new.shards != self.config.shards:
+            raise ConfigError(
+                f"shard map version {new.version} has {new.shards} shards, the config {self.config.shards}"
+            )
+        self._router.shard_map = new
+
+    def refresh_map(self, *, force: bool = False) -> bool:
+        """Reload the map if the source has a newer version; True if it changed."""
+        if not self._dynamic:
+            return False
+        with self._map_lock:
+            self._next_check = time.monotonic() + self.config.map_poll_s
+            if not force and not self._source.changed():
+                return False
+            new = self._source.load()
+            if new is None or new.version <= self._router.shard_map.version:
+                return False
+            self._install(new)
+            return True
+
+    def _maybe_refresh(self) -> None:
+        if self._dynamic and time.monotonic() >= self._next_check:
+            self.refresh_map()
 
     # -- routing -----------------------------------------------------------
 
@@ -92,6 +184,7 @@ class Store:
 
     # -- objects -----------------------------------------------------------
 
+    @_rerouted
     def create(
         self, type_name: str, data: dict[str, Any], *, near: int | None = None, shard: int | None = None
     ) -> int:
@@ -125,6 +218,7 @@ class Store:
             )
         return encode_pinterest(target, spec.id, local_id)
 
+    @_rerouted
     def get(self, id: int, *, type_name: str | None = None) -> dict[str, Any] | None:  # noqa: A002
         """The object with ``id``, or None if it does not exist or was deleted."""
         shard, spec, local_id, host = self._router.route(id, type_name)
@@ -141,6 +235,7 @@ class Store:
         value = cache.get_many([key], load).get(key)
         return None if value is None else self._objects.decode(value)
 
+    @_rerouted
     def get_many(self, ids: Iterable[int], *, type_name: str | None = None) -> dict[int, dict[str, Any]]:
         """Objects by ID, absent and deleted ones left out.
 
@@ -199,6 +294,7 @@ class Store:
         if self._caches.objects is not None:
             self._caches.objects.invalidate([self._okey(id)])
 
+    @_rerouted
     def update(self, id: int, changes: Updater, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
         """Merge ``changes`` (a dict, or a function old -> new) into the object atomically.
 
@@ -218,6 +314,7 @@ class Store:
             # error (a lost connection), and a needless delete is harmless.
             self._invalidate_object(id)
 
+    @_rerouted
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002
         """Soft-delete: the row stays, marked inactive. True if it was live."""
         shard, spec, local_id, host = self._router.route(id, type_name)
@@ -235,6 +332,7 @@ class Store:
 
     # -- relations ---------------------------------------------------------
 
+    @_rerouted
     def link(self, relation: str, from_id: int, to_id: int, *, sequence: int | None = None) -> bool:
         """Add ``to_id`` to ``from_id``'s list (and the inverse pair, if configured).
 
@@ -245,16 +343,19 @@ class Store:
         """
         return self._relations.link(relation, from_id, to_id, sequence=sequence)
 
+    @_rerouted
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
         return self._relations.unlink(relation, from_id, to_id)
 
+    @_rerouted
     def links(
         self, relation: str, from_id: int, *, limit: int = 50, offset: int = 0, newest_first: bool = False
     ) -> list[int]:
         """``to_id``s of ``from_id`` in sequence order, ``LIMIT limit OFFSET offset``."""
         return self._relations.links(relation, from_id, limit=limit, offset=offset, newest_first=newest_first)
 
+    @_rerouted
     def page(
         self,
         relation: str,
@@ -267,10 +368,12 @@ class Store:
         """One page of ``from_id``'s list by keyset (page 2,000 costs what page 1 costs)."""
         return self._relations.page(relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first)
 
+    @_rerouted
     def count(self, relation: str, from_id: int) -> int:
         """How many entries ``from_id``'s list has: one key read of a count kept exact."""
         return self._relations.count(relation, from_id)
 
+    @_rerouted
     def board_pins(self, board_id: int, *, limit: int = 50, cursor: str | None = None) -> Page:
         """One page of a board's pins with the pin objects: one list read, one batched object read."""
         page = self._relations.page("board_has_pins", board_id, limit=limit, cursor=cursor)
@@ -324,3 +427,14 @@ class Store:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _source_for(config: StoreConfig) -> MapSource:
+    if config.map_source is None:
+        return StaticMapSource(config.shard_map)
+    kind, where = config.map_source
+    if kind == "file":
+        return FileMapSource(where)
+    source = TableMapSource(where, poll_s=config.map_poll_s)
+    source.create()
+    return source

@@ -1,0 +1,207 @@
+"""Where running stores read the shard map from, so that all of them see a change.
+
+A `MapSource` holds versioned maps. Every `Store` reloads from it when it
+changes (a file: its modification time; a table: polled) and at once when a
+call fails for a routing reason. A write is atomic and must name the version
+it was based on: a write based on a stale version is refused with
+`StaleMapError`, so two operators can never both flip a map.
+
+* `StaticMapSource`: the config's ``map:``, never changes (the default).
+* `FileMapSource`: a YAML file, replaced atomically (write then rename)
+  under an exclusive lock.
+* `TableMapSource`: a table ``shard_maps`` in a MariaDB "meta" database, one
+  row per version (the history ``store map diff`` reads); the primary key
+  on the version makes the compare-and-set atomic.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+import yaml
+from sqlalchemy.engine import make_url
+
+from store.exceptions import BackendError, ConfigError, StaleMapError
+from store.shardmap import ShardMap
+
+__all__ = ["FileMapSource", "MapSource", "StaticMapSource", "TableMapSource"]
+
+
+class MapSource(Protocol):
+    """Versioned shard maps shared by every running store."""
+
+    def load(self) -> ShardMap | None:
+        """The current map, or None if the source holds none yet."""
+        ...
+
+    def changed(self) -> bool:
+        """Cheaply: might the map have changed since the last `load`?"""
+        ...
+
+    def write(self, new: ShardMap, *, expected_version: int) -> None:
+        """Store ``new`` if the current version is ``expected_version`` (0: empty); else `StaleMapError`."""
+        ...
+
+
+class StaticMapSource:
+    """The map from the config file; it never changes while the store runs."""
+
+    def __init__(self, shard_map: ShardMap) -> None:
+        self._map = shard_map
+
+    def load(self) -> ShardMap:
+        """The config's map."""
+        return self._map
+
+    def changed(self) -> bool:
+        """Never."""
+        return False
+
+    def write(self, new: ShardMap, *, expected_version: int) -> None:
+        """Refused: a static map cannot change."""
+        raise ConfigError("the shard map comes from the config file; configure map_source to change it live")
+
+
+def _check_next(new: ShardMap, current: int, expected: int) -> None:
+    if current != expected:
+        raise StaleMapError(
+            f"the shard map is at version {current}, not {expected}: reload it and redo the change"
+        )
+    if new.version != expected + 1:
+        raise StaleMapError(
+            f"a change of version {expected} must be version {expected + 1}, not {new.version}"
+        )
+
+
+class FileMapSource:
+    """A YAML file holding one map; replaced atomically under a lock."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._seen: tuple[int, int] | None = None
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def load(self) -> ShardMap | None:
+        """The map in the file, or None if there is no file."""
+        stamp = self._stamp()
+        if stamp is None:
+            self._seen = None
+            return None
+        try:
+            raw = yaml.safe_load(self.path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read the shard map file {self.path}: {exc}") from exc
+        self._seen = stamp
+        return ShardMap.from_dict(raw)
+
+    def changed(self) -> bool:
+        """True if the file's modification time or size moved."""
+        return self._stamp() != self._seen
+
+    def write(self, new: ShardMap, *, expected_version: int) -> None:
+        """Replace the file with ``new`` if it holds ``expected_version``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.load()
+            _check_next(new, 0 if current is None else current.version, expected_version)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(yaml.safe_dump(new.to_dict(), sort_keys=False), encoding="utf-8")
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+
+
+META_DATABASE = "store_meta"
+
+
+class TableMapSource:
+    """Map versions as rows of ``store_meta.shard_maps`` on a MariaDB server, polled."""
+
+    def __init__(self, url: str, *, poll_s: float = 1.0, database: str = META_DATABASE) -> None:
+        from store.engines import mysql_connector
+
+        self._connect = mysql_connector(make_url(url))
+        self._table = f"`{database}`.`shard_maps`"
+        self._database = database
+        self._poll_s = poll_s
+        self._loaded_at = 0.0
+        self._version = 0
+
+    def _run(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+        try:
+            conn = self._connect()
+        except Exception as exc:
+            raise BackendError(f"cannot reach the shard map table {self._table}: {exc}", orig=exc) from exc
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, params)
+            rows = list(cur.fetchall())
+            cur.close()
+            return rows
+        except Exception as exc:
+            code = exc.args[0] if exc.args else None
+            if code == 1062:  # the version exists: another writer got there first
+                raise StaleMapError(
+                    f"shard map version {params[0]} was written by someone else: reload"
+                ) from exc
+            raise BackendError(f"shard map table {self._table}: {exc}", orig=exc) from exc
+        finally:
+            conn.close()
+
+    def create(self) -> None:
+        """Create the meta database and table (idempotent)."""
+        self._run(f"CREATE DATABASE IF NOT EXISTS `{self._database}`")
+        self._run(
+            f"CREATE TABLE IF NOT EXISTS {self._table} (`version` BIGINT NOT NULL PRIMARY KEY, "
+            "`body` MEDIUMTEXT NOT NULL, `written` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)) "
+            "ENGINE=InnoDB"
+        )
+
+    def load(self, version: int | None = None) -> ShardMap | None:
+        """The newest map (or ``version``), or None if the table holds none."""
+        if version is None:
+            rows = self._run(f"SELECT body FROM {self._table} ORDER BY version DESC LIMIT 1")
+        else:
+            rows = self._run(f"SELECT body FROM {self._table} WHERE version = %s", (version,))
+        self._loaded_at = time.monotonic()
+        if not rows:
+            return None
+        found = ShardMap.from_dict(orjson.loads(str(rows[0][0])))
+        if version is None:
+            self._version = found.version
+        return found
+
+    def versions(self) -> list[int]:
+        """Every stored version, oldest first."""
+        return [int(str(r[0])) for r in self._run(f"SELECT version FROM {self._table} ORDER BY version")]
+
+    def changed(self) -> bool:
+        """Polled: at most every ``poll_s`` seconds, one primary-key read of the newest version."""
+        if time.monotonic() - self._loaded_at < self._poll_s:
+            return False
+        rows = self._run(f"SELECT MAX(version) FROM {self._table}")
+        self._loaded_at = time.monotonic()
+        newest = rows[0][0] if rows else None
+        return newest is not None and int(str(newest)) != self._version
+
+    def write(self, new: ShardMap, *, expected_version: int) -> None:
+        """Insert ``new`` as the next version; the primary key refuses a second writer."""
+        rows = self._run(f"SELECT COALESCE(MAX(version), 0) FROM {self._table}")
+        _check_next(new, int(str(rows[0][0])), expected_version)
+        self._run(
+            f"INSERT INTO {self._table} (version, body) VALUES (%s, %s)",
+            (new.version, orjson.dumps(new.to_dict()).decode()),
+        )

@@ -1,0 +1,198 @@
+"""The shared shard map: versions, atomic writes, stale writes refused, and rerouting.
+
+The last test moves a shard by hand to a second MariaDB server (dump, fence
+by renaming the source tables away, new map version) and shows that a store
+still holding the old map is refused by the old host, reloads, and lands
+its write on the new host exactly once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from store import StaleMapError, Store, StoreConfig, decode_pinterest
+from store.admin import init_shards
+from store.mapsource import FileMapSource, TableMapSource
+from store.shardmap import ShardMap, ShardRange
+from tests.conftest import MARIADB_URL, base_config, require_port
+from tests.servers import MariaDBServer
+
+
+def two_hosts() -> ShardMap:
+    return ShardMap([ShardRange(0, 511, "A", "B")], shards=512)
+
+
+def test_with_move_splits_and_merges_and_bumps_the_version() -> None:
+    m = two_hosts()
+    moved = m.with_move(256, 511, "C", "D")
+    assert moved.version == 2
+    assert [(r.start, r.end, r.master) for r in moved] == [(0, 255, "A"), (256, 511, "C")]
+    back = moved.with_move(256, 511, "A", "B")
+    assert [(r.start, r.end, r.master) for r in back] == [(0, 511, "A")]  # merged again
+    assert m.diff(moved) == [(256, 511, "A", "C")]
+    middle = m.with_move(100, 199, "C")
+    assert [(r.start, r.end, r.master) for r in middle] == [(0, 99, "A"), (100, 199, "C"), (200, 511, "A")]
+    assert ShardMap.from_dict(middle.to_dict()) == middle
+
+
+@pytest.fixture(params=["file", "table"])
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FileMapSource | TableMapSource]:
+    if request.param == "file":
+        yield FileMapSource(tmp_path / "map.yaml")
+        return
+    require_port("MariaDB", 3306)
+    src = TableMapSource(MARIADB_URL, database="store_meta_test", poll_s=0.01)
+    src.create()
+    src._run("DELETE FROM `store_meta_test`.`shard_maps`")
+    yield src
+
+
+def test_versions_are_written_atomically_and_stale_writes_refused(
+    source: FileMapSource | TableMapSource,
+) -> None:
+    assert source.load() is None
+    v1 = two_hosts()
+    source.write(v1, expected_version=0)
+    assert source.load() == v1
+    v2 = v1.with_move(256, 511, "C")
+    source.write(v2, expected_version=1)
+    assert source.load() == v2
+    with pytest.raises(StaleMapError, match="at version 2, not 1"):
+        source.write(v1.with_move(0, 9, "C"), expected_version=1)  # based on a stale map
+    with pytest.raises(StaleMapError, match="must be version 3"):
+        source.write(v2, expected_version=2)
+    assert source.load() == v2
+    if isinstance(source, TableMapSource):
+        assert source.versions() == [1, 2]
+        assert source.load(1) == v1
+
+
+def test_a_running_store_sees_a_new_map_without_a_restart(tmp_path: Path) -> None:
+    raw = base_config(
+        shards=8,
+        hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
+        map=[{"range": [0, 7], "master": "A"}],
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 0.01},
+    )
+    with Store.from_config(raw) as first, Store.from_config(raw) as second:
+        assert first.shard_map.version == 1  # seeded from the config
+        new = first.shard_map.with_move(4, 7, "B")
+        first.map_source.write(new, expected_version=1)
+        assert second.refresh_map(force=True) is True
+        assert second.shard_map.master(5) == "B"
+        assert first.refresh_map() in (True, False)
+        assert first.shard_map.version == 2
+
+
+# -- a stale writer, fenced on the old host, lands on the new one -----------------
+
+SHARD = 5
+
+
+@pytest.fixture
+def second_server() -> Iterator[MariaDBServer]:
+    server = MariaDBServer(3319)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def test_a_process_with_the_old_map_is_refused_reloads_and_writes_once(
+    second_server: MariaDBServer, tmp_path: Path
+) -> None:
+    require_port("MariaDB", 3306)
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS db{SHARD:05d}")
+        cur.execute(f"DROP DATABASE IF EXISTS moved_db{SHARD:05d}")
+    raw = base_config(
+        shards=8,
+        hosts={"A": MARIADB_URL, "B": second_server.url},
+        map=[{"range": [0, 7], "master": "A"}],
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 3600},  # never polls by itself
+    )
+    config = StoreConfig.from_dict(raw)
+    init_shards(config, shards=[SHARD])
+    with Store(config) as stale, Store(config) as operator:
+        board = stale.create("board", {"n": 0}, shard=SHARD)
+        # The move, by hand: copy shard 5 to B, fence it on A, flip the map.
+        dump = shutil.which("mariadb-dump") or "mariadb-dump"
+        client = shutil.which("mariadb") or "mariadb"
+        data = subprocess.run(
+            [
+                dump,
+                "-uroot",
+                "-h127.0.0.1",
+                "-P3306",
+                "--single-transaction",
+                "--databases",
+                f"db{SHARD:05d}",
+            ],
+            check=True,
+            capture_output=True,
+        ).stdout
+        subprocess.run([client, "-uroot", "-h127.0.0.1", f"-P{second_server.port}"], input=data, check=True)
+        with conn.cursor() as cur:  # fence: the source copy is renamed away at once
+            cur.execute(f"CREATE DATABASE moved_db{SHARD:05d}")
+            cur.execute(f"SHOW TABLES FROM db{SHARD:05d}")
+            for (table,) in cur.fetchall():
+                cur.execute(f"RENAME TABLE db{SHARD:05d}.{table} TO moved_db{SHARD:05d}.{table}")
+        moved = operator.shard_map.with_move(SHARD, SHARD, "B")
+        operator.map_source.write(moved, expected_version=operator.shard_map.version)
+
+        assert stale.shard_map.version == 1  # still the old map
+        pin = stale.create("pin", {"n": 1}, near=board)  # refused by A, reloaded, written on B
+        assert stale.shard_map.version == 2
+        assert decode_pinterest(pin).shard_id == SHARD
+        assert stale.update(board, {"n": 2}) == {"n": 2}
+        b = pymysql.connect(host="127.0.0.1", port=second_server.port, user="root")
+        with b.cursor() as cur:
+            cur.execute(f"SELECT data FROM db{SHARD:05d}.pins")
+            assert cur.fetchall() == (('{"n":1}',),)  # exactly once, on the new host
+        b.close()
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT COUNT(*) FROM moved_db{SHARD:05d}.pins")
+            assert cur.fetchone() == (0,)  # nothing on the old host after the fence
+            cur.execute(f"DROP DATABASE moved_db{SHARD:05d}")
+    conn.close()
+
+
+def test_cli_map_show_and_diff_read_the_table_source(tmp_path: Path) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from store.cli import main
+
+    require_port("MariaDB", 3306)
+    src = TableMapSource(MARIADB_URL, database="store_meta")
+    src.create()
+    src._run("DELETE FROM `store_meta`.`shard_maps`")
+    raw = base_config(
+        shards=8,
+        hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
+        map=[{"range": [0, 7], "master": "A"}],
+        map_source={"table": MARIADB_URL},
+    )
+    cfg = tmp_path / "store.yaml"
+    cfg.write_text(yaml.safe_dump(raw))
+    runner = CliRunner()
+    shown = runner.invoke(main, ["map", "show", "--config", str(cfg)])
+    assert shown.exit_code == 0, shown.output
+    assert "shard map version 1, 8 shards" in shown.output
+    current = src.load()
+    assert current is not None
+    src.write(current.with_move(4, 7, "B"), expected_version=1)
+    out = runner.invoke(main, ["map", "diff", "--config", str(cfg)])
+    assert out.exit_code == 0, out.output
+    assert "map version 1 -> 2: 1 span(s) changed master" in out.output
+    assert "shards 4-7: A -> B" in out.output
+    assert "version 2" in runner.invoke(main, ["map", "show", "--config", str(cfg)]).output
+    src._run("DELETE FROM `store_meta`.`shard_maps`")
