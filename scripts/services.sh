@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the loopback services the test suite needs, if they are down:
-# MariaDB 3306, Redis 6379, PostgreSQL 5432, memcached 11211 (installed here
-# from Debian's packages when missing). Safe to run again: what runs is left alone.
+# MariaDB 3306, Redis 6379, PostgreSQL 5432, memcached 11211 (memcached and
+# ZooKeeper are installed from Debian's packages when missing). Safe to run
+# again: what runs is left alone.
 set -euo pipefail
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -30,10 +31,15 @@ if ! up 5432; then
   wait_for PostgreSQL 5432
 fi
 
-if ! command -v memcached >/dev/null 2>&1; then
-  echo "services: installing memcached"
+missing=()
+command -v memcached >/dev/null 2>&1 || missing+=(memcached)
+# ZooKeeper is started by the tests themselves (one standalone server in a
+# temporary directory); only the package is needed.
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "services: installing ${missing[*]}"
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 if ! up 11211; then
   echo "services: starting memcached"

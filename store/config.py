@@ -164,7 +164,8 @@ class StoreConfig:
     instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
     pool_size: int = DEFAULT_POOL_SIZE
     tickets: TicketsConfig | None = None
-    #: Where running stores read the live map: None (the map above), ("file", path) or ("table", url).
+    #: Where running stores read the live map: None (the map above), ("file", path),
+    #: ("table", url) or ("zookeeper", hosts).
     map_source: tuple[str, str] | None = None
     map_poll_s: float = 1.0
     base_dir: Path = field(default_factory=Path.cwd)
@@ -317,20 +318,17 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
 def _map_source(raw: object, base: Path) -> tuple[str, str] | None:
     if raw is None:
         return None
-    if (
-        not isinstance(raw, Mapping)
-        or len(set(raw) & {"file", "table"}) != 1
-        or set(raw)
-        - {
-            "file",
-            "table",
-            "poll_s",
-        }
-    ):
+    kinds = {"file", "table", "zookeeper"}
+    if not isinstance(raw, Mapping) or len(set(raw) & kinds) != 1 or set(raw) - kinds - {"poll_s"}:
         raise ConfigError(
-            "map_source must be {file: PATH} or {table: mysql+pymysql://HOST:3306, poll_s: 1}: "
-            "where running stores read the live shard map"
+            "map_source must be {file: PATH}, {table: mysql+pymysql://HOST:3306, poll_s: 1} or "
+            "{zookeeper: HOST:2181[,HOST:2181]}: where running stores read the live shard map"
         )
+    if "zookeeper" in raw:
+        hosts = raw["zookeeper"]
+        if not isinstance(hosts, str) or not all(_HOST_PORT.match(h) for h in hosts.split(",")):
+            raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {hosts!r}")
+        return ("zookeeper", hosts)
     poll = raw.get("poll_s", 1.0)
     if not isinstance(poll, int | float) or not 0 < poll <= 3600:
         raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {poll!r}")

@@ -12,6 +12,9 @@ it was based on: a write based on a stale version is refused with
 * `TableMapSource`: a table ``shard_maps`` in a MariaDB "meta" database, one
   row per version (the history ``store map diff`` reads); the primary key
   on the version makes the compare-and-set atomic.
+* `ZooKeeperMapSource`: a znode, as Pinterest kept it: a watch tells every
+  store at once, and the znode's own version makes the write a
+  compare-and-set (needs ``pip install store[zookeeper]``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from sqlalchemy.engine import make_url
 from store.exceptions import BackendError, ConfigError, StaleMapError
 from store.shardmap import ShardMap
 
-__all__ = ["FileMapSource", "MapSource", "StaticMapSource", "TableMapSource"]
+__all__ = ["FileMapSource", "MapSource", "StaticMapSource", "TableMapSource", "ZooKeeperMapSource"]
 
 
 class MapSource(Protocol):
@@ -205,3 +208,72 @@ class TableMapSource:
             f"INSERT INTO {self._table} (version, body) VALUES (%s, %s)",
             (new.version, orjson.dumps(new.to_dict()).decode()),
         )
+
+
+class ZooKeeperMapSource:
+    """The map as JSON in one znode; a data watch flags every change."""
+
+    def __init__(self, hosts: str, *, path: str = "/store/shardmap", timeout_s: float = 5.0) -> None:
+        from kazoo.client import KazooClient
+
+        self.path = path
+        self._client = KazooClient(hosts=hosts, timeout=timeout_s)
+        try:
+            self._client.start(timeout=timeout_s)
+        except Exception as exc:
+            raise BackendError(f"cannot reach ZooKeeper at {hosts}: {exc}", orig=exc) from exc
+        self._dirty = True
+        self._watching = False
+        self._version = 0
+
+    def _watch(self) -> None:
+        if self._watching:
+            return
+        self._watching = True
+
+        def on_change(_data: object, _stat: object) -> None:
+            self._dirty = True  # ZooKeeper calls back on its own thread
+
+        self._client.DataWatch(self.path, on_change)
+
+    def load(self) -> ShardMap | None:
+        """The map in the znode, or None if there is none yet."""
+        from kazoo.exceptions import NoNodeError
+
+        self._watch()
+        self._dirty = False
+        try:
+            data, _stat = self._client.get(self.path)
+        except NoNodeError:
+            return None
+        found = ShardMap.from_dict(orjson.loads(data))
+        self._version = found.version
+        return found
+
+    def changed(self) -> bool:
+        """True once the watch has seen a change since the last `load`."""
+        return self._dirty
+
+    def write(self, new: ShardMap, *, expected_version: int) -> None:
+        """Replace the znode's map if it holds ``expected_version`` (the znode version is the lock)."""
+        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+        body = orjson.dumps(new.to_dict())
+        try:
+            data, stat = self._client.get(self.path)
+            current = ShardMap.from_dict(orjson.loads(data)).version
+        except NoNodeError:
+            stat, current = None, 0
+        _check_next(new, current, expected_version)
+        try:
+            if stat is None:
+                self._client.create(self.path, body, makepath=True)
+            else:
+                self._client.set(self.path, body, version=stat.version)
+        except (BadVersionError, NodeExistsError) as exc:
+            raise StaleMapError("another writer changed the shard map in ZooKeeper first: reload") from exc
+
+    def close(self) -> None:
+        """Disconnect."""
+        self._client.stop()
+        self._client.close()

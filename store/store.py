@@ -416,6 +416,9 @@ class Store:
         """Close every pooled connection."""
         self._engines.dispose()
         self._caches.close()
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
 
     def __enter__(self) -> Store:
         return self
@@ -435,6 +438,10 @@ def _source_for(config: StoreConfig) -> MapSource:
     kind, where = config.map_source
     if kind == "file":
         return FileMapSource(where)
+    if kind == "zookeeper":
+        from store.mapsource import ZooKeeperMapSource
+
+        return ZooKeeperMapSource(where)
     source = TableMapSource(where, poll_s=config.map_poll_s)
     source.create()
     return source

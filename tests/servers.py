@@ -109,3 +109,47 @@ class MariaDBServer:
         """Kill the server and delete its files."""
         self.kill()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper (Debian's package) with its own data directory and port."""
+
+    def __init__(self, port: int) -> None:
+        java = _require("java")
+        if not ZOOKEEPER_JAR.exists():
+            if os.environ.get("STORE_REQUIRE_SERVICES") == "1":
+                pytest.fail("ZooKeeper is not installed (run scripts/services.sh)")
+            pytest.skip("ZooKeeper is not installed")
+        self.base = Path(tempfile.mkdtemp(prefix=f"store-zookeeper-{port}-"))
+        (self.base / "data").mkdir()
+        cfg = self.base / "zoo.cfg"
+        cfg.write_text(
+            f"tickTime=2000\ndataDir={self.base / 'data'}\nclientPort={port}\n"
+            "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
+        )
+        self.port = port
+        self.hosts = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [
+                java,
+                "-Xmx128m",
+                "-cp",
+                str(ZOOKEEPER_JAR),
+                "org.apache.zookeeper.server.ZooKeeperServerMain",
+                str(cfg),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        if not wait_port(port, 30):
+            self.remove()
+            pytest.fail(f"ZooKeeper did not start on port {port}")
+
+    def remove(self) -> None:
+        """Stop it and delete its files."""
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)

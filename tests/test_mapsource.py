@@ -18,10 +18,19 @@ import pytest
 
 from store import StaleMapError, Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
-from store.mapsource import FileMapSource, TableMapSource
+from store.mapsource import FileMapSource, MapSource, TableMapSource, ZooKeeperMapSource
 from store.shardmap import ShardMap, ShardRange
 from tests.conftest import MARIADB_URL, base_config, require_port
-from tests.servers import MariaDBServer
+from tests.servers import MariaDBServer, ZooKeeperServer
+
+
+@pytest.fixture(scope="module")
+def zookeeper() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer(2182)
+    try:
+        yield server
+    finally:
+        server.remove()
 
 
 def two_hosts() -> ShardMap:
@@ -41,10 +50,16 @@ def test_with_move_splits_and_merges_and_bumps_the_version() -> None:
     assert ShardMap.from_dict(middle.to_dict()) == middle
 
 
-@pytest.fixture(params=["file", "table"])
-def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[FileMapSource | TableMapSource]:
+@pytest.fixture(params=["file", "table", "zookeeper"])
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MapSource]:
     if request.param == "file":
         yield FileMapSource(tmp_path / "map.yaml")
+        return
+    if request.param == "zookeeper":
+        zk = request.getfixturevalue("zookeeper")
+        src = ZooKeeperMapSource(zk.hosts, path=f"/store/{tmp_path.name}")
+        yield src
+        src.close()
         return
     require_port("MariaDB", 3306)
     src = TableMapSource(MARIADB_URL, database="store_meta_test", poll_s=0.01)
@@ -71,6 +86,29 @@ def test_versions_are_written_atomically_and_stale_writes_refused(
     if isinstance(source, TableMapSource):
         assert source.versions() == [1, 2]
         assert source.load(1) == v1
+
+
+def test_a_zookeeper_watch_tells_other_stores_at_once(zookeeper: ZooKeeperServer, tmp_path: Path) -> None:
+    import time
+
+    raw = base_config(
+        shards=8,
+        hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
+        map=[{"range": [0, 7], "master": "A"}],
+        map_source={"zookeeper": zookeeper.hosts},
+    )
+    with Store.from_config(raw) as first, Store.from_config(raw) as second:
+        assert second.shard_map.version == 1
+        assert not second.map_source.changed()
+        first.map_source.write(first.shard_map.with_move(0, 3, "B"), expected_version=1)
+        deadline = time.monotonic() + 5
+        while not second.map_source.changed() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert second.map_source.changed(), "the watch did not fire"
+        assert second.refresh_map() is True
+        assert second.shard_map.master(2) == "B"
+        with pytest.raises(StaleMapError):
+            second.map_source.write(second.shard_map.with_move(0, 3, "A"), expected_version=1)
 
 
 def test_a_running_store_sees_a_new_map_without_a_restart(tmp_path: Path) -> None:
