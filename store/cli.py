@@ -174,7 +174,7 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
 @click.option("--shard", default=0, show_default=True, help="Which shard's DDL to print.")
 @click.option(
     "--backend",
-    type=click.Choice(["mysql", "sqlite"]),
+    type=click.Choice(["mysql", "postgresql", "sqlite"]),
     default="mysql",
     show_default=True,
     help="SQL dialect.",

@@ -184,7 +184,7 @@ BEGIN
       PERFORM setval('"{schema}"."id_seq"', units);
       v := units;
     END IF;
-  EXCEPTION WHEN OTHERS THEN
+  EXCEPTION WHEN OTHERS OR query_canceled THEN  -- OTHERS alone misses a cancel
     PERFORM pg_advisory_unlock({lock_key});
     RAISE;
   END;

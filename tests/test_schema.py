@@ -12,11 +12,19 @@ from store.schema import database_name, render_shard_sql, shard_ddl
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("backend", ["mysql", "sqlite"])
-def test_shipped_schema_matches_the_generator(backend: str) -> None:
-    config = StoreConfig.from_file(ROOT / "config" / "local.yaml")
-    shipped = (ROOT / "schemas" / backend / "shard.sql").read_text()
-    fix = f"store schema --config config/local.yaml --backend {backend} > schemas/{backend}/shard.sql"
+@pytest.mark.parametrize(
+    ("config_name", "backend", "shipped_as"),
+    [
+        ("local.yaml", "mysql", "mysql/shard.sql"),
+        ("local.yaml", "sqlite", "sqlite/shard.sql"),
+        ("instagram.yaml", "mysql", "mysql/shard-instagram.sql"),
+        ("instagram.yaml", "postgresql", "postgres/shard.sql"),
+    ],
+)
+def test_shipped_schema_matches_the_generator(config_name: str, backend: str, shipped_as: str) -> None:
+    config = StoreConfig.from_file(ROOT / "config" / config_name)
+    shipped = (ROOT / "schemas" / shipped_as).read_text()
+    fix = f"store schema --config config/{config_name} --backend {backend} > schemas/{shipped_as}"
     assert shipped == render_shard_sql(backend, 0, config), f"regenerate: {fix}"
 
 
