@@ -41,6 +41,9 @@ from store.shardmap import ShardMap
 
 __all__ = ["Location", "Store"]
 
+#: At most one forced map reload per this many seconds (after routing failures).
+FORCED_RELOAD_INTERVAL_S = 0.1
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -58,10 +61,15 @@ def _rerouted(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenat
     @functools.wraps(method)
     def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
         self._maybe_refresh()
+        version = self._router.shard_map.version
         try:
             return method(self, *args, **kwargs)
         except (RoutingError, ShardNotInitializedError):
-            if not self.refresh_map(force=True):
+            # Retry only if a newer map is in place now (another thread may
+            # have loaded it already); forced loads are rate-limited, so IDs
+            # that route nowhere cannot turn every call into a map read.
+            self.refresh_map(force=True)
+            if self._router.shard_map.version <= version:
                 raise
             return method(self, *args, **kwargs)
 
@@ -93,6 +101,7 @@ class Store:
         self._source: MapSource = map_source or _source_for(config)
         self._dynamic = not isinstance(self._source, StaticMapSource)
         self._next_check = 0.0
+        self._last_forced = -FORCED_RELOAD_INTERVAL_S
         self._map_lock = threading.Lock()
         if self._dynamic:
             self._install(self._seeded_map())
@@ -163,7 +172,12 @@ class Store:
         if not self._dynamic:
             return False
         with self._map_lock:
-            self._next_check = time.monotonic() + self.config.map_poll_s
+            now = time.monotonic()
+            if force and now < self._last_forced + FORCED_RELOAD_INTERVAL_S:
+                return False
+            if force:
+                self._last_forced = now
+            self._next_check = now + self.config.map_poll_s
             if not force and not self._source.changed():
                 return False
             new = self._source.load()
