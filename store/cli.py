@@ -253,6 +253,61 @@ def map_diff(
         click.echo(f"  shards {first}-{last}: {a} -> {b}")
 
 
+@main.command()
+@_config_option
+@click.option("--shards", "shard_text", help="The range to move, A-B.")
+@click.option("--to", "to_host", help="The new master (a host name under hosts).")
+@click.option("--slave", "slave_host", help="The new slave, if any.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--resume", is_flag=True, help="Carry on a move that stopped.")
+@click.option("--abort", "abort_", is_flag=True, help="Undo a move that has not switched the map.")
+@click.option("--cleanup", is_flag=True, help="After a move: drop the source's archived copies.")
+@click.option("--journal", default="store-move.json", show_default=True, help="The move's journal file.")
+def move(
+    config_path: Path | None,
+    shard_text: str | None,
+    to_host: str | None,
+    slave_host: str | None,
+    dry_run: bool,
+    yes: bool,
+    resume: bool,
+    abort_: bool,
+    cleanup: bool,
+    journal: str,
+) -> None:
+    """Move shards A-B to another MariaDB host: copy, catch up, fence, verify, switch."""
+    from store.admin.move import Mover
+
+    with _open(config_path) as store:
+        mover = Mover(store, journal, say=click.echo)
+        if resume or abort_ or cleanup:
+            if sum((resume, abort_, cleanup)) > 1:
+                raise ConfigError("give one of --resume, --abort, --cleanup")
+            if resume:
+                mover.resume()
+            elif abort_:
+                mover.abort()
+            else:
+                click.echo("dropped: " + ", ".join(mover.cleanup()))
+            return
+        if shard_text is None or to_host is None:
+            raise ConfigError("store move needs --shards A-B and --to HOST (or --resume/--abort/--cleanup)")
+        wanted = _parse_shards(shard_text, store.config.shards)
+        assert wanted is not None
+        plan = mover.plan(wanted.start, wanted.stop - 1, to_host, slave_host)
+        click.echo(
+            f"plan: shards {plan.low}-{plan.high} from {plan.source} to {plan.target}"
+            f"{f' (slave {plan.slave})' if plan.slave else ''}: {len(plan.databases())} databases, "
+            f"{len(plan.tables)} tables, about {plan.rows:,} rows, {plan.bytes / 1e6:.1f} MB"
+        )
+        if dry_run:
+            return
+        if not yes:
+            click.confirm("start the move?", abort=True)
+        mover.start(plan)
+
+
 # -- objects -------------------------------------------------------------------
 
 

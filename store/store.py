@@ -41,8 +41,9 @@ from store.shardmap import ShardMap
 
 __all__ = ["Location", "Store"]
 
-#: At most one forced map reload per this many seconds (after routing failures).
-FORCED_RELOAD_INTERVAL_S = 0.1
+#: How long a call refused by a fenced shard waits for the moved map to appear.
+REROUTE_WAIT_S = 5.0
+REROUTE_POLL_S = 0.02
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,13 +63,15 @@ def _rerouted(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenat
     def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
         self._maybe_refresh()
         version = self._router.shard_map.version
+        started = time.monotonic()
         try:
             return method(self, *args, **kwargs)
-        except (RoutingError, ShardNotInitializedError):
-            # Retry only if a newer map is in place now (another thread may
-            # have loaded it already); forced loads are rate-limited, so IDs
-            # that route nowhere cannot turn every call into a map read.
-            self.refresh_map(force=True)
+        except (RoutingError, ShardNotInitializedError) as exc:
+            self._reload_after_failure(started)
+            if self._router.shard_map.version <= version and isinstance(exc, ShardNotInitializedError):
+                # A fenced shard: its move renames the tables away a moment
+                # before it publishes the new map. Wait for the map, briefly.
+                self._wait_for_newer_map(version)
             if self._router.shard_map.version <= version:
                 raise
             return method(self, *args, **kwargs)
@@ -101,7 +104,7 @@ class Store:
         self._source: MapSource = map_source or _source_for(config)
         self._dynamic = not isinstance(self._source, StaticMapSource)
         self._next_check = 0.0
-        self._last_forced = -FORCED_RELOAD_INTERVAL_S
+        self._last_forced = -1.0
         self._map_lock = threading.Lock()
         if self._dynamic:
             self._install(self._seeded_map())
@@ -168,16 +171,11 @@ class Store:
         self._router.shard_map = new
 
     def refresh_map(self, *, force: bool = False) -> bool:
-        """Reload the map if the source has a newer version; True if it changed."""
+        """Reload the map if the source has a newer one (``force``: ask it now); True if it changed."""
         if not self._dynamic:
             return False
         with self._map_lock:
-            now = time.monotonic()
-            if force and now < self._last_forced + FORCED_RELOAD_INTERVAL_S:
-                return False
-            if force:
-                self._last_forced = now
-            self._next_check = now + self.config.map_poll_s
+            self._next_check = time.monotonic() + self.config.map_poll_s
             if not force and not self._source.changed():
                 return False
             new = self._source.load()
@@ -185,6 +183,26 @@ class Store:
                 return False
             self._install(new)
             return True
+
+    def _wait_for_newer_map(self, version: int) -> None:
+        if not self._dynamic:
+            return
+        deadline = time.monotonic() + REROUTE_WAIT_S
+        while self._router.shard_map.version <= version and time.monotonic() < deadline:
+            time.sleep(REROUTE_POLL_S)
+            self.refresh_map(force=True)
+
+    def _reload_after_failure(self, started: float) -> None:
+        # Many calls can fail at once (every writer of a moved shard): one
+        # reload serves all calls that started before it, so IDs that route
+        # nowhere cannot turn every call into a read of the map source.
+        if not self._dynamic:
+            return
+        with self._map_lock:
+            if self._last_forced >= started:
+                return
+            self._last_forced = time.monotonic()
+        self.refresh_map(force=True)
 
     def _maybe_refresh(self) -> None:
         if self._dynamic and time.monotonic() >= self._next_check:

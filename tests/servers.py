@@ -60,7 +60,10 @@ def start_redis(port: int) -> subprocess.Popen[bytes]:
 class MariaDBServer:
     """A mariadbd with its own data directory and port; start, kill -9, restart."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, log_bin: bool = False, server_id: int = 1) -> None:
+        self.extra = (
+            ["--log-bin=mysql-bin", f"--server-id={server_id}", "--binlog-format=ROW"] if log_bin else []
+        )
         # Its own folder, traversable by the mysql user (pytest's tmp_path is not).
         self.base = Path(tempfile.mkdtemp(prefix=f"store-mariadb-{port}-"))
         os.chmod(self.base, 0o755)
@@ -89,7 +92,7 @@ class MariaDBServer:
              "--innodb-buffer-pool-size=32M", f"--log-error={self.base}/err.log",
              # Each commit reaches the OS at once, so it survives a SIGKILL of
              # mariadbd (not a power cut); fsync per commit would triple the run.
-             "--innodb-flush-log-at-trx-commit=2"],
+             "--innodb-flush-log-at-trx-commit=2", *self.extra],
             stdout=log,
             stderr=log,
         )  # fmt: skip

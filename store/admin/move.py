@@ -1,0 +1,429 @@
+"""`store move`: move a range of shards to another MariaDB host without losing a write.
+
+Phases, recorded in a journal file so that a crash or Ctrl-C can be resumed
+(``--resume``) or undone (``--abort``):
+
+1. plan: the shards, tables, rows and bytes that will move (``--dry-run`` stops here).
+2. copy: ``mariadb-dump --single-transaction --gtid`` of the shard databases
+   from the source, loaded into the target, while the application writes.
+3. catch up: the target replicates those databases from the source (a named
+   replication connection with a ``replicate_wild_do_table`` filter, from the
+   dump's GTID position) until it is level.
+4. fence: one session on the source takes ``LOCK TABLES ... WRITE`` on every
+   moving table (writers wait; other shards are untouched), reads the
+   source's GTID position and waits until the target has applied it.
+5. verify: ``CHECKSUM TABLE`` on both sides, under the lock; a mismatch
+   unlocks and stops with the journal kept (resume, or abort).
+6. switch: replication stops; under the lock every moving table is renamed
+   into an archive database ``moved_dbNNNNN`` (not binlogged), the new map
+   is written (version + 1), and the lock is released. Writers that waited,
+   and processes still holding the old map, now find no table on the source:
+   they reload the map and retry on the target. Nothing can be written to
+   the source copy after the fence.
+7. cleanup (``--cleanup``, later): drop the archive databases.
+
+A crash while fenced releases the lock (the session dies) and the source
+keeps taking writes; resuming restarts replication and fences again, and
+only tables still on the source are fenced, so a half-done switch finishes.
+The source needs ROW binlogs with GTIDs (MariaDB's default GTID mode) and the
+target must be able to connect to it as the configured user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from store.engines import mysql_connector
+from store.exceptions import ConfigError, StoreError
+from store.schema import database_name
+from store.store import Store
+
+__all__ = ["MoveError", "MovePlan", "Mover"]
+
+REPLICATION_NAME = "store_move"
+ARCHIVE_PREFIX = "moved_"
+CATCH_UP_TIMEOUT_S = 120
+FENCE_WAIT_TIMEOUT_S = 30
+LOCK_WAIT_TIMEOUT_S = 10
+
+
+class MoveError(StoreError):
+    """A move cannot start or go on; the message says what to do (often --resume or --abort)."""
+
+
+@dataclass
+class MovePlan:
+    """What a move of shards ``low..high`` from ``source`` to ``target`` involves."""
+
+    low: int
+    high: int
+    source: str
+    target: str
+    slave: str | None
+    tables: list[tuple[str, str, int, int]] = field(default_factory=list)  # db, table, rows, bytes
+
+    @property
+    def rows(self) -> int:
+        """Rows in all moving tables (InnoDB's estimate)."""
+        return sum(t[2] for t in self.tables)
+
+    @property
+    def bytes(self) -> int:
+        """Data and index bytes of all moving tables."""
+        return sum(t[3] for t in self.tables)
+
+    def databases(self) -> list[str]:
+        """The shard databases that move."""
+        return [database_name(s) for s in range(self.low, self.high + 1)]
+
+
+@dataclass
+class Journal:
+    """Where a move stands; written after every phase."""
+
+    low: int
+    high: int
+    source: str
+    target: str
+    slave: str | None
+    phase: str = "copy"  # copy -> catch_up -> switch -> done (or aborted)
+    gtid: str = ""
+    replicating: bool = False
+    map_version: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Journal:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise MoveError(f"cannot read the move journal {path}: {exc}") from exc
+
+
+class Mover:
+    """Runs, resumes, aborts and cleans up one move, journaled in ``journal``."""
+
+    def __init__(
+        self, store: Store, journal: str | os.PathLike[str], *, say: Callable[[str], None] = print
+    ) -> None:
+        self.store = store
+        self.journal_path = Path(journal)
+        self.say = say
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _url(self, host: str) -> URL:
+        url = self.store.config.hosts.get(host)
+        if url is None:
+            raise MoveError(f"host {host!r} is not under hosts in the config")
+        if url.get_backend_name() not in ("mysql", "mariadb"):
+            raise MoveError(f"host {host!r} is not MariaDB: moves copy MariaDB shard databases")
+        return url
+
+    @contextmanager
+    def _conn(self, host: str) -> Iterator[Any]:
+        conn = mysql_connector(self._url(host))()
+        try:
+            yield conn.cursor()
+        finally:
+            conn.close()
+
+    def _tables(self, host: str, databases: list[str]) -> list[tuple[str, str, int, int]]:
+        marks = ", ".join(["%s"] * len(databases))
+        with self._conn(host) as cur:
+            cur.execute(
+                "SELECT table_schema, table_name, COALESCE(table_rows, 0), "
+                "COALESCE(data_length, 0) + COALESCE(index_length, 0) FROM information_schema.tables "
+                f"WHERE table_schema IN ({marks}) AND table_type = 'BASE TABLE' ORDER BY 1, 2",
+                databases,
+            )
+            return [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in cur.fetchall()]
+
+    def _client_args(self, host: str) -> tuple[list[str], dict[str, str]]:
+        url = self._url(host)
+        args = [f"-h{url.host or '127.0.0.1'}", f"-P{url.port or 3306}", f"-u{url.username or 'root'}"]
+        env = {**os.environ, "MYSQL_PWD": url.password or ""}
+        return args, env
+
+    # -- plan ------------------------------------------------------------------
+
+    def plan(self, low: int, high: int, to: str, slave: str | None = None) -> MovePlan:
+        """Check the request and measure what would move."""
+        m = self.store.shard_map
+        if not 0 <= low <= high < m.shards:
+            raise MoveError(f"--shards {low}-{high} must lie within 0-{m.shards - 1}")
+        sources = {m.master(s) for s in range(low, high + 1)}
+        if len(sources) != 1:
+            raise MoveError(
+                f"shards {low}-{high} have several masters ({', '.join(sorted(sources))}): "
+                "move one host's range at a time"
+            )
+        source = sources.pop()
+        if source == to:
+            raise MoveError(f"shards {low}-{high} are already on {to}")
+        self._url(to)
+        if slave is not None:
+            self._url(slave)
+        if self.store.config.map_source is None:
+            raise ConfigError("a move must publish a new map to every running store: configure map_source")
+        plan = MovePlan(low, high, source, to, slave)
+        plan.tables = self._tables(source, plan.databases())
+        return plan
+
+    # -- run -------------------------------------------------------------------
+
+    def start(self, plan: MovePlan) -> Journal:
+        """Begin the move described by ``plan`` (refused if a journal is open)."""
+        if self.journal_path.exists():
+            j = Journal.load(self.journal_path)
+            if j.phase not in ("done", "aborted"):
+                raise MoveError(
+                    f"a move of shards {j.low}-{j.high} is in phase {j.phase}: "
+                    "run store move --resume or --abort"
+                )
+        with self._conn(plan.source) as cur:
+            cur.execute("SELECT @@log_bin, @@binlog_format")
+            log_bin, fmt = cur.fetchone()
+        if not log_bin or str(fmt).upper() != "ROW":
+            raise MoveError(f"the source {plan.source} needs --log-bin with --binlog-format=ROW for a move")
+        j = Journal(
+            plan.low,
+            plan.high,
+            plan.source,
+            plan.target,
+            plan.slave,
+            map_version=self.store.shard_map.version,
+        )
+        j.save(self.journal_path)
+        return self.resume()
+
+    def resume(self) -> Journal:
+        """Carry a journaled move on from where it stopped."""
+        j = Journal.load(self.journal_path)
+        if j.phase in ("done", "aborted"):
+            raise MoveError(f"the move of shards {j.low}-{j.high} is already {j.phase}")
+        dbs = [database_name(s) for s in range(j.low, j.high + 1)]
+        if j.phase == "copy":
+            self._copy(j, dbs)
+        if j.phase == "catch_up":
+            self._catch_up(j, dbs)
+        if j.phase == "switch":
+            self._switch(j, dbs)
+        return j
+
+    def _phase(self, j: Journal, phase: str, started: float, step: str) -> None:
+        j.timings[step] = round(time.monotonic() - started, 3)
+        j.phase = phase
+        j.save(self.journal_path)
+
+    def _copy(self, j: Journal, dbs: list[str]) -> None:
+        t0 = time.monotonic()
+        self.say(f"copy: dumping {len(dbs)} shard database(s) from {j.source}")
+        with self._conn(j.target) as cur:
+            with suppress(Exception):
+                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+            with suppress(Exception):
+                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
+            for db in dbs:
+                cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        src_args, src_env = self._client_args(j.source)
+        dump = subprocess.run(
+            ["mariadb-dump", *src_args, "--single-transaction", "--gtid", "--master-data=2",
+             "--skip-lock-tables", "--databases", *dbs],
+            capture_output=True,
+            env=src_env,
+        )  # fmt: skip
+        if dump.returncode != 0:
+            raise MoveError(f"mariadb-dump failed: {dump.stderr.decode(errors='replace').strip()[:500]}")
+        found = re.search(rb"gtid_slave_pos\s*=\s*'([^']*)'", dump.stdout)
+        if found is None:
+            raise MoveError("mariadb-dump printed no GTID position: is the source's binlog on?")
+        self.say(f"copy: loading {len(dump.stdout) / 1e6:.1f} MB into {j.target}")
+        dst_args, dst_env = self._client_args(j.target)
+        load = subprocess.run(["mariadb", *dst_args], input=dump.stdout, capture_output=True, env=dst_env)
+        if load.returncode != 0:
+            raise MoveError(
+                f"loading into {j.target} failed: {load.stderr.decode(errors='replace').strip()[:500]}"
+            )
+        j.gtid = found.group(1).decode()
+        j.timings["copy_bytes"] = len(dump.stdout)
+        self._phase(j, "catch_up", t0, "copy_s")
+
+    def _start_replication(self, j: Journal, dbs: list[str]) -> None:
+        src = self._url(j.source)
+        with self._conn(j.target) as cur:
+            if not j.replicating:
+                cur.execute("SET GLOBAL gtid_slave_pos = %s", (j.gtid,))
+                cur.execute(
+                    f"CHANGE MASTER '{REPLICATION_NAME}' TO MASTER_HOST = %s, MASTER_PORT = %s, "
+                    "MASTER_USER = %s, MASTER_PASSWORD = %s, MASTER_USE_GTID = slave_pos",
+                    (src.host or "127.0.0.1", src.port or 3306, src.username or "root", src.password or ""),
+                )
+                cur.execute(
+                    f"SET GLOBAL {REPLICATION_NAME}.replicate_wild_do_table = %s",
+                    (",".join(f"{d}.%" for d in dbs),),
+                )
+                j.replicating = True
+                j.save(self.journal_path)
+            cur.execute(f"START SLAVE '{REPLICATION_NAME}'")
+
+    def _wait_level(self, j: Journal, position: str, timeout_s: float) -> None:
+        with self._conn(j.target) as cur:
+            cur.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout_s))
+            if cur.fetchone()[0] != 0:
+                cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+                names = [d[0] for d in cur.description]
+                status = dict(zip(names, cur.fetchone() or (), strict=False))
+                raise MoveError(
+                    f"{j.target} did not catch up with {j.source} within {timeout_s:.0f} s "
+                    f"(IO {status.get('Slave_IO_Running')}, SQL {status.get('Slave_SQL_Running')}, "
+                    f"error {status.get('Last_Error') or status.get('Last_IO_Error') or '-'}); "
+                    "resume when it has, or abort"
+                )
+
+    def _catch_up(self, j: Journal, dbs: list[str]) -> None:
+        t0 = time.monotonic()
+        self._start_replication(j, dbs)
+        with self._conn(j.source) as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            position = str(cur.fetchone()[0])
+        self.say(f"catch up: {j.target} replicating from {j.source} up to {position}")
+        self._wait_level(j, position, CATCH_UP_TIMEOUT_S)
+        self._phase(j, "switch", t0, "catch_up_s")
+
+    def _switch(self, j: Journal, dbs: list[str]) -> None:
+        tables = [(db, t) for db, t, _r, _b in self._tables(j.source, dbs)]
+        if tables:
+            self._start_replication(j, dbs)  # again after a crash: the lock died with its session
+            self._fence_and_rename(j, dbs, tables)
+        elif not self._map_switched(j):
+            self._write_map(j)
+        with self._conn(j.target) as cur:
+            with suppress(Exception):
+                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+            with suppress(Exception):
+                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
+        j.phase = "done"
+        j.save(self.journal_path)
+        version = self.store.shard_map.version
+        self.say(f"done: shards {j.low}-{j.high} are served by {j.target} (map version {version})")
+
+    def _fence_and_rename(self, j: Journal, dbs: list[str], tables: list[tuple[str, str]]) -> None:
+        conn = mysql_connector(self._url(j.source))()
+        fence = conn.cursor()
+        try:
+            fence.execute("SET SESSION sql_log_bin = 0")  # the archive and renames stay off the binlog
+            for db in dbs:
+                fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
+            fence.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
+            t0 = time.monotonic()
+            fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in tables))
+            fence.execute("SELECT @@gtid_binlog_pos")
+            position = str(fence.fetchone()[0])
+            self.say(f"fence: {len(tables)} tables locked on {j.source}; {j.target} to reach {position}")
+            self._wait_level(j, position, FENCE_WAIT_TIMEOUT_S)
+            self._verify(j, fence, tables)
+            with self._conn(j.target) as cur:
+                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+            for d, t in tables:
+                fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
+            if not self._map_switched(j):
+                self._write_map(j)
+            fence.execute("UNLOCK TABLES")
+            j.timings["fenced_s"] = round(time.monotonic() - t0, 3)
+            j.save(self.journal_path)
+        finally:
+            conn.close()  # also releases the lock if anything above failed
+
+    def _verify(self, j: Journal, fence: Any, tables: list[tuple[str, str]]) -> None:
+        names = ", ".join(f"`{d}`.`{t}`" for d, t in tables)
+        fence.execute(f"CHECKSUM TABLE {names}")
+        here = {str(r[0]): r[1] for r in fence.fetchall()}
+        with self._conn(j.target) as cur:
+            cur.execute(f"CHECKSUM TABLE {names}")
+            there = {str(r[0]): r[1] for r in cur.fetchall()}
+        wrong = sorted(k for k in here if here[k] != there.get(k))
+        if wrong:
+            raise MoveError(
+                f"verify: checksums differ for {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}; "
+                "the source was unlocked and keeps serving: resume to try again, or abort"
+            )
+        self.say(f"verify: {len(here)} table checksums equal on both sides")
+
+    def _map_switched(self, j: Journal) -> bool:
+        self.store.refresh_map(force=True)
+        m = self.store.shard_map
+        return all(m.master(s) == j.target for s in range(j.low, j.high + 1))
+
+    def _write_map(self, j: Journal) -> None:
+        current = self.store.map_source.load()
+        assert current is not None
+        new = current.with_move(j.low, j.high, j.target, j.slave)
+        self.store.map_source.write(new, expected_version=current.version)
+        self.store.refresh_map(force=True)
+        self.say(f"switch: map version {new.version} names {j.target} for shards {j.low}-{j.high}")
+
+    # -- abort and cleanup -------------------------------------------------------
+
+    def abort(self) -> Journal:
+        """Undo a move that has not switched the map: the source serves again, the target copy goes."""
+        j = Journal.load(self.journal_path)
+        if j.phase == "done":
+            raise MoveError("the move is done and the map switched: move the shards back instead")
+        dbs = [database_name(s) for s in range(j.low, j.high + 1)]
+        if self._map_switched(j):
+            raise MoveError(
+                "the map already names the target: finish with --resume, then move back if needed"
+            )
+        with self._conn(j.target) as cur:
+            with suppress(Exception):
+                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+            with suppress(Exception):
+                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
+            for db in dbs:
+                cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        archived = self._tables(j.source, [ARCHIVE_PREFIX + d for d in dbs])
+        with self._conn(j.source) as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            for d, t, _r, _b in archived:  # tables a crashed switch had renamed: back they go
+                cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{d[len(ARCHIVE_PREFIX) :]}`.`{t}`")
+            for db in dbs:
+                cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
+        j.phase = "aborted"
+        j.save(self.journal_path)
+        self.say(f"aborted: shards {j.low}-{j.high} stay on {j.source}")
+        return j
+
+    def cleanup(self) -> list[str]:
+        """After a finished move: drop the archive databases (and emptied shard databases) on the source."""
+        j = Journal.load(self.journal_path)
+        if j.phase != "done":
+            raise MoveError(f"the move is in phase {j.phase}: cleanup comes after it is done")
+        dropped = []
+        dbs = [database_name(s) for s in range(j.low, j.high + 1)]
+        still = {d for d, _t, _r, _b in self._tables(j.source, dbs)}
+        with self._conn(j.source) as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            for db in dbs:
+                cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
+                dropped.append(ARCHIVE_PREFIX + db)
+                if db not in still:  # emptied by the move (never one that holds tables again)
+                    cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+                    dropped.append(db)
+        return dropped

@@ -1,0 +1,209 @@
+"""`store move` against real MariaDB servers started by the test, with writers running throughout.
+
+Writers keep creating and updating objects on every shard (the moving ones
+too), a separate process that never reloads its map on its own keeps
+writing to a moving shard, and shards 8-15 move from host A to host B.
+Afterwards every acknowledged write is on the host the map names, exactly
+once, and the source holds nothing written after the fence.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+import yaml
+
+from store import Store, StoreConfig, decode_pinterest
+from store.admin import init_shards
+from store.admin.move import Journal, MoveError, Mover
+from tests.conftest import base_config
+from tests.servers import MariaDBServer
+
+SHARDS = 16
+MOVING = range(8, 16)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    source = MariaDBServer(3331, log_bin=True, server_id=1)
+    target = MariaDBServer(3332, log_bin=True, server_id=2)
+    try:
+        source.start()
+        target.start()
+        yield source, target
+    finally:
+        source.remove()
+        target.remove()
+
+
+def config_for(source: MariaDBServer, target: MariaDBServer, tmp_path: Path, poll_s: float) -> dict[str, Any]:
+    return base_config(
+        shards=SHARDS,
+        hosts={"A": source.url, "B": target.url},
+        map=[{"range": [0, SHARDS - 1], "master": "A"}],
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": poll_s},
+    )
+
+
+STALE_WRITER = """
+import sys, time, yaml
+from store import Store
+raw = yaml.safe_load(open(sys.argv[1]))
+stop = sys.argv[2]
+import os
+with Store.from_config(raw) as store:
+    print("READY", store.shard_map.version, flush=True)
+    while not os.path.exists(stop):
+        pin = store.create("pin", {"stale": True}, shard=12)
+        print("ACK", pin, store.shard_map.version, flush=True)
+        time.sleep(0.01)
+"""
+
+
+def rows(server: MariaDBServer, sql: str) -> list[tuple[Any, ...]]:
+    conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def test_move_with_writers_loses_nothing(pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path) -> None:
+    source, target = pair
+    raw = config_for(source, target, tmp_path, poll_s=0.2)
+    config = StoreConfig.from_dict(raw)
+    init_shards(config)
+    stale_raw = config_for(source, target, tmp_path, poll_s=3600)  # never polls: only a refusal reloads it
+    (tmp_path / "stale.yaml").write_text(yaml.safe_dump(stale_raw))
+    stop_file = tmp_path / "stop"
+
+    with Store(config) as store:
+        seed = [store.create("pin", {"n": 0}, shard=s) for s in range(SHARDS) for _ in range(30)]
+        acked: dict[int, dict[str, Any]] = {p: {"n": 0} for p in seed}
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+        unmoved_errors: list[BaseException] = []
+        done = threading.Event()
+
+        def writer(seed_: int) -> None:
+            rng = random.Random(seed_)
+            mine = [p for p in seed if p % 4 == seed_]
+            try:
+                while not done.is_set():
+                    shard = rng.randrange(SHARDS)
+                    try:
+                        if rng.random() < 0.5:
+                            pin = store.create("pin", {"w": seed_, "n": 0}, shard=shard)
+                            with lock:
+                                acked[pin] = {"w": seed_, "n": 0}
+                        else:
+                            p = rng.choice(mine)
+                            new = store.update(p, lambda o: {**o, "n": o["n"] + 1})
+                            with lock:
+                                acked[p] = new
+                    except Exception as exc:
+                        if shard not in MOVING:
+                            unmoved_errors.append(exc)
+                        raise
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        stale = subprocess.Popen(
+            [sys.executable, "-c", STALE_WRITER, str(tmp_path / "stale.yaml"), str(stop_file)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert stale.stdout is not None
+        assert stale.stdout.readline().startswith("READY 1")
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+        plan = mover.plan(MOVING.start, MOVING.stop - 1, "B")
+        assert plan.source == "A"
+        assert len(plan.databases()) == 8
+        journal = mover.start(plan)
+        time.sleep(0.5)  # writers keep going on the new map
+        done.set()
+        for t in threads:
+            t.join()
+        stop_file.touch()
+        out, _ = stale.communicate(timeout=30)
+        assert errors == [], errors
+        assert unmoved_errors == []
+        assert journal.phase == "done"
+        assert Journal.load(tmp_path / "move.json").phase == "done"
+        stale_acks = [line.split() for line in out.splitlines() if line.startswith("ACK")]
+        assert stale_acks, "the stale writer acknowledged nothing"
+        assert stale_acks[-1][2] == "2", "the stale writer never saw the new map"
+        for _ack, pin, _v in stale_acks:
+            acked[int(pin)] = {"stale": True}
+
+    with Store(config) as fresh:
+        assert fresh.shard_map.version == 2
+        assert [(r.start, r.end, r.master) for r in fresh.shard_map] == [(0, 7, "A"), (8, 15, "B")]
+        got = fresh.get_many(list(acked))
+        missing = [p for p in acked if p not in got]
+        assert missing == [], f"{len(missing)} acknowledged objects are gone"
+        assert all(got[p] == acked[p] for p in acked), "an acknowledged update was lost"
+    for s in MOVING:
+        db = f"db{s:05d}"
+        on_b = {r[0] for r in rows(target, f"SELECT local_id FROM {db}.pins")}
+        on_a = {r[0] for r in rows(source, f"SELECT local_id FROM moved_{db}.pins")}
+        assert on_a <= on_b, f"shard {s}: rows on the fenced source that the target lacks"
+        expected = {decode_pinterest(p).local_id for p in acked if decode_pinterest(p).shard_id == s}
+        assert expected <= on_b
+        assert rows(
+            source, f"SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = '{db}'"
+        ) == [(0,)], "a moved table is still usable on the source"
+    fenced = journal.timings["fenced_s"]
+    print(f"fenced for {fenced:.3f} s; copy {journal.timings['copy_s']:.2f} s")
+    assert fenced < 10
+
+
+def test_abort_before_the_switch_leaves_the_source_serving(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        pin = store.create("pin", {"n": 1}, shard=9)
+        mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+        plan = mover.plan(8, 15, "B")
+        j = Journal(plan.low, plan.high, plan.source, plan.target, None, map_version=1)
+        j.save(tmp_path / "move.json")
+        mover._copy(j, plan.databases())  # copied, then "crashed" before catching up
+        with pytest.raises(MoveError, match="is in phase catch_up"):
+            mover.start(plan)
+        mover.abort()
+        assert Journal.load(tmp_path / "move.json").phase == "aborted"
+        assert store.shard_map.version == 1
+        assert store.update(pin, {"n": 2}) == {"n": 2}
+        assert rows(
+            target, "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name LIKE 'db%'"
+        ) == [(0,)]
+
+
+def test_plan_refuses_what_it_cannot_do(pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path) -> None:
+    source, target = pair
+    with Store(StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=1))) as store:
+        mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+        with pytest.raises(MoveError, match="already on A"):
+            mover.plan(0, 3, "A")
+        with pytest.raises(MoveError, match="not under hosts"):
+            mover.plan(0, 3, "C")
+        with pytest.raises(MoveError, match="must lie within"):
+            mover.plan(10, 99, "B")
