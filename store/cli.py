@@ -308,6 +308,23 @@ def move(
         mover.start(plan)
 
 
+@main.command()
+@_config_option
+@click.option("--shards", "shard_text", required=True, help="The range whose slave becomes master, A-B.")
+@click.option("--force", is_flag=True, help="Promote even if the slave may lack writes (they are lost).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def promote(config_path: Path | None, shard_text: str, force: bool, yes: bool) -> None:
+    """After a master dies: make its slave the master of shards A-B in the live map."""
+    from store.admin.promote import promote as run_promote
+
+    with _open(config_path) as store:
+        wanted = _parse_shards(shard_text, store.config.shards)
+        assert wanted is not None
+        if not yes:
+            click.confirm(f"promote the slave of shards {shard_text}?", abort=True)
+        run_promote(store, wanted.start, wanted.stop - 1, force=force, say=click.echo)
+
+
 # -- objects -------------------------------------------------------------------
 
 
