@@ -35,6 +35,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -333,31 +334,49 @@ class Mover:
                 fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
             fence.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
             t0 = time.monotonic()
+            marks: dict[str, float] = {}
             fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in tables))
+            marks["lock_s"] = time.monotonic()
             fence.execute("SELECT @@gtid_binlog_pos")
             position = str(fence.fetchone()[0])
             self.say(f"fence: {len(tables)} tables locked on {j.source}; {j.target} to reach {position}")
             self._wait_level(j, position, FENCE_WAIT_TIMEOUT_S)
+            marks["level_s"] = time.monotonic()
             self._verify(j, fence, tables)
+            marks["verify_s"] = time.monotonic()
             with self._conn(j.target) as cur:
                 cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
             for d, t in tables:
                 fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
+            marks["rename_s"] = time.monotonic()
             if not self._map_switched(j):
                 self._write_map(j)
             fence.execute("UNLOCK TABLES")
-            j.timings["fenced_s"] = round(time.monotonic() - t0, 3)
+            end = time.monotonic()
+            j.timings["fenced_s"] = round(end - t0, 3)
+            last = t0
+            for name, at in marks.items():  # where the fenced time went
+                j.timings[f"fence_{name}"] = round(at - last, 3)
+                last = at
+            j.timings["fence_map_s"] = round(end - last, 3)
             j.save(self.journal_path)
         finally:
             conn.close()  # also releases the lock if anything above failed
 
     def _verify(self, j: Journal, fence: Any, tables: list[tuple[str, str]]) -> None:
         names = ", ".join(f"`{d}`.`{t}`" for d, t in tables)
+        there: dict[str, Any] = {}
+
+        def target_side() -> None:  # in parallel with the source's: the fence is held meanwhile
+            with self._conn(j.target) as cur:
+                cur.execute(f"CHECKSUM TABLE {names}")
+                there.update({str(r[0]): r[1] for r in cur.fetchall()})
+
+        worker = threading.Thread(target=target_side)
+        worker.start()
         fence.execute(f"CHECKSUM TABLE {names}")
         here = {str(r[0]): r[1] for r in fence.fetchall()}
-        with self._conn(j.target) as cur:
-            cur.execute(f"CHECKSUM TABLE {names}")
-            there = {str(r[0]): r[1] for r in cur.fetchall()}
+        worker.join()
         wrong = sorted(k for k in here if here[k] != there.get(k))
         if wrong:
             raise MoveError(

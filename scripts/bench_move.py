@@ -1,0 +1,119 @@
+"""Measure `store move` (run by hand: `.venv/bin/python scripts/bench_move.py`).
+
+Starts two MariaDB servers of its own (ports 3351/3352, temporary data
+directories, ROW binlogs), loads OBJECTS objects into 64 shards on the
+source, then moves shards 32-63 while WRITERS threads write to every shard
+and time each write. Prints copy rows/s and MB/s, how long the fence held,
+and the max and p99 time a write to a moving shard waited or was retried.
+Writes to the other shards must never fail.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import orjson
+
+from store import Store, StoreConfig
+from store.admin import init_shards
+from store.admin.move import Mover
+from store.bench import PIN
+from store.ids import encode_pinterest
+from tests.conftest import base_config
+from tests.servers import MariaDBServer
+
+SHARDS, MOVING = 64, range(32, 64)
+OBJECTS = int(sys.argv[1]) if len(sys.argv) > 1 else 400_000  # 200,000 on the moving half
+WRITERS = 4
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="store-bench-move-"))
+    source = MariaDBServer(3351, log_bin=True, server_id=1)
+    target = MariaDBServer(3352, log_bin=True, server_id=2)
+    source.start()
+    target.start()
+    try:
+        raw = base_config(
+            shards=SHARDS,
+            hosts={"A": source.url, "B": target.url},
+            map=[{"range": [0, SHARDS - 1], "master": "A"}],
+            map_source={"file": str(tmp / "map.yaml"), "poll_s": 0.5},
+        )
+        config = StoreConfig.from_dict(raw)
+        init_shards(config)
+        with Store(config) as store:
+            text = orjson.dumps(PIN).decode()
+            per_shard = OBJECTS // SHARDS
+            for s in range(SHARDS):
+                h = store.engines.shard(s, "A")
+                with h.connect() as conn:
+                    cur = conn.cursor()
+                    cur.executemany(
+                        f"INSERT INTO {h.table('pins')} (data) VALUES (%s)", [(text,)] * per_shard
+                    )
+            print(f"loaded {per_shard * SHARDS:,} objects ({per_shard * len(MOVING):,} on the moving shards)")
+            waits: list[float] = []
+            other_errors: list[BaseException] = []
+            done = threading.Event()
+
+            def writer(seed: int) -> None:
+                rng = random.Random(seed)
+                while not done.is_set():
+                    shard = rng.randrange(SHARDS)
+                    pin = encode_pinterest(shard, 1, rng.randrange(1, per_shard))
+                    t = time.perf_counter()
+                    try:
+                        store.update(pin, {"w": seed})
+                    except Exception as exc:
+                        if shard not in MOVING:
+                            other_errors.append(exc)
+                        continue
+                    if shard in MOVING:
+                        waits.append(time.perf_counter() - t)
+
+            threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
+            for t in threads:
+                t.start()
+            mover = Mover(store, tmp / "move.json", say=print)
+            plan = mover.plan(MOVING.start, MOVING.stop - 1, "B")
+            journal = mover.start(plan)
+            time.sleep(1)
+            done.set()
+            for t in threads:
+                t.join()
+            copy_s = journal.timings["copy_s"]
+            mb = journal.timings["copy_bytes"] / 1e6
+            print(
+                f"copy: {plan.rows:,} rows in {copy_s:.2f} s = "
+                f"{plan.rows / copy_s:,.0f} rows/s, {mb / copy_s:.1f} MB/s"
+            )
+            print(
+                f"catch up: {journal.timings['catch_up_s']:.2f} s; "
+                f"fence held {journal.timings['fenced_s']:.3f} s"
+            )
+            print(
+                "fence: "
+                + ", ".join(f"{k[6:]} {v}" for k, v in journal.timings.items() if k.startswith("fence_"))
+            )
+            q = statistics.quantiles(waits, n=100)
+            print(
+                f"writes to moving shards: {len(waits):,}, median {statistics.median(waits) * 1000:.1f} ms, "
+                f"p99 {q[98] * 1000:.1f} ms, max {max(waits) * 1000:.1f} ms"
+            )
+            print(f"writes to other shards refused: {len(other_errors)}")
+    finally:
+        source.remove()
+        target.remove()
+
+
+if __name__ == "__main__":
+    main()
