@@ -162,6 +162,21 @@ class Mover:
         env = {**os.environ, "MYSQL_PWD": url.password or ""}
         return args, env
 
+    def _forget_replication(self, j: Journal) -> None:
+        """Stop and remove the move's replication connection on the target (if any)."""
+        with self._conn(j.target) as cur:
+            with suppress(Exception):
+                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+            with suppress(Exception):
+                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
+
+    def _drop_target_copy(self, j: Journal, dbs: list[str]) -> None:
+        """Forget the replication and drop the target's copies of the moving databases."""
+        self._forget_replication(j)
+        with self._conn(j.target) as cur:
+            for db in dbs:
+                cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+
     # -- plan ------------------------------------------------------------------
 
     def plan(self, low: int, high: int, to: str, slave: str | None = None) -> MovePlan:
@@ -236,13 +251,7 @@ class Mover:
     def _copy(self, j: Journal, dbs: list[str]) -> None:
         t0 = time.monotonic()
         self.say(f"copy: dumping {len(dbs)} shard database(s) from {j.source}")
-        with self._conn(j.target) as cur:
-            with suppress(Exception):
-                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
-            with suppress(Exception):
-                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
-            for db in dbs:
-                cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        self._drop_target_copy(j, dbs)
         src_args, src_env = self._client_args(j.source)
         dump = subprocess.run(
             ["mariadb-dump", *src_args, "--single-transaction", "--gtid", "--master-data=2",
@@ -315,11 +324,7 @@ class Mover:
             self._fence_and_rename(j, dbs, tables)
         elif not self._map_switched(j):
             self._write_map(j)
-        with self._conn(j.target) as cur:
-            with suppress(Exception):
-                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
-            with suppress(Exception):
-                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
+        self._forget_replication(j)
         j.phase = "done"
         j.save(self.journal_path)
         version = self.store.shard_map.version
@@ -410,13 +415,7 @@ class Mover:
             raise MoveError(
                 "the map already names the target: finish with --resume, then move back if needed"
             )
-        with self._conn(j.target) as cur:
-            with suppress(Exception):
-                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
-            with suppress(Exception):
-                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
-            for db in dbs:
-                cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        self._drop_target_copy(j, dbs)
         archived = self._tables(j.source, [ARCHIVE_PREFIX + d for d in dbs])
         with self._conn(j.source) as cur:
             cur.execute("SET SESSION sql_log_bin = 0")
