@@ -147,9 +147,26 @@ class ZooKeeperServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        if not wait_port(port, 30):
+        if not wait_port(port, 30) or not self._answers(30):
             self.remove()
             pytest.fail(f"ZooKeeper did not start on port {port}")
+
+    def _answers(self, seconds: float) -> bool:
+        """The port opens before the server takes sessions: wait until one starts."""
+        from kazoo.client import KazooClient
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            client = KazooClient(hosts=self.hosts, timeout=5)
+            try:
+                client.start(timeout=5)
+                return True
+            except Exception:  # not yet: try again until the deadline
+                time.sleep(0.2)
+            finally:
+                client.stop()
+                client.close()
+        return False
 
     def remove(self) -> None:
         """Stop it and delete its files."""
