@@ -220,6 +220,7 @@ class StoreConfig:
         types = _types(raw.get("types"), ids)
         relations = _relations(raw.get("relations"), types)
         open_shards = _open_shards(raw.get("open_shards"), shards)
+        map_source, map_poll_s = _map_source(raw.get("map_source"), base)
         limits = raw.get("limits") or {}
         if not isinstance(limits, Mapping):
             raise ConfigError("limits must be a mapping, e.g. {max_object_bytes: 1048576}")
@@ -244,8 +245,8 @@ class StoreConfig:
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
             tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"]),
-            map_source=_map_source(raw.get("map_source"), base),
-            map_poll_s=float((raw.get("map_source") or {}).get("poll_s", 1.0)),
+            map_source=map_source,
+            map_poll_s=map_poll_s,
             base_dir=base,
         )
 
@@ -315,26 +316,26 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
     return out
 
 
-def _map_source(raw: object, base: Path) -> tuple[str, str] | None:
+def _map_source(raw: object, base: Path) -> tuple[tuple[str, str] | None, float]:
     if raw is None:
-        return None
+        return None, 1.0
     kinds = {"file", "table", "zookeeper"}
     if not isinstance(raw, Mapping) or len(set(raw) & kinds) != 1 or set(raw) - kinds - {"poll_s"}:
         raise ConfigError(
             "map_source must be {file: PATH}, {table: mysql+pymysql://HOST:3306, poll_s: 1} or "
             "{zookeeper: HOST:2181[,HOST:2181]}: where running stores read the live shard map"
         )
+    poll = raw.get("poll_s", 1.0)
+    if not isinstance(poll, int | float) or not 0 < poll <= 3600:
+        raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {poll!r}")
     if "zookeeper" in raw:
         hosts = raw["zookeeper"]
         if not isinstance(hosts, str) or not all(_HOST_PORT.match(h) for h in hosts.split(",")):
             raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {hosts!r}")
-        return ("zookeeper", hosts)
-    poll = raw.get("poll_s", 1.0)
-    if not isinstance(poll, int | float) or not 0 < poll <= 3600:
-        raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {poll!r}")
+        return ("zookeeper", hosts), float(poll)
     if "file" in raw:
         path = Path(str(raw["file"]))
-        return ("file", str(path if path.is_absolute() else base / path))
+        return ("file", str(path if path.is_absolute() else base / path)), float(poll)
     url = raw["table"]
     try:
         backend = make_url(url).get_backend_name()
@@ -342,7 +343,7 @@ def _map_source(raw: object, base: Path) -> tuple[str, str] | None:
         raise ConfigError(f"map_source.table is not a URL: {url!r}") from exc
     if backend not in ("mysql", "mariadb"):
         raise ConfigError(f"map_source.table must be a MariaDB URL, got {url!r}")
-    return ("table", str(url))
+    return ("table", str(url)), float(poll)
 
 
 def _check_backends(ids: str, hosts: Mapping[str, URL]) -> None:

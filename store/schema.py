@@ -50,14 +50,17 @@ _MYSQL_DATABASE = "CREATE DATABASE IF NOT EXISTS `{db}` CHARACTER SET utf8mb4 CO
 
 # local_id is BIGINT UNSIGNED: the article's INT overflows at 2**31.
 # data is MEDIUMTEXT (16 MiB - 1), the ceiling of limits.max_object_bytes.
-_MYSQL_OBJECTS = """\
-CREATE TABLE IF NOT EXISTS `{db}`.`{table}` (
-  `local_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+_MYSQL_OBJECTS_TEMPLATE = """\
+CREATE TABLE IF NOT EXISTS `{{db}}`.`{{table}}` (
+  `{key}` {key_type},
   `data` MEDIUMTEXT NOT NULL,
   `active` TINYINT(1) NOT NULL DEFAULT 1,
   `ts` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
-  PRIMARY KEY (`local_id`)
+  PRIMARY KEY (`{key}`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"""
+_MYSQL_OBJECTS = _MYSQL_OBJECTS_TEMPLATE.format(
+    key="local_id", key_type="BIGINT UNSIGNED NOT NULL AUTO_INCREMENT"
+)
 
 # (from_id, to_id) is the primary key: one row per pair. The secondary index
 # (from_id, sequence, to_id) serves ORDER BY sequence without a filesort; the
@@ -128,14 +131,8 @@ _MYSQL_ID_SEQ = (
     "MAXVALUE 9223372036854775806 CACHE 1000"
 )
 
-_MYSQL_IG_OBJECTS = """\
-CREATE TABLE IF NOT EXISTS `{db}`.`{table}` (
-  `id` BIGINT NOT NULL DEFAULT 0,
-  `data` MEDIUMTEXT NOT NULL,
-  `active` TINYINT(1) NOT NULL DEFAULT 1,
-  `ts` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
-  PRIMARY KEY (`id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"""
+# The same object table, keyed by the whole ID that the trigger below makes.
+_MYSQL_IG_OBJECTS = _MYSQL_OBJECTS_TEMPLATE.format(key="id", key_type="BIGINT NOT NULL DEFAULT 0")
 
 # MariaDB's SETVAL takes only a literal, so the counter cannot jump to the
 # clock inside a trigger. Here the ID is the article's layout with two fixes:

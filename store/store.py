@@ -137,10 +137,6 @@ class Store:
         """The shard map this store routes by now."""
         return self._router.shard_map
 
-    @property
-    def _map(self) -> ShardMap:
-        return self._router.shard_map
-
     # -- the live map ---------------------------------------------------------
 
     @property
@@ -232,12 +228,12 @@ class Store:
         if near is not None:
             target = self._router.shard_of(near)
         elif shard is not None:
-            if type(shard) is not int or not 0 <= shard < self._map.shards:
-                raise IdError(f"shard must be an int in 0..{self._map.shards - 1}, got {shard!r}")
+            if type(shard) is not int or not 0 <= shard < self.shard_map.shards:
+                raise IdError(f"shard must be an int in 0..{self.shard_map.shards - 1}, got {shard!r}")
             target = shard
         else:
             target = self._router.pick_shard()
-        host = self._map.master(target)
+        host = self.shard_map.master(target)
         h = self._engines.shard(target, host)
         local_id = self._objects.insert(h, spec.table, text)
         if self._instagram:
