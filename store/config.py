@@ -106,7 +106,7 @@ class TicketsConfig:
     counters: tuple[str, ...] = ("default",)
     block: int = 1
     retry_after_s: float = 5.0
-    timeout_s: float = 2.0
+    timeout_s: float = 1.0
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> TicketsConfig:
@@ -116,7 +116,7 @@ class TicketsConfig:
         extra = sorted(set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"})
         if extra:
             raise ConfigError(
-                f"unknown tickets key(s) {extra}; known: servers, counters, block, retry_after_s"
+                f"unknown tickets key(s) {extra}; known: servers, counters, block, retry_after_s, timeout_s"
             )
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers or not all(isinstance(s, str) for s in servers):
@@ -142,7 +142,7 @@ class TicketsConfig:
         retry = raw.get("retry_after_s", 5.0)
         if not isinstance(retry, int | float) or retry < 0:
             raise ConfigError(f"tickets.retry_after_s must be a number >= 0, got {retry!r}")
-        timeout = raw.get("timeout_s", 2.0)
+        timeout = raw.get("timeout_s", 1.0)
         if not isinstance(timeout, int | float) or timeout <= 0:
             raise ConfigError(f"tickets.timeout_s must be a number > 0, got {timeout!r}")
         return cls(tuple(servers), tuple(counters), block, float(retry), float(timeout))
