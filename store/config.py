@@ -48,7 +48,9 @@ _TOP_KEYS = frozenset(
      "instagram", "pool_size", "tickets", "map_source"}
 )  # fmt: skip
 _BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
-RESERVED_TABLE = "relation_counts"  # store.schema.COUNTS_TABLE (schema imports config, not back)
+#: Table names the store keeps for itself in every shard (store.schema names them; schema imports
+#: config, not back): relation counts, and the marker of a shard that moved away.
+RESERVED_TABLES = {"relation_counts": "relation counts", "store_tombstone": "the tombstone of a moved shard"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,8 +426,8 @@ def _types(raw: object, ids: str) -> dict[str, TypeSpec]:
                 "each type needs its own id"
             )
         table = spec.get("table", name)
-        if table == RESERVED_TABLE:
-            raise ConfigError(f"types.{name}.table {table!r} is reserved for relation counts")
+        if table in RESERVED_TABLES:
+            raise ConfigError(f"types.{name}.table {table!r} is reserved for {RESERVED_TABLES[table]}")
         if not isinstance(table, str) or not _IDENT.match(table):
             raise ConfigError(f"types.{name}.table {table!r} must be lower_snake_case, at most 64 chars")
         if table in tables:
@@ -447,8 +449,10 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
     def add(spec: RelationSpec) -> None:
         if spec.name in tables:
             raise ConfigError(f"relation {spec.name!r} has the same name as an object table")
-        if spec.name == RESERVED_TABLE:
-            raise ConfigError(f"{RESERVED_TABLE!r} is the table of relation counts; pick another name")
+        if spec.name in RESERVED_TABLES:
+            raise ConfigError(
+                f"{spec.name!r} is the table of {RESERVED_TABLES[spec.name]}; pick another relation name"
+            )
         old = out.get(spec.name)
         if old is None:
             out[spec.name] = spec

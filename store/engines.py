@@ -29,9 +29,16 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.engine import URL
 
 from store.config import StoreConfig
-from store.exceptions import BackendError, ConnectionLostError, ShardNotInitializedError
+from store.exceptions import BackendError, ConnectionLostError, ShardMovedError, ShardNotInitializedError
 from store.pool import ConnectionPool
-from store.schema import database_name, schema_name, shard_ddl
+from store.schema import (
+    TOMBSTONE_ERRNO,
+    TOMBSTONE_TABLE,
+    database_name,
+    parse_tombstone,
+    schema_name,
+    shard_ddl,
+)
 
 __all__ = [
     "Cursor",
@@ -54,6 +61,9 @@ READ_TIMEOUT_S = 60
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # MariaDB: 1049 unknown database, 1146 unknown table.
 _MYSQL_MISSING = frozenset({1049, 1146})
+# A write to a view (1471 not insertable, 1288 not updatable): the store's
+# tables are never views, except the tombstone a moved shard leaves behind.
+_MYSQL_TOMBSTONE = frozenset({TOMBSTONE_ERRNO, 1471, 1288})
 # MariaDB client errors meaning the connection is gone: can't connect (2002,
 # 2003), server gone away (2006), lost during query (2013), lost (2055).
 _MYSQL_DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
@@ -231,7 +241,51 @@ class _Checkout:
         lost = isinstance(exc, Exception) and _is_disconnect(exc)
         h.pool.discard(self._conn, disconnected=lost)
         if isinstance(exc, Exception) and _is_driver_error(exc):
-            raise _wrap(exc, h.shard, h.host) from exc
+            wrapped = _wrap(exc, h.shard, h.host)
+            if isinstance(wrapped, ShardMovedError) and wrapped.moved_to is None:
+                wrapped = _with_tombstone_details(h, wrapped)
+            raise wrapped from exc
+
+
+def _with_tombstone_details(h: ShardHandle, err: ShardMovedError) -> ShardMovedError:
+    """A write refused by a tombstone does not say where the shard went: its marker row does.
+
+    One more round trip, on this rare path only; without an answer, the
+    error stays as it was (the store reloads its map either way).
+    """
+    try:
+        conn, born = h.pool.checkout()
+    except Exception:
+        return err
+    try:
+        cur = conn.cursor()
+        cur.execute(
+            f"SELECT moved_to, map_version FROM {h.table(TOMBSTONE_TABLE)} WHERE shard = %s", (h.shard,)
+        )
+        row = cur.fetchone()
+        cur.close()
+    except Exception:
+        h.pool.discard(conn)
+        return err
+    h.pool.checkin(conn, born)
+    if row is None:
+        return err
+    return _moved(h.shard, h.host, str(row[0]), int(row[1]), err.orig)
+
+
+def _moved(
+    shard: int, host: str, moved_to: str | None, version: int | None, orig: BaseException | None
+) -> ShardMovedError:
+    whereto = "" if moved_to is None else f" to {moved_to} in map version {version}"
+    return ShardMovedError(
+        f"shard {shard} on host {host} is a tombstone: the shard moved away{whereto}; this process "
+        "routed by an older map (a Store reloads its map and retries by itself)",
+        shard=shard,
+        host=host,
+        moved_to=moved_to,
+        map_version=version,
+        orig=orig,
+    )
 
 
 class ShardHandle:
@@ -321,11 +375,16 @@ def _is_disconnect(exc: Exception) -> bool:
     return (code in _MYSQL_DISCONNECT) or (name == "InterfaceError" and code in (0, None))
 
 
-def _wrap(exc: Exception, shard: int, host: str) -> BackendError:
+def _wrap(exc: Exception, shard: int, host: str) -> BackendError | ShardMovedError:
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
     text = str(exc)
     where = f"shard {shard} on host {host}"
     sqlstate = getattr(exc, "sqlstate", None)
+    if code in _MYSQL_TOMBSTONE:
+        told = parse_tombstone(text)
+        if told is None:
+            return _moved(shard, host, None, None, exc)
+        return _moved(shard, host, told[0], told[1], exc)
     if code in _MYSQL_MISSING or "no such table" in text or sqlstate in _PG_MISSING:
         return ShardNotInitializedError(
             f"{where} is not initialised ({text}); run `store init --shards {shard}-{shard}`",

@@ -9,7 +9,8 @@ The tree::
     ├── UnknownTypeError       (also LookupError) a type name not in the config
     ├── UnknownRelationError   (also LookupError) a relation name not in the config
     ├── RoutingError           (also LookupError) a shard that no map range covers
-    ├── StaleMapError                             a map write based on an older map version
+    ├── StaleMapError                             this process's map, or a map write, is out of date
+    │   └── ShardMovedError                       the host holds only a tombstone of the shard
     ├── DataError              (also ValueError)  an object that cannot be stored
     │   ├── NotSerializableError                  not plain JSON (set, NaN, datetime, ...)
     │   └── ObjectTooLargeError                   larger than `limits.max_object_bytes`
@@ -40,6 +41,7 @@ __all__ = [
     "ObjectTooLargeError",
     "RoutingError",
     "ShardFullError",
+    "ShardMovedError",
     "ShardNotInitializedError",
     "StaleMapError",
     "StoreError",
@@ -78,7 +80,38 @@ class RoutingError(StoreError, LookupError):
 
 
 class StaleMapError(StoreError):
-    """A shard-map write based on a version that is no longer the current one; reload and redo."""
+    """A shard map that is out of date: a map write based on an older version, or routing by one.
+
+    Reload the map and redo the call (a `Store` does this by itself for reads
+    and writes routed by an old map).
+    """
+
+
+class ShardMovedError(StaleMapError):
+    """The host holds only a tombstone of the shard: it moved away, this process routed by an old map.
+
+    A `Store` reloads its map and retries on the new host by itself; this
+    reaches the caller only if no newer map appears in time. ``moved_to`` and
+    ``map_version`` say where the shard went and in which map version, when
+    the tombstone says so.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: int,
+        host: str,
+        moved_to: str | None = None,
+        map_version: int | None = None,
+        orig: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.shard = shard
+        self.host = host
+        self.moved_to = moved_to
+        self.map_version = map_version
+        self.orig = orig
 
 
 class DataError(StoreError, ValueError):

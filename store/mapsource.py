@@ -19,6 +19,7 @@ it was based on: a write based on a stale version is refused with
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -29,10 +30,20 @@ import orjson
 import yaml
 from sqlalchemy.engine import make_url
 
+from store.config import StoreConfig
 from store.exceptions import BackendError, ConfigError, StaleMapError
 from store.shardmap import ShardMap
 
-__all__ = ["FileMapSource", "MapSource", "StaticMapSource", "TableMapSource", "ZooKeeperMapSource"]
+__all__ = [
+    "FileMapSource",
+    "MapSource",
+    "StaticMapSource",
+    "TableMapSource",
+    "ZooKeeperMapSource",
+    "live_map",
+    "load_or_seed",
+    "open_map_source",
+]
 
 
 class MapSource(Protocol):
@@ -277,3 +288,43 @@ class ZooKeeperMapSource:
         """Disconnect."""
         self._client.stop()
         self._client.close()
+
+
+def open_map_source(config: StoreConfig) -> MapSource:
+    """The map source ``config`` names (its ``map_source``), or its static map."""
+    if config.map_source is None:
+        return StaticMapSource(config.shard_map)
+    kind, where = config.map_source
+    if kind == "file":
+        return FileMapSource(where)
+    if kind == "zookeeper":
+        return ZooKeeperMapSource(where)
+    source = TableMapSource(where, poll_s=config.map_poll_s)
+    source.create()
+    return source
+
+
+def load_or_seed(source: MapSource, seed: ShardMap) -> ShardMap:
+    """The source's current map; an empty source is seeded with ``seed`` (the config's map) first."""
+    found = source.load()
+    if found is None:
+        with contextlib.suppress(StaleMapError):  # another process seeded it first
+            source.write(seed, expected_version=0)
+        found = source.load()
+    assert found is not None
+    return found
+
+
+def live_map(config: StoreConfig) -> ShardMap:
+    """The map running stores route by now: the map source's (seeded if empty), else the config's.
+
+    Admin commands place shards by this map, never by the config's ``map:``
+    once a map source exists: after a move the two differ.
+    """
+    source = open_map_source(config)
+    try:
+        return load_or_seed(source, config.shard_map)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()

@@ -11,18 +11,24 @@ one shard (a test keeps it in step).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from store.config import RelationSpec, StoreConfig, TypeSpec
 
 __all__ = [
+    "ARCHIVE_PREFIX",
     "COUNTS_TABLE",
     "DATABASE_PREFIX",
+    "TOMBSTONE_ERRNO",
+    "TOMBSTONE_TABLE",
     "database_name",
+    "parse_tombstone",
     "render_shard_sql",
     "schema_name",
     "shard_ddl",
     "shard_statements",
+    "tombstone_statements",
 ]
 
 DATABASE_PREFIX = "db"
@@ -30,6 +36,15 @@ SCHEMA_PREFIX = "shard"
 #: One row per (relation, from_id) with the number of pairs, kept in the same
 #: transaction as every link and unlink so that it is always exact.
 COUNTS_TABLE = "relation_counts"
+
+
+#: A moved shard's tables are renamed into this database on the old host (``moved_db00042``).
+ARCHIVE_PREFIX = "moved_"
+#: The marker table of a tombstone: one row saying where the shard went, in which map version.
+TOMBSTONE_TABLE = "store_tombstone"
+#: The error number every read of a tombstone raises (a user SIGNAL; MariaDB's own numbers stay below).
+TOMBSTONE_ERRNO = 9451
+_TOMBSTONE_FUNCTION = "store_moved"
 
 
 def database_name(shard: int) -> str:
@@ -338,3 +353,77 @@ def render_shard_sql(backend: str, shard: int, config: StoreConfig) -> str:
         epoch_ms=config.instagram_epoch_ms,
     )
     return head + "".join(f"\n{stmt};\n" for stmt in stmts)
+
+
+# -- tombstones: what a moved shard leaves on its old host (MariaDB) ------------------
+#
+# The moved tables are renamed into the archive database; in their place
+# stand views of the same names and columns whose every read calls a function
+# that raises TOMBSTONE_ERRNO, naming the new host and map version. A view
+# cannot be written to (MariaDB answers 1471 / 1288), so every statement the
+# store sends to a tombstone fails: the fence holds whether or not a table of
+# that name is ever created again, and `CREATE TABLE IF NOT EXISTS` (an init
+# run by an old config) finds the name taken. Live shards keep plain tables:
+# no cost on the request path.
+
+_TOMBSTONE_MARKER = """\
+CREATE TABLE IF NOT EXISTS `{db}`.`{table}` (
+  `shard` INT NOT NULL PRIMARY KEY,
+  `moved_to` VARCHAR(255) NOT NULL,
+  `map_version` BIGINT NOT NULL,
+  `moved_at` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+_TOMBSTONE_FUNCTION_SQL = """\
+CREATE OR REPLACE FUNCTION `{db}`.`{fn}`() RETURNS BIGINT NOT DETERMINISTIC NO SQL
+BEGIN
+  SIGNAL SQLSTATE '45000' SET MYSQL_ERRNO = {errno}, MESSAGE_TEXT = '{message}';
+  RETURN 0;
+END"""
+
+
+def _tombstone_message(shard: int, moved_to: str, map_version: int) -> str:
+    return f"store-tombstone shard={shard} moved_to={moved_to} map_version={map_version}"
+
+
+_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
+
+
+def parse_tombstone(message: str) -> tuple[str, int] | None:
+    """(moved_to, map_version) from the error a tombstone raises, or None if it is not one."""
+    found = _TOMBSTONE_PARSE.search(message)
+    return None if found is None else (found.group(1), int(found.group(2)))
+
+
+def tombstone_statements(
+    shard: int, moved_to: str, map_version: int, tables: dict[str, list[str]]
+) -> list[str]:
+    """MariaDB statements that leave a tombstone of ``shard`` (idempotent).
+
+    ``tables`` maps each moved table to its columns, in order. Host names
+    are config keys (checked by the config) and are quoted for SQL here.
+    """
+    db = database_name(shard)
+    fn = f"`{db}`.`{_TOMBSTONE_FUNCTION}`()"
+    quoted = moved_to.replace("\\", "\\\\").replace("'", "''")
+    out = [
+        _TOMBSTONE_MARKER.format(db=db, table=TOMBSTONE_TABLE),
+        f"REPLACE INTO `{db}`.`{TOMBSTONE_TABLE}` (shard, moved_to, map_version) "
+        f"VALUES ({shard}, '{quoted}', {map_version})",
+        _TOMBSTONE_FUNCTION_SQL.format(
+            db=db,
+            fn=_TOMBSTONE_FUNCTION,
+            errno=TOMBSTONE_ERRNO,
+            message=_tombstone_message(shard, moved_to, map_version).replace("'", "''"),
+        ),
+    ]
+    for table, columns in sorted(tables.items()):
+        names = ", ".join(f"`{c}`" for c in columns)
+        values = ", ".join(fn for _c in columns)
+        # TEMPTABLE: the view is computed before any WHERE applies, so a
+        # primary-key read of a row that "is not there" raises too.
+        out.append(
+            f"CREATE OR REPLACE ALGORITHM=TEMPTABLE SQL SECURITY INVOKER VIEW `{db}`.`{table}` "
+            f"({names}) AS SELECT {values}"
+        )
+    return out

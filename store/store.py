@@ -7,7 +7,6 @@ find an object: its ID says where it lives.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import random
@@ -28,11 +27,11 @@ from store.exceptions import (
     NotFound,
     RoutingError,
     ShardFullError,
+    ShardMovedError,
     ShardNotInitializedError,
-    StaleMapError,
 )
 from store.ids import encode_pinterest
-from store.mapsource import FileMapSource, MapSource, StaticMapSource, TableMapSource
+from store.mapsource import MapSource, StaticMapSource, load_or_seed, open_map_source
 from store.objects import ObjectRepository, Updater
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import MAX_LOCAL_ID, Location, Router
@@ -52,11 +51,13 @@ R = TypeVar("R")
 def _rerouted(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
     """Check for a newer map now and then; after a routing failure, reload it and retry once.
 
-    A shard that moved is fenced on its old host (its tables are gone from
-    there), so a call routed by an old map fails with
-    `ShardNotInitializedError` and writes nothing; with the new map it goes
-    to the new host. Link and unlink are idempotent, so their retry is safe
-    even if one side had committed.
+    A shard that moved leaves a tombstone on its old host that refuses every
+    read and write (`ShardMovedError`, naming the new host and map version);
+    while the move switches, its tables are briefly absent there instead
+    (`ShardNotInitializedError`). Either way the call wrote nothing: the
+    store waits briefly for the newer map, then runs the call again on the
+    new host. Link and unlink are idempotent, so their retry is safe even if
+    one side had committed.
     """
 
     @functools.wraps(method)
@@ -66,12 +67,13 @@ def _rerouted(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenat
         started = time.monotonic()
         try:
             return method(self, *args, **kwargs)
-        except (RoutingError, ShardNotInitializedError) as exc:
+        except (RoutingError, ShardNotInitializedError, ShardMovedError) as exc:
             self._reload_after_failure(started)
-            if self._router.shard_map.version <= version and isinstance(exc, ShardNotInitializedError):
-                # A fenced shard: its move renames the tables away a moment
-                # before it publishes the new map. Wait for the map, briefly.
-                self._wait_for_newer_map(version)
+            if not isinstance(exc, RoutingError):
+                told = exc.map_version if isinstance(exc, ShardMovedError) else None
+                # The move publishes the new map a moment after it fences the
+                # old host: wait for it (for the version the tombstone names).
+                self._wait_for_map(max(version + 1, told or 0))
             if self._router.shard_map.version <= version:
                 raise
             return method(self, *args, **kwargs)
@@ -101,13 +103,13 @@ class Store:
             key="id" if self._instagram else "local_id",
         )
         self._router = Router(config, rng=rng)
-        self._source: MapSource = map_source or _source_for(config)
+        self._source: MapSource = map_source or open_map_source(config)
         self._dynamic = not isinstance(self._source, StaticMapSource)
         self._next_check = 0.0
         self._last_forced = -1.0
         self._map_lock = threading.Lock()
         if self._dynamic:
-            self._install(self._seeded_map())
+            self._install(load_or_seed(self._source, config.shard_map))
         self._caches = caches if caches is not None else build_caches(config.cache)
         self._relations = RelationService(
             router=self._router,
@@ -144,15 +146,6 @@ class Store:
         """Where this store reads its shard map."""
         return self._source
 
-    def _seeded_map(self) -> ShardMap:
-        found = self._source.load()
-        if found is None:  # an empty source starts from the config's map
-            with contextlib.suppress(StaleMapError):  # another process seeded it first
-                self._source.write(self.config.shard_map, expected_version=0)
-            found = self._source.load()
-        assert found is not None
-        return found
-
     def _install(self, new: ShardMap) -> None:
         unknown = sorted(set(new.hosts()) - set(self.config.hosts))
         if unknown:
@@ -180,11 +173,12 @@ class Store:
             self._install(new)
             return True
 
-    def _wait_for_newer_map(self, version: int) -> None:
+    def _wait_for_map(self, version: int) -> None:
+        """Poll the source until the map reaches ``version`` (at most `REROUTE_WAIT_S`)."""
         if not self._dynamic:
             return
         deadline = time.monotonic() + REROUTE_WAIT_S
-        while self._router.shard_map.version <= version and time.monotonic() < deadline:
+        while self._router.shard_map.version < version and time.monotonic() < deadline:
             time.sleep(REROUTE_POLL_S)
             self.refresh_map(force=True)
 
@@ -458,18 +452,3 @@ class Store:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _source_for(config: StoreConfig) -> MapSource:
-    if config.map_source is None:
-        return StaticMapSource(config.shard_map)
-    kind, where = config.map_source
-    if kind == "file":
-        return FileMapSource(where)
-    if kind == "zookeeper":
-        from store.mapsource import ZooKeeperMapSource
-
-        return ZooKeeperMapSource(where)
-    source = TableMapSource(where, poll_s=config.map_poll_s)
-    source.create()
-    return source

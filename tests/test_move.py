@@ -232,8 +232,12 @@ def test_move_with_writers_loses_nothing(
         on_a = {r[0] for r in rows(source, f"SELECT local_id FROM moved_{db}.pins")}
         assert on_a <= on_b, f"shard {s}: rows on the fenced source that the target lacks"
         assert rows(
-            source, f"SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = '{db}'"
-        ) == [(0,)], "a moved table is still usable on the source"
+            source,
+            "SELECT table_name FROM information_schema.tables "
+            f"WHERE table_schema = '{db}' AND table_type = 'BASE TABLE'",
+        ) == [("store_tombstone",)], "a moved table is still a table on the source"
+        with pytest.raises(pymysql.err.MySQLError, match="store-tombstone"):
+            rows(source, f"SELECT data FROM {db}.pins WHERE local_id = 1")
     print(f"fenced for {journal.timings['fenced_s']:.3f} s; copy {journal.timings['copy_s']:.2f} s")
 
 

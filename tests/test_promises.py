@@ -67,7 +67,6 @@ def base_tables(server: MariaDBServer, db: str) -> list[str]:
         conn.close()
 
 
-@BROKEN
 def test_init_after_a_move_does_not_open_the_moved_shards_again(
     pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
 ) -> None:

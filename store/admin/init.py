@@ -1,8 +1,13 @@
 """`store init`: create shard databases and tables on their masters, idempotently.
 
-Each host is worked by its own threads, hosts in parallel. What already
-exists is read once per host from information_schema and skipped, so a second
-run issues no DDL at all and reports nothing created.
+Shards are placed by the live map (the map source's, once one is configured),
+never by the config's ``map:`` seed: after a move the two differ, and the
+seed would put moved shards back on their old host. Each host is worked by
+its own threads, hosts in parallel. What already exists is read once per host
+from information_schema first, everywhere, so a refusal (a tombstone where
+the live map expects the shard) changes nothing, and a second run issues no
+DDL at all. On MariaDB, DDL for a shard runs under its admin lock after a
+second look, so an init that races with a move's switch finds the tombstone.
 """
 
 from __future__ import annotations
@@ -13,17 +18,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store.admin.ownership import shard_lock, tombstones
 from store.config import StoreConfig
 from store.engines import Engines
-from store.exceptions import RoutingError
+from store.exceptions import RoutingError, ShardMovedError
+from store.mapsource import live_map
 from store.schema import (
     DATABASE_PREFIX,
     NEXT_ID,
     SCHEMA_PREFIX,
+    TOMBSTONE_TABLE,
     database_name,
     schema_name,
     shard_statements,
 )
+from store.shardmap import ShardMap
 
 __all__ = ["InitReport", "init_shards"]
 
@@ -72,9 +81,10 @@ def _init(
     for s in wanted:
         if not 0 <= s < config.shards:
             raise RoutingError(f"shard {s} is outside 0..{config.shards - 1}; fix --shards")
+    placed = live_map(config)
     by_host: dict[str, list[int]] = {}
     for s in wanted:
-        by_host.setdefault(config.shard_map.master(s), []).append(s)
+        by_host.setdefault(placed.master(s), []).append(s)
     report = InitReport(shards=len(wanted))
     started = time.perf_counter()
 
@@ -83,8 +93,22 @@ def _init(
             on_shard(shard)
 
     with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
+        servers = [h for h in by_host if engines.dialect(h).name != "sqlite"]
+        found = pool.map(lambda h: _existing(engines, h, engines.dialect(h).name), servers)
+        looked = dict(zip(servers, found, strict=True))
+        for host, existing in looked.items():
+            _refuse_tombstones(placed, host, by_host[host], existing)
         futures = {
-            host: pool.submit(_init_host, config, engines, host, host_shards, tick, workers_per_host)
+            host: pool.submit(
+                _init_host,
+                config,
+                engines,
+                host,
+                host_shards,
+                looked.get(host, set()),
+                tick,
+                workers_per_host,
+            )
             for host, host_shards in by_host.items()
         }
         for host, fut in futures.items():
@@ -96,11 +120,26 @@ def _init(
     return report
 
 
+def _refuse_tombstones(
+    placed: ShardMap, host: str, shards: list[int], existing: set[tuple[str, str]]
+) -> None:
+    gone = [s for s in shards if (database_name(s), TOMBSTONE_TABLE) in existing]
+    if gone:
+        raise ShardMovedError(
+            f"the live map (version {placed.version}) gives shard {gone[0]} to {host}, but {host} holds a "
+            f"tombstone of it{f' (and of {len(gone) - 1} more)' if len(gone) > 1 else ''}: the map source "
+            "is behind the hosts. Nothing was created; check map_source and run store check",
+            shard=gone[0],
+            host=host,
+        )
+
+
 def _init_host(
     config: StoreConfig,
     engines: Engines,
     host: str,
     shards: list[int],
+    existing: set[tuple[str, str]],
     tick: Callable[[int], None],
     workers: int,
 ) -> tuple[int, int]:
@@ -115,7 +154,6 @@ def _init_host(
             tick(s)
         return created, created * (len(types) + len(relations))
     backend = engines.dialect(host).name
-    existing = _existing(engines, host, backend)
 
     def work(s: int) -> tuple[int, int]:
         ns = schema_name(s) if backend == "postgresql" else database_name(s)
@@ -129,8 +167,24 @@ def _init_host(
         if todo:
             with engines.shard(s, host).connect() as conn:
                 cur = conn.cursor()
-                for _what, stmt in todo:
-                    cur.execute(stmt)
+                if backend == "postgresql":
+                    for _what, stmt in todo:
+                        cur.execute(stmt)
+                else:
+                    with shard_lock(cur, [s]):
+                        # A move may have switched the shard away since the first look.
+                        moved = tombstones(cur, [s]).get(s)
+                        if moved is not None:
+                            raise ShardMovedError(
+                                f"shard {s} moved from {host} to {moved[0]} (map version {moved[1]}) while "
+                                "init ran: run store init again to create what is missing where it is now",
+                                shard=s,
+                                host=host,
+                                moved_to=moved[0],
+                                map_version=moved[1],
+                            )
+                        for _what, stmt in todo:
+                            cur.execute(stmt)
                 cur.close()
         tick(s)
         ns_created = int((ns, "") not in existing)

@@ -16,11 +16,16 @@ Phases, recorded in a journal file so that a crash or Ctrl-C can be resumed
    unlocks and stops with the journal kept (resume, or abort).
 6. switch: replication stops; under the lock every moving table is renamed
    into an archive database ``moved_dbNNNNN`` (not binlogged), the new map
-   is written (version + 1), and the lock is released. Writers that waited,
-   and processes still holding the old map, now find no table on the source:
-   they reload the map and retry on the target. Nothing can be written to
-   the source copy after the fence.
-7. cleanup (``--cleanup``, later): drop the archive databases.
+   is written (version + 1), and the lock is released. Then each moved
+   shard's database on the source becomes a tombstone (see
+   `store.admin.ownership`): views that refuse every read and write where the
+   tables were, and a marker naming the target and the map version. Writers
+   that waited, and processes still holding the old map, are refused by the
+   source: they reload the map and retry on the target. Nothing can be
+   written to the source copy after the fence, even if something creates
+   the tables there again. The switch holds the shards' admin locks, so an
+   ``init`` running at the same time finds the tombstone, not a gap.
+7. cleanup (``--cleanup``, later): drop the archive databases; tombstones stay.
 
 A crash while fenced releases the lock (the session dies) and the source
 keeps taking writes; resuming restarts replication and fences again, and
@@ -45,15 +50,15 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from store.admin.ownership import leave_tombstones, shard_lock, tombstones
 from store.engines import mysql_connector
 from store.exceptions import ConfigError, StoreError
-from store.schema import database_name
+from store.schema import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
 __all__ = ["MoveError", "MovePlan", "Mover"]
 
 REPLICATION_NAME = "store_move"
-ARCHIVE_PREFIX = "moved_"
 CATCH_UP_TIMEOUT_S = 120
 FENCE_WAIT_TIMEOUT_S = 30
 LOCK_WAIT_TIMEOUT_S = 10
@@ -102,6 +107,8 @@ class Journal:
     gtid: str = ""
     replicating: bool = False
     map_version: int = 0
+    #: The map version in which the target took the shards (set at the switch).
+    switched_version: int = 0
     timings: dict[str, float] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
@@ -200,6 +207,15 @@ class Mover:
             raise ConfigError("a move must publish a new map to every running store: configure map_source")
         plan = MovePlan(low, high, source, to, slave)
         plan.tables = self._tables(source, plan.databases())
+        with self._conn(source) as cur:
+            gone = tombstones(cur, range(low, high + 1))
+        if gone:
+            shard, (moved_to, version) = min(gone.items())
+            raise MoveError(
+                f"{source} holds only a tombstone of shard {shard} (moved to {moved_to} in map version "
+                f"{version}), yet the live map (version {m.version}) names {source}: the map source is "
+                "behind the hosts; run store check"
+            )
         return plan
 
     # -- run -------------------------------------------------------------------
@@ -318,29 +334,43 @@ class Mover:
         self._phase(j, "switch", t0, "catch_up_s")
 
     def _switch(self, j: Journal, dbs: list[str]) -> None:
-        tables = [(db, t) for db, t, _r, _b in self._tables(j.source, dbs)]
-        if tables:
-            self._start_replication(j, dbs)  # again after a crash: the lock died with its session
-            self._fence_and_rename(j, dbs, tables)
-        elif not self._map_switched(j):
-            self._write_map(j)
+        # One session on the source does the whole switch, holding the moving
+        # shards' admin locks: an init that waits on them finds the tombstone.
+        conn = mysql_connector(self._url(j.source))()
+        src = conn.cursor()
+        try:
+            with shard_lock(src, range(j.low, j.high + 1)):
+                tables = [(db, t) for db, t, _r, _b in self._tables(j.source, dbs) if t != TOMBSTONE_TABLE]
+                if tables:
+                    self._start_replication(j, dbs)  # again after a crash: the lock died with its session
+                    self._fence_and_rename(j, src, dbs, tables)
+                elif not self._map_switched(j):
+                    self._write_map(j)
+                if not j.switched_version:  # a crash came between the map write and the journal
+                    j.switched_version = self.store.shard_map.version
+                    j.save(self.journal_path)
+                left = leave_tombstones(src, range(j.low, j.high + 1), j.target, j.switched_version)
+        finally:
+            conn.close()  # also releases the locks if anything above failed
         self._forget_replication(j)
         j.phase = "done"
         j.save(self.journal_path)
-        version = self.store.shard_map.version
-        self.say(f"done: shards {j.low}-{j.high} are served by {j.target} (map version {version})")
+        self.say(
+            f"done: shards {j.low}-{j.high} are served by {j.target} (map version {j.switched_version}); "
+            f"{left} tombstone(s) on {j.source}"
+        )
 
-    def _fence_and_rename(self, j: Journal, dbs: list[str], tables: list[tuple[str, str]]) -> None:
-        conn = mysql_connector(self._url(j.source))()
-        fence = conn.cursor()
+    def _fence_and_rename(
+        self, j: Journal, fence: Any, dbs: list[str], tables: list[tuple[str, str]]
+    ) -> None:
+        fence.execute("SET SESSION sql_log_bin = 0")  # the archive and renames stay off the binlog
+        for db in dbs:
+            fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
+        fence.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
+        t0 = time.monotonic()
+        marks: dict[str, float] = {}
+        fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in tables))
         try:
-            fence.execute("SET SESSION sql_log_bin = 0")  # the archive and renames stay off the binlog
-            for db in dbs:
-                fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
-            fence.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
-            t0 = time.monotonic()
-            marks: dict[str, float] = {}
-            fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in tables))
             marks["lock_s"] = time.monotonic()
             fence.execute("SELECT @@gtid_binlog_pos")
             position = str(fence.fetchone()[0])
@@ -356,17 +386,19 @@ class Mover:
             marks["rename_s"] = time.monotonic()
             if not self._map_switched(j):
                 self._write_map(j)
-            fence.execute("UNLOCK TABLES")
-            end = time.monotonic()
-            j.timings["fenced_s"] = round(end - t0, 3)
-            last = t0
-            for name, at in marks.items():  # where the fenced time went
-                j.timings[f"fence_{name}"] = round(at - last, 3)
-                last = at
-            j.timings["fence_map_s"] = round(end - last, 3)
-            j.save(self.journal_path)
+            j.switched_version = self.store.shard_map.version
         finally:
-            conn.close()  # also releases the lock if anything above failed
+            with suppress(Exception):  # a dead session has released the lock already
+                fence.execute("UNLOCK TABLES")
+                fence.execute("SET SESSION sql_log_bin = 1")
+        end = time.monotonic()
+        j.timings["fenced_s"] = round(end - t0, 3)
+        last = t0
+        for name, at in marks.items():  # where the fenced time went
+            j.timings[f"fence_{name}"] = round(at - last, 3)
+            last = at
+        j.timings["fence_map_s"] = round(end - last, 3)
+        j.save(self.journal_path)
 
     def _verify(self, j: Journal, fence: Any, tables: list[tuple[str, str]]) -> None:
         names = ", ".join(f"`{d}`.`{t}`" for d, t in tables)
@@ -429,19 +461,15 @@ class Mover:
         return j
 
     def cleanup(self) -> list[str]:
-        """After a finished move: drop the archive databases (and emptied shard databases) on the source."""
+        """After a finished move: drop the archived copies on the source; its tombstones stay."""
         j = Journal.load(self.journal_path)
         if j.phase != "done":
             raise MoveError(f"the move is in phase {j.phase}: cleanup comes after it is done")
         dropped = []
         dbs = [database_name(s) for s in range(j.low, j.high + 1)]
-        still = {d for d, _t, _r, _b in self._tables(j.source, dbs)}
-        with self._conn(j.source) as cur:
+        with self._conn(j.source) as cur, shard_lock(cur, range(j.low, j.high + 1)):
             cur.execute("SET SESSION sql_log_bin = 0")
             for db in dbs:
                 cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
                 dropped.append(ARCHIVE_PREFIX + db)
-                if db not in still:  # emptied by the move (never one that holds tables again)
-                    cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
-                    dropped.append(db)
         return dropped
