@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 
 from store.config import CacheConfig
+from store.cursors import encode_cursor
 from store.engines import DBAPIConnection, mysql_connector, postgres_connector, sqlite_connector
 from store.ids import encode_instagram, encode_pinterest
-from store.relations import encode_cursor
 from store.schema import database_name
 from store.store import Store
 

@@ -116,9 +116,18 @@ class SqlDialect:
     param: str = "%s"
     begin: str = "BEGIN"
     for_update: str = " FOR UPDATE"
+    #: A read that keeps the row from being changed until the transaction ends.
+    for_share: str = " FOR SHARE"
     touch_ts: str = ""  # extra SET clause where the DDL has no ON UPDATE
     #: INSERT suffix that skips a row whose key exists, with rowcount 0.
     on_conflict_skip: str = ""
+    #: True where a write transaction locks the whole shard (SQLite's BEGIN IMMEDIATE):
+    #: two such shards are then locked in shard order, so two writers never wait in a circle.
+    locks_whole_shard: bool = False
+    #: A statement that locks one key for the rest of the transaction, taken before writing a
+    #: pair whose row may be absent; None where the write itself locks the key, present or not
+    #: (InnoDB under REPEATABLE READ locks the gap of an absent key).
+    key_lock: str | None = None
 
     def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
         """INSERT suffix adding 1 to ``column`` of the existing ``key`` row of ``table`` (unqualified)."""
@@ -146,6 +155,7 @@ class MySQLDialect(SqlDialect):
 
     name = "mysql"
     param = "%s"
+    for_share = " LOCK IN SHARE MODE"
     # A no-op update reports 0 affected rows (the driver does not set
     # CLIENT_FOUND_ROWS), unlike INSERT IGNORE it hides no other error.
     on_conflict_skip = "ON DUPLICATE KEY UPDATE from_id = from_id"
@@ -169,6 +179,7 @@ class PostgresDialect(SqlDialect):
     name = "postgresql"
     param = "%s"
     touch_ts = ", ts = now()"
+    key_lock = "SELECT pg_advisory_xact_lock(%s)"
     on_conflict_skip = "ON CONFLICT DO NOTHING"
 
     def table(self, shard: int, table: str) -> str:
@@ -195,6 +206,8 @@ class SQLiteDialect(SqlDialect):
     param = "?"
     begin = "BEGIN IMMEDIATE"  # take the write lock up front: SQLite has no FOR UPDATE
     for_update = ""
+    for_share = ""
+    locks_whole_shard = True
     touch_ts = ", ts = strftime('%Y-%m-%d %H:%M:%f', 'now')"
     on_conflict_skip = "ON CONFLICT DO NOTHING"
 
@@ -410,6 +423,9 @@ def mysql_connector(url: URL) -> Callable[[], Any]:
         "autocommit": True,
         "connect_timeout": CONNECT_TIMEOUT_S,
         "read_timeout": READ_TIMEOUT_S,
+        # The inverse-pair protocol relies on InnoDB locking the gap of an
+        # absent key, which READ COMMITTED (a common server default) skips.
+        "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
     }
     if "unix_socket" in url.query:
         kwargs["unix_socket"] = url.query["unix_socket"]

@@ -17,25 +17,26 @@ routes and orders the two sides.
 
 from __future__ import annotations
 
-import base64
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from store.cache.lists import ListCache, decode_member, encode_member
 from store.config import RelationSpec
-from store.engines import ShardHandle
-from store.exceptions import CursorError, DataError, LimitError
+from store.cursors import decode_cursor, encode_cursor
+from store.engines import Cursor, ShardHandle
+from store.exceptions import DataError, LimitError
+from store.pairs import Guard, PairWriter, Side
 from store.routing import Router
 from store.schema import COUNTS_TABLE
 
 __all__ = ["Page", "RelationRepository", "RelationService"]
 
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
+#: Pairs of a deleted object's list read (and removed) per round.
+REMOVE_CHUNK = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,29 +52,6 @@ class Page:
     objects: list[dict[str, Any]] = field(default_factory=list)
 
 
-def encode_cursor(relation: str, from_id: int, newest_first: bool, sequence: int, to_id: int) -> str:
-    """An opaque cursor: the list it belongs to and the (sequence, to_id) to continue after."""
-    raw = orjson.dumps([1, relation, from_id, int(newest_first), sequence, to_id])
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-
-def decode_cursor(cursor: str, relation: str, from_id: int, newest_first: bool) -> tuple[int, int]:
-    """(sequence, to_id) from a cursor made for this same list and direction."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        version, rel, frm, newest, sequence, to_id = orjson.loads(raw)
-    except (ValueError, TypeError) as exc:
-        raise CursorError(f"cursor {cursor!r} is not a cursor that page() returned") from exc
-    if version != 1 or not all(type(v) is int for v in (frm, newest, sequence, to_id)):
-        raise CursorError(f"cursor {cursor!r} is not a cursor that page() returned")
-    if (rel, frm, bool(newest)) != (relation, from_id, newest_first):
-        raise CursorError(
-            f"cursor was made for {rel} of {frm} ({'newest' if newest else 'oldest'} first), "
-            f"not for {relation} of {from_id} ({'newest' if newest_first else 'oldest'} first)"
-        )
-    return sequence, to_id
-
-
 class _RelSql:
     """The statements for one relation table of one shard."""
 
@@ -86,11 +64,13 @@ class _RelSql:
         "counts_kept",
         "delete",
         "exists",
+        "exists_locked",
         "insert",
         "list_asc",
         "list_desc",
         "lock_count",
         "move",
+        "move_if_other",
         "page_asc",
         "page_asc_after",
         "page_desc",
@@ -108,8 +88,10 @@ class _RelSql:
             f"INSERT INTO {t} (from_id, to_id, sequence) VALUES ({p}, {p}, {p}) {d.on_conflict_skip}"
         )
         self.move = f"UPDATE {t} SET sequence = {p} WHERE from_id = {p} AND to_id = {p}"
+        self.move_if_other = f"{self.move} AND sequence <> {p}"
         self.delete = f"DELETE FROM {t} WHERE from_id = {p} AND to_id = {p}"
         self.exists = f"SELECT sequence FROM {t} WHERE from_id = {p} AND to_id = {p}"
+        self.exists_locked = self.exists + d.for_update
         self.count_up = (
             f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, 1) "
             f"{d.upsert_increment('n', ('relation', 'from_id'), COUNTS_TABLE)}"
@@ -160,35 +142,56 @@ class RelationRepository:
             sql = self._sql[key] = _RelSql(h, relation)
         return sql
 
-    def add(
-        self, h: ShardHandle, relation: str, from_id: int, to_id: int, sequence: int, *, move: bool
-    ) -> bool:
-        """Insert the pair (True) or, if it exists, move it to ``sequence`` when ``move``."""
-        sql = self.sql(h, relation)
+    # -- writes, inside a transaction the caller runs (see store.pairs) ------
 
-        def txn(cur: Any) -> bool:
-            cur.execute(sql.insert, (from_id, to_id, sequence))
-            if cur.rowcount == 1:
-                cur.execute(sql.count_up, (relation, from_id))
-                return True
-            if move:
-                cur.execute(sql.move, (sequence, from_id, to_id))
-            return False
+    def add_in(self, cur: Cursor, side: Side, sequence: int, *, move: bool) -> tuple[bool, int]:
+        """Insert the pair, or move it to ``sequence`` if ``move``; (new, the sequence it now has).
 
-        return h.transaction(txn)
+        The insert locks the pair's key whether the row was there or not.
+        """
+        sql = self.sql(side.h, side.relation)
+        cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
+        if cur.rowcount == 1:
+            cur.execute(sql.count_up, (side.relation, side.from_id))
+            return True, sequence
+        if move:
+            cur.execute(sql.move, (sequence, side.from_id, side.to_id))
+            return False, sequence
+        cur.execute(sql.exists, (side.from_id, side.to_id))
+        row = cur.fetchone()
+        return False, sequence if row is None else int(row[0])
+
+    def remove_in(self, cur: Cursor, side: Side) -> bool:
+        """Delete the pair (and count it out); True if it was there."""
+        sql = self.sql(side.h, side.relation)
+        cur.execute(sql.delete, (side.from_id, side.to_id))
+        if cur.rowcount:
+            cur.execute(sql.count_down, (side.relation, side.from_id))
+            return True
+        return False
+
+    def set_in(self, cur: Cursor, side: Side, state: tuple[bool, int]) -> bool:
+        """Make the row present at a sequence, or absent, as ``state`` says; True if it changed."""
+        present, sequence = state
+        if not present:
+            return self.remove_in(cur, side)
+        sql = self.sql(side.h, side.relation)
+        cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
+        if cur.rowcount == 1:
+            cur.execute(sql.count_up, (side.relation, side.from_id))
+            return True
+        cur.execute(sql.move_if_other, (sequence, side.from_id, side.to_id, sequence))
+        return bool(cur.rowcount)
+
+    def locked_sequence(self, cur: Cursor, side: Side) -> int | None:
+        """The pair's sequence, locking its key (the row, or the gap where it would be)."""
+        cur.execute(self.sql(side.h, side.relation).exists_locked, (side.from_id, side.to_id))
+        row = cur.fetchone()
+        return None if row is None else int(row[0])
 
     def remove(self, h: ShardHandle, relation: str, from_id: int, to_id: int) -> bool:
-        """Delete the pair; True if it was there."""
-        sql = self.sql(h, relation)
-
-        def txn(cur: Any) -> bool:
-            cur.execute(sql.delete, (from_id, to_id))
-            if cur.rowcount:
-                cur.execute(sql.count_down, (relation, from_id))
-                return True
-            return False
-
-        return h.transaction(txn)
+        """Delete one row in a transaction of its own (a relation without an inverse)."""
+        return h.transaction(lambda cur: self.remove_in(cur, Side(h, relation, from_id, to_id)))
 
     def sequence_of(self, h: ShardHandle, relation: str, from_id: int, to_id: int) -> int | None:
         """The pair's sequence, or None if the pair is absent."""
@@ -284,7 +287,7 @@ class RelationRepository:
 
 
 class RelationService:
-    """Validated, routed relation calls; writes the primary side of an inverse pair first."""
+    """Validated, routed relation calls; pair writes go by the protocol of `store.pairs`."""
 
     def __init__(
         self,
@@ -302,6 +305,8 @@ class RelationService:
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
         self.lists = lists
         self._prefix = prefix
+        self.pairs = PairWriter(self.repo)
+        self._object_key = "id" if router.config.ids == "instagram" else "local_id"
 
     def list_key(self, relation: str, from_id: int) -> str:
         """The cache key of ``from_id``'s ``relation`` list."""
@@ -320,7 +325,8 @@ class RelationService:
             self._router.route(to_id, spec.to_type)
         return self._shard(shard, host)
 
-    def _limit(self, limit: int) -> int:
+    def check_limit(self, limit: int) -> int:
+        """``limit`` if it is a page size this store accepts, else `LimitError`."""
         cap = self._router.config.max_page
         if type(limit) is not int or not 1 <= limit <= cap:
             raise LimitError(f"limit must be an int in 1..{cap} (limits.max_page), got {limit!r}")
@@ -333,69 +339,81 @@ class RelationService:
         spec = self._router.relation(relation)
         if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
             raise DataError(f"sequence must be a 64-bit signed int, got {sequence!r}")
-        here = self._side(spec, from_id, to_id)
+        primary, inverse = self._sides(spec, from_id, to_id, guarded=True)
         seq = self._clock_us() if sequence is None else sequence
-        move = sequence is not None
-        if spec.inverse is None:
-            try:
-                return self.repo.add(here, relation, from_id, to_id, seq, move=move)
-            finally:
-                self.invalidate([(relation, from_id)])
-        inverse = self._router.relation(spec.inverse)
-        there = self._side(inverse, to_id, from_id)
         try:
-            return self._link_pair(spec, inverse, here, there, from_id, to_id, seq, move)
+            return self.pairs.link(primary, inverse, seq, move=sequence is not None)
         finally:
             # Commit first, then invalidate; also after a failure, since a
             # side may have committed before it.
-            self.invalidate([(relation, from_id), (inverse.name, to_id)])
-
-    def _link_pair(
-        self,
-        spec: RelationSpec,
-        inverse: RelationSpec,
-        here: ShardHandle,
-        there: ShardHandle,
-        from_id: int,
-        to_id: int,
-        seq: int,
-        move: bool,
-    ) -> bool:
-        # Write the primary side first; the other side gets the position the
-        # primary settled on (a re-link without a sequence keeps the old one).
-        first, first_spec, first_from, first_to, second, second_spec = (
-            (here, spec, from_id, to_id, there, inverse)
-            if spec.primary
-            else (there, inverse, to_id, from_id, here, spec)
-        )
-        new = self.repo.add(first, first_spec.name, first_from, first_to, seq, move=move)
-        if not new and not move:
-            found = self.repo.sequence_of(first, first_spec.name, first_from, first_to)
-            seq = seq if found is None else found
-        self.repo.add(second, second_spec.name, first_to, first_from, seq, move=True)
-        return new
+            self._invalidate_sides(primary, inverse)
 
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
-        spec = self._router.relation(relation)
+        primary, inverse = self._sides(self._router.relation(relation), from_id, to_id, guarded=False)
+        try:
+            return self.pairs.unlink(primary, inverse)
+        finally:
+            self._invalidate_sides(primary, inverse)
+
+    def sync(self, relation: str, from_id: int, to_id: int) -> bool:
+        """Make the inverse row of a pair match its primary row (the repair job's fix); True if it changed."""
+        primary, inverse = self._sides(self._router.relation(relation), from_id, to_id, guarded=False)
+        if inverse is None:
+            return False
+        try:
+            return self.pairs.sync(primary, inverse)
+        finally:
+            self._invalidate_sides(primary, inverse)
+
+    def remove_object(self, type_name: str, obj: int) -> int:
+        """Take a (deleted) object out of every list that reaches it through an inverse; pairs removed.
+
+        For each relation from ``type_name`` that has an inverse, every pair
+        of the object's list goes, both sides, by the pair protocol. A link
+        racing with this is refused (the object is marked deleted first), or
+        committed before this reads the list and removed here.
+        """
+        removed = 0
+        for spec in self._router.config.relations.values():
+            if spec.from_type != type_name or spec.inverse is None:
+                continue
+            h = self._side(spec, obj, None)
+            while True:
+                rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, None, False)
+                for _seq, to_id in rows:
+                    primary, inverse = self._sides(spec, obj, to_id, guarded=False)
+                    try:
+                        removed += self.pairs.unlink(primary, inverse)
+                    finally:
+                        self._invalidate_sides(primary, inverse)
+                if len(rows) < REMOVE_CHUNK:
+                    break
+        return removed
+
+    def _sides(
+        self, spec: RelationSpec, from_id: int, to_id: int, *, guarded: bool
+    ) -> tuple[Side, Side | None]:
+        """(primary side, inverse side or None), routed and type-checked, primary first."""
         here = self._side(spec, from_id, to_id)
+        side = Side(here, spec.name, from_id, to_id)
         if spec.inverse is None:
-            try:
-                return self.repo.remove(here, relation, from_id, to_id)
-            finally:
-                self.invalidate([(relation, from_id)])
+            return side, None
         inverse = self._router.relation(spec.inverse)
         there = self._side(inverse, to_id, from_id)
-        try:
-            if spec.primary:
-                gone = self.repo.remove(here, relation, from_id, to_id)
-                self.repo.remove(there, inverse.name, to_id, from_id)
-            else:
-                gone = self.repo.remove(there, inverse.name, to_id, from_id)
-                self.repo.remove(here, relation, from_id, to_id)
-        finally:
-            self.invalidate([(relation, from_id), (inverse.name, to_id)])
-        return gone
+        other = Side(there, inverse.name, to_id, from_id)
+        if guarded:
+            side = Side(here, spec.name, from_id, to_id, self._guard(spec.from_type, from_id))
+            other = Side(there, inverse.name, to_id, from_id, self._guard(inverse.from_type, to_id))
+        return (side, other) if spec.primary else (other, side)
+
+    def _guard(self, type_name: str, id_: int) -> Guard:
+        _shard, spec, row_key, _host = self._router.route(id_, type_name)
+        return Guard(f"{type_name} {id_}", spec.table, self._object_key, row_key)
+
+    def _invalidate_sides(self, primary: Side, inverse: Side | None) -> None:
+        sides = [primary] if inverse is None else [primary, inverse]
+        self.invalidate([(s.relation, s.from_id) for s in sides])
 
     # -- reads ---------------------------------------------------------------
 
@@ -404,7 +422,7 @@ class RelationService:
     ) -> list[int]:
         """``to_id``s in sequence order: ``ORDER BY sequence LIMIT limit OFFSET offset``."""
         spec = self._router.relation(relation)
-        self._limit(limit)
+        self.check_limit(limit)
         if type(offset) is not int or offset < 0:
             raise LimitError(f"offset must be an int >= 0, got {offset!r}")
         h = self._side(spec, from_id, None)
@@ -425,10 +443,27 @@ class RelationService:
         newest_first: bool = False,
     ) -> Page:
         """One keyset page; pass ``next_cursor`` back for the next one."""
-        spec = self._router.relation(relation)
-        self._limit(limit)
-        h = self._side(spec, from_id, None)
+        self.check_limit(limit)
         after = None if cursor is None else decode_cursor(cursor, relation, from_id, newest_first)
+        rows, more = self.rows_after(relation, from_id, after, limit, newest_first=newest_first)
+        next_cursor = None
+        if more:
+            seq, last = rows[-1]
+            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last)
+        return Page([t for _s, t in rows], next_cursor)
+
+    def rows_after(
+        self,
+        relation: str,
+        from_id: int,
+        after: tuple[int, int] | None,
+        limit: int,
+        *,
+        newest_first: bool = False,
+    ) -> tuple[list[tuple[int, int]], bool]:
+        """Up to ``limit`` (sequence, to_id) entries after the key ``after``, and whether more follow."""
+        spec = self._router.relation(relation)
+        h = self._side(spec, from_id, None)
         rows = None
         if self.lists is not None:
             if after is None:
@@ -438,13 +473,7 @@ class RelationService:
             rows = self._cached(h, relation, from_id, op, limit + 1, newest_first, after=after)
         if rows is None:
             rows = self.repo.page(h, relation, from_id, limit + 1, after, newest_first)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        next_cursor = None
-        if more:
-            seq, last = rows[-1]
-            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last)
-        return Page([t for _s, t in rows], next_cursor)
+        return rows[:limit], len(rows) > limit
 
     def count(self, relation: str, from_id: int) -> int:
         """How many pairs start at ``from_id`` (kept exact, no scan)."""

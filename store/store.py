@@ -18,6 +18,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
 from store.config import StoreConfig, TypeSpec
+from store.cursors import decode_cursor, encode_cursor
 from store.defaults import embedded_config
 from store.engines import Engines
 from store.exceptions import (
@@ -338,12 +339,22 @@ class Store:
 
     @_rerouted
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002
-        """Soft-delete: the row stays, marked inactive. True if it was live."""
+        """Soft-delete: the row stays, marked inactive, and leaves every list that reaches it.
+
+        Every pair of a relation with an inverse that involves the object is
+        removed, both sides, counts included (a link racing with the delete
+        is refused). Lists of relations without an inverse cannot be found
+        from the object: their entries stay, and `board_pins` skips them.
+        Running it again finishes a delete that stopped half way. True if
+        the object was live.
+        """
         shard, spec, local_id, host = self._router.route(id, type_name)
         try:
-            return self._objects.delete(self._engines.shard(shard, host), spec.table, local_id)
+            was_live = self._objects.delete(self._engines.shard(shard, host), spec.table, local_id)
         finally:
             self._invalidate_object(id)
+        self._relations.remove_object(spec.name, id)
+        return was_live
 
     def require(self, id: int, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
         """Like `get`, but raises `NotFound` instead of returning None."""
@@ -397,11 +408,35 @@ class Store:
 
     @_rerouted
     def board_pins(self, board_id: int, *, limit: int = 50, cursor: str | None = None) -> Page:
-        """One page of a board's pins with the pin objects: one list read, one batched object read."""
-        page = self._relations.page("board_has_pins", board_id, limit=limit, cursor=cursor)
-        found = self.get_many(page.ids, type_name=self.config.relations["board_has_pins"].to_type)
-        ids = [i for i in page.ids if i in found]
-        return Page(ids, page.next_cursor, [found[i] for i in ids])
+        """One page of a board's pins with the pin objects: one list read, one batched object read.
+
+        Entries whose pin is gone are skipped and the page is filled from the
+        entries after them (more reads only then), so a page is short only at
+        the end of the list.
+        """
+        relation = "board_has_pins"
+        pin_type = self.config.relations[relation].to_type
+        self._relations.check_limit(limit)
+        after = None if cursor is None else decode_cursor(cursor, relation, board_id, False)
+        ids: list[int] = []
+        objects: list[dict[str, Any]] = []
+        want = limit
+        while True:
+            rows, more = self._relations.rows_after(relation, board_id, after, want)
+            found = self.get_many([t for _s, t in rows], type_name=pin_type)
+            for i, (seq, to_id) in enumerate(rows):
+                after = (seq, to_id)
+                if to_id in found:
+                    ids.append(to_id)
+                    objects.append(found[to_id])
+                    if len(ids) == limit:
+                        more = more or i + 1 < len(rows)
+                        break
+            if len(ids) == limit or not more:
+                break
+            want = min(self.config.max_page, 2 * want)  # gone pins: read further, in bigger steps
+        next_cursor = encode_cursor(relation, board_id, False, *after) if more and after else None
+        return Page(ids, next_cursor, objects)
 
     # -- lifecycle ---------------------------------------------------------
 

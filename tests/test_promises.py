@@ -107,7 +107,6 @@ def test_init_after_a_move_does_not_open_the_moved_shards_again(
 # -- 2. link and unlink of one pair at once ----------------------------------------
 
 
-@BROKEN
 def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(mariadb_ready: StoreConfig) -> None:
     with Store(mariadb_ready) as store:
         board = store.create("board", {}, shard=0)  # host MySQL001A
@@ -190,7 +189,6 @@ def test_a_lost_invalidation_is_stale_for_other_processes_at_most_max_stale_s(
 # -- 4. delete takes an object out of its lists ------------------------------------
 
 
-@BROKEN
 def test_deleted_objects_leave_their_lists(store: Store) -> None:
     board = store.create("board", {})
     pins = [store.create("pin", {"i": i}, shard=i % 8) for i in range(5)]

@@ -189,13 +189,32 @@ def test_board_pins_returns_objects_in_order(store: Store, board: int) -> None:
     ps = pins(store, 5)
     for p in ps:
         store.link(BHP, board, p)
-    store.delete(ps[2])
-    page = store.board_pins(board, limit=4)
+    store.delete(ps[2])  # leaves the board's list too
+    page = store.board_pins(board, limit=3)
     assert page.ids == [ps[0], ps[1], ps[3]]
     assert page.objects == [{"i": 0}, {"i": 1}, {"i": 3}]
-    rest = store.board_pins(board, limit=4, cursor=page.next_cursor)
+    rest = store.board_pins(board, limit=3, cursor=page.next_cursor)
     assert rest.ids == [ps[4]]
     assert rest.next_cursor is None
+
+
+def test_board_pins_skips_entries_whose_pin_is_gone_and_fills_the_page(store: Store, board: int) -> None:
+    """Entries no object answers for (a pin lost outside the store) never make a page short."""
+    ps = pins(store, 4)
+    for i, p in enumerate(ps):
+        store.link(BHP, board, p, sequence=100 * i)
+        for k in range(7):  # seven entries whose pins do not exist, after each real one
+            store.link(BHP, board, encode_pinterest(1, 1, 900_000 + 10 * i + k), sequence=100 * i + 1 + k)
+    seen: list[int] = []
+    cursor = None
+    while True:
+        page = store.board_pins(board, limit=3, cursor=cursor)
+        assert page.ids == ps[len(seen) : len(seen) + 3]
+        seen += page.ids
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == ps
 
 
 def test_bad_relation_calls(store: Store, board: int) -> None:

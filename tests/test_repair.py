@@ -1,14 +1,16 @@
-"""`store relations repair` after a real failure of the second (inverse) write."""
+"""`store relations repair` after a writer died between the two commits of a pair write."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 from store import BackendError, Store
 from store.admin import repair_relations
+from store.engines import ShardHandle
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -43,40 +45,76 @@ def setup(store: Store) -> tuple[int, list[int]]:
     return board, ps
 
 
-def test_repair_restores_an_inverse_lost_by_a_failed_link(store: Store) -> None:
-    board, (a, b, c) = setup(store)
+class CrashError(Exception):
+    """The process dies here: after the inverse side committed, before the primary side did."""
+
+
+@contextmanager
+def dies_after_the_inverse_commit(monkeypatch: pytest.MonkeyPatch, inverse_shard: int) -> Iterator[None]:
+    real = ShardHandle.transaction
+
+    def transaction(self: ShardHandle, body: Any) -> Any:
+        result = real(self, body)
+        if self.shard == inverse_shard:
+            raise CrashError  # inside the primary side's open transaction: it rolls back
+        return result
+
+    with monkeypatch.context() as m:
+        m.setattr(ShardHandle, "transaction", transaction)
+        yield
+
+
+def test_a_failed_inverse_write_leaves_both_sides_as_they_were(store: Store) -> None:
+    board, (a, b, _c) = setup(store)
     store.link(BHP, board, a)
     with table_missing(store, 5, POB), pytest.raises(BackendError):
-        store.link(BHP, board, b)  # primary written on shard 1, inverse fails on shard 5
-    store.link(BHP, board, c)
-    assert store.links(BHP, board) == [a, b, c]
+        store.link(BHP, board, b)  # the inverse side fails on shard 5: the primary side rolls back
+    with table_missing(store, 5, POB), pytest.raises(BackendError):
+        store.unlink(BHP, board, a)
+    assert store.links(BHP, board) == [a]
+    assert store.links(POB, a) == [board]
     assert store.links(POB, b) == []
+    assert repair_relations(store).changes == 0
+
+
+def test_repair_drops_an_inverse_left_by_a_link_that_died(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    board, (a, b, c) = setup(store)
+    store.link(BHP, board, a)
+    with dies_after_the_inverse_commit(monkeypatch, 5), pytest.raises(CrashError):
+        store.link(BHP, board, b)
+    store.link(BHP, board, c)
+    assert store.links(BHP, board) == [a, c]
+    assert store.links(POB, b) == [board]  # dangling: never acknowledged
 
     dry = repair_relations(store, dry_run=True)
-    assert dry.inverse_added == [(POB, b, board)]
-    assert store.links(POB, b) == []  # a dry run changes nothing
+    assert dry.inverse_removed == [(POB, b, board)]
+    assert store.links(POB, b) == [board]  # a dry run changes nothing
 
-    report = repair_relations(store, BHP)
-    assert report.inverse_added == [(POB, b, board)]
-    assert report.inverse_removed == []
-    assert store.links(POB, b) == [board]
-    assert store.count(POB, b) == 1
+    report = repair_relations(store, POB, shards=range(5, 6))
+    assert report.inverse_removed == [(POB, b, board)]
+    assert report.inverse_added == []
+    assert store.links(POB, b) == []
+    assert store.count(POB, b) == 0
     assert repair_relations(store).changes == 0  # nothing left to fix
 
 
-def test_repair_drops_an_inverse_left_by_a_failed_unlink(store: Store) -> None:
+def test_repair_restores_an_inverse_removed_by_an_unlink_that_died(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     board, (a, b, _c) = setup(store)
     store.link(BHP, board, a)
     store.link(BHP, board, b)
-    with table_missing(store, 5, POB), pytest.raises(BackendError):
-        store.unlink(BHP, board, a)  # primary removed, inverse removal fails
-    assert store.links(BHP, board) == [b]
-    assert store.links(POB, a) == [board]  # dangling
-
-    report = repair_relations(store, POB, shards=range(5, 6))
-    assert report.inverse_removed == [(POB, a, board)]
+    with dies_after_the_inverse_commit(monkeypatch, 5), pytest.raises(CrashError):
+        store.unlink(BHP, board, a)
+    assert store.links(BHP, board) == [a, b]  # the primary side kept the pair
     assert store.links(POB, a) == []
-    assert store.count(POB, a) == 0
+
+    report = repair_relations(store, BHP)
+    assert report.inverse_added == [(POB, a, board)]
+    assert store.links(POB, a) == [board]
+    assert store.count(POB, a) == 1
     assert store.links(POB, b) == [board]
 
 

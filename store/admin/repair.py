@@ -1,7 +1,8 @@
 """`store relations repair`: make inverse relations match their primary, and counts exact.
 
-Link and unlink write the primary side of an inverse pair first, so a crash
-between the two writes leaves one of two states, and this job fixes both:
+Link and unlink write both sides of an inverse pair by the protocol of
+`store.pairs`; a crash between the two commits leaves one of two states,
+and this job fixes both:
 
 * a primary pair whose inverse is missing (a link stopped half way): the
   inverse is added with the primary's sequence;
@@ -10,10 +11,9 @@ between the two writes leaves one of two states, and this job fixes both:
 
 It also recounts any list whose kept count differs from its rows. It scans
 the tables stored on the shards it is given, in key order and in chunks, and
-checks the other side with one query per chunk and shard. Run it while the
-application writes if you must: each fix re-checks the primary just before it
-acts, but a link or unlink racing with that very pair can still slip between
-the check and the fix; a second run finds and fixes what the first left.
+checks the other side with one query per chunk and shard. It can run while
+the application writes: each fix takes the primary pair's lock, as link and
+unlink do, and copies the primary row as it is at that moment.
 """
 
 from __future__ import annotations
@@ -121,7 +121,6 @@ class _Repair:
         return groups
 
     def missing_inverses(self, shard: int, primary: RelationSpec, inverse: RelationSpec) -> None:
-        here = self.store.engines.shard(shard, self.store.shard_map.master(shard))
         for rows in self._chunks(shard, primary):
             for (other, host), group in self._by_other_shard(primary, rows).items():
                 there = self.store.engines.shard(other, host)
@@ -129,18 +128,12 @@ class _Repair:
                 for f, t, _seq in group:
                     if (t, f) in found:
                         continue
-                    if self.report.dry_run:
+                    # The fix locks the primary pair and copies what it finds
+                    # (unlinked meanwhile: nothing to restore).
+                    if self.report.dry_run or self.service.sync(primary.name, f, t):
                         self.report.inverse_added.append((inverse.name, t, f))
-                        continue
-                    settled = self.repo.sequence_of(here, primary.name, f, t)
-                    if settled is None:  # unlinked meanwhile: nothing to restore
-                        continue
-                    self.repo.add(there, inverse.name, t, f, settled, move=True)
-                    self.service.invalidate([(inverse.name, t)])
-                    self.report.inverse_added.append((inverse.name, t, f))
 
     def dangling_inverses(self, shard: int, inverse: RelationSpec, primary: RelationSpec) -> None:
-        here = self.store.engines.shard(shard, self.store.shard_map.master(shard))
         for rows in self._chunks(shard, inverse):
             for (other, host), group in self._by_other_shard(inverse, rows).items():
                 there = self.store.engines.shard(other, host)
@@ -148,14 +141,9 @@ class _Repair:
                 for f, t, _seq in group:
                     if (t, f) in found:
                         continue
-                    if self.report.dry_run:
+                    # Linked meanwhile: the inverse is right, and sync leaves it.
+                    if self.report.dry_run or self.service.sync(primary.name, t, f):
                         self.report.inverse_removed.append((inverse.name, f, t))
-                        continue
-                    if self.repo.sequence_of(there, primary.name, t, f) is not None:
-                        continue  # linked meanwhile: the inverse is right
-                    self.repo.remove(here, inverse.name, f, t)
-                    self.service.invalidate([(inverse.name, f)])
-                    self.report.inverse_removed.append((inverse.name, f, t))
 
     def counts(self, shard: int, spec: RelationSpec) -> None:
         h = self.store.engines.shard(shard, self.store.shard_map.master(shard))

@@ -1,0 +1,203 @@
+"""Writing a pair and its inverse so that both sides always end up agreeing.
+
+An inverse pair has two rows on two shards (``board_has_pins`` on the
+board's shard, ``pin_owned_by_board`` on the pin's), and no transaction
+spans shards. The protocol, for every write of a pair (link, unlink, and
+the repair job's re-sync):
+
+1. open a transaction on the primary side (the relation declared with
+   ``inverse:``) and write the primary row there. The write locks the pair's
+   key on that shard, whether the row is there or not (InnoDB locks the row,
+   or the gap where it would be; PostgreSQL takes an advisory lock on the
+   key first; SQLite locks the whole shard), until this transaction ends;
+2. while holding it, make the inverse row match in a transaction of its own
+   on the other shard, and commit that;
+3. commit the primary side.
+
+Every write of one pair takes the primary key lock first, so writes of a
+pair are serialised there, and each writes the inverse side before it lets
+the next one in: the inverse side sees the writes in the same order as the
+primary side, and both end with the last one. Concurrent link, unlink and
+re-link of a pair, in any interleaving, leave both sides and both counts as
+the last acknowledged call left them.
+
+A crash between steps 2 and 3 leaves the inverse side ahead of the primary
+(which rolled back); a crash of the primary's commit can do the same. Either
+way the primary side holds the truth of the last call that could have been
+acknowledged, and ``store relations repair`` makes the inverse match it,
+under the same lock. When both sides are on one shard (a pin on its board's
+shard), one transaction writes both and nothing can come apart.
+
+Where a whole shard is locked by a write transaction (SQLite), the two
+shards are locked in shard order instead, so two writers never wait for each
+other in a circle; the primary side then commits first.
+
+Linking an object that was deleted is refused (`NotFound`): each side reads
+its own object's row in share mode under the same transaction, so a link
+either commits before the delete marks the object (and the delete's sweep
+then finds and removes it) or sees the mark.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from store.engines import Cursor, ShardHandle
+from store.exceptions import NotFound
+
+__all__ = ["Guard", "PairWriter", "Side"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """The object row a side's ``from_id`` names: a link is refused if it was deleted."""
+
+    what: str  # "pin 241294492511762325", for the error
+    table: str
+    key: str  # the row key column: local_id, or id for Instagram IDs
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class Side:
+    """One side of a pair: its row ``from_id -> to_id`` in ``relation`` on ``h``'s shard."""
+
+    h: ShardHandle
+    relation: str
+    from_id: int
+    to_id: int
+    guard: Guard | None = None
+
+
+# What the primary side settled on, for the inverse side to copy:
+# (present, sequence); the sequence is unused when the pair is absent.
+State = tuple[bool, int]
+
+
+class PairWriter:
+    """Runs pair writes by the protocol above, with the SQL of a `RelationRepository`."""
+
+    def __init__(self, repo: Any) -> None:
+        # `store.relations.RelationRepository` (typed loosely: it imports this module).
+        self.repo = repo
+
+    # -- the three writes --------------------------------------------------------
+
+    def link(self, primary: Side, inverse: Side | None, sequence: int, *, move: bool) -> bool:
+        """Add the pair (or move it to ``sequence`` if ``move``); True if it is new."""
+        new = False
+
+        def first(cur: Cursor) -> State:
+            nonlocal new
+            self._check_live(cur, primary)
+            self._lock_key(cur, primary)
+            new, settled = self.repo.add_in(cur, primary, sequence, move=move)
+            return True, settled
+
+        self._run(primary, inverse, first, self._match(inverse, check_live=True))
+        return new
+
+    def unlink(self, primary: Side, inverse: Side | None) -> bool:
+        """Remove the pair; True if it was there."""
+        gone = False
+
+        def first(cur: Cursor) -> State:
+            nonlocal gone
+            self._lock_key(cur, primary)
+            gone = self.repo.remove_in(cur, primary)
+            return False, 0
+
+        self._run(primary, inverse, first, self._match(inverse, check_live=False))
+        return gone
+
+    def sync(self, primary: Side, inverse: Side) -> bool:
+        """Make the inverse row match the primary row as it is now; True if it had to change."""
+        changed = False
+
+        def first(cur: Cursor) -> State:
+            self._lock_key(cur, primary)
+            found = self.repo.locked_sequence(cur, primary)
+            return (False, 0) if found is None else (True, found)
+
+        def second(cur: Cursor, state: State) -> None:
+            nonlocal changed
+            changed = self.repo.set_in(cur, inverse, state)
+
+        self._run(primary, inverse, first, second)
+        return changed
+
+    # -- the protocol -------------------------------------------------------------
+
+    def _match(self, inverse: Side | None, *, check_live: bool) -> Callable[[Cursor, State], None]:
+        def second(cur: Cursor, state: State) -> None:
+            assert inverse is not None
+            if check_live and state[0]:
+                self._check_live(cur, inverse)
+            self.repo.set_in(cur, inverse, state)
+
+        return second
+
+    def _run(
+        self,
+        primary: Side,
+        inverse: Side | None,
+        first: Callable[[Cursor], State],
+        second: Callable[[Cursor, State], None],
+    ) -> None:
+        p, i = primary.h, None if inverse is None else inverse.h
+        if i is None:
+            p.transaction(first)
+            return
+        if (p.host, p.shard) == (i.host, i.shard):
+
+            def both(cur: Cursor) -> None:
+                second(cur, first(cur))
+
+            p.transaction(both)
+            return
+        if p.dialect.locks_whole_shard and i.shard < p.shard:
+
+            def inverse_outside(icur: Cursor) -> None:
+                # The inverse shard is locked first (shard order); the primary
+                # side is written first, all the same, and commits first.
+                p.transaction(lambda pcur: second(icur, first(pcur)))
+
+            i.transaction(inverse_outside)
+            return
+
+        def primary_outside(pcur: Cursor) -> None:
+            state = first(pcur)
+            i.transaction(lambda icur: second(icur, state))  # committed before the primary side
+
+        p.transaction(primary_outside)
+
+    # -- locks and checks -------------------------------------------------------------
+
+    def _lock_key(self, cur: Cursor, side: Side) -> None:
+        lock = side.h.dialect.key_lock
+        if lock is not None:
+            cur.execute(lock, (_key_hash(side.relation, side.from_id, side.to_id),))
+            cur.fetchall()
+
+    def _check_live(self, cur: Cursor, side: Side) -> None:
+        g = side.guard
+        if g is None:
+            return
+        d = side.h.dialect
+        cur.execute(
+            f"SELECT active FROM {side.h.table(g.table)} WHERE {g.key} = {d.param}{d.for_share}", (g.value,)
+        )
+        row = cur.fetchone()
+        if row is not None and not row[0]:
+            raise NotFound(f"{g.what} was deleted: a deleted object cannot be linked")
+
+
+def _key_hash(relation: str, from_id: int, to_id: int) -> int:
+    """A signed 64-bit key for the pair (a collision only makes two pairs wait for each other)."""
+    digest = hashlib.blake2b(f"{relation}:{from_id}:{to_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
