@@ -85,6 +85,9 @@ class PairWriter:
     def __init__(self, repo: Any) -> None:
         # `store.relations.RelationRepository` (typed loosely: it imports this module).
         self.repo = repo
+        #: Test hook, called at each step of a pair write ("start", "primary written",
+        #: "inverse committed"): a test that pauses threads there forces interleavings.
+        self.step: Callable[[str], None] | None = None
 
     # -- the three writes --------------------------------------------------------
 
@@ -149,6 +152,8 @@ class PairWriter:
         first: Callable[[Cursor], State],
         second: Callable[[Cursor, State], None],
     ) -> None:
+        step = self.step or _no_step
+        step("start")
         p, i = primary.h, None if inverse is None else inverse.h
         if i is None:
             p.transaction(first)
@@ -156,7 +161,9 @@ class PairWriter:
         if (p.host, p.shard) == (i.host, i.shard):
 
             def both(cur: Cursor) -> None:
-                second(cur, first(cur))
+                state = first(cur)
+                step("primary written")
+                second(cur, state)
 
             p.transaction(both)
             return
@@ -165,14 +172,22 @@ class PairWriter:
             def inverse_outside(icur: Cursor) -> None:
                 # The inverse shard is locked first (shard order); the primary
                 # side is written first, all the same, and commits first.
-                p.transaction(lambda pcur: second(icur, first(pcur)))
+                def inner(pcur: Cursor) -> None:
+                    state = first(pcur)
+                    step("primary written")
+                    second(icur, state)
+
+                p.transaction(inner)
+                step("primary committed")
 
             i.transaction(inverse_outside)
             return
 
         def primary_outside(pcur: Cursor) -> None:
             state = first(pcur)
+            step("primary written")
             i.transaction(lambda icur: second(icur, state))  # committed before the primary side
+            step("inverse committed")
 
         p.transaction(primary_outside)
 
@@ -195,6 +210,10 @@ class PairWriter:
         row = cur.fetchone()
         if row is not None and not row[0]:
             raise NotFound(f"{g.what} was deleted: a deleted object cannot be linked")
+
+
+def _no_step(_name: str) -> None:
+    return None
 
 
 def _key_hash(relation: str, from_id: int, to_id: int) -> int:
