@@ -52,7 +52,7 @@ def cache_cases(store: Store, shard: int, n: int, say: Callable[[str], None]) ->
     store.get_many(pins)
     store.board_pins(board, limit=50)
     text = orjson.dumps(PIN)
-    owner = {p: mc.server_for(store._okey(p)).address for p in pins}
+    owner = {p: mc.server_for(store.cache_key(p)).address for p in pins}
     for p in pins:
         clients[owner[p]].set(f"{RAW_PREFIX}{p}", text)
     zkey = f"{RAW_PREFIX}z:{board}"

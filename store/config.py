@@ -40,12 +40,17 @@ DEFAULT_MAX_PAGE = 1000
 #: MEDIUMTEXT holds 16 MiB - 1 bytes; the limit may not exceed what the column holds.
 MAX_OBJECT_BYTES_CEILING = (1 << 24) - 1
 DEFAULT_POOL_SIZE = 8
+DEFAULT_MAX_STALE_S = 5.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_QUERY_TIMEOUT_S = 30.0
+DEFAULT_POOL_TIMEOUT_S = 30.0
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
-     "instagram", "pool_size", "tickets", "map_source"}
+     "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
+     "pool_timeout_s"}
 )  # fmt: skip
 _BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
@@ -93,6 +98,11 @@ class CacheConfig:
     lease_ttl_s: int = 10
     list_entries: int = 1000
     prefix: str = "s:"
+    #: An entry is trusted for this long after the database read that filled it, then read again.
+    #: It bounds how long any process can serve a value older than an acknowledged write when the
+    #: writer's invalidation was lost (cache unreachable from the writer, writer killed after its
+    #: commit, cache restarted).
+    max_stale_s: float = 5.0  # DEFAULT_MAX_STALE_S
 
     @property
     def enabled(self) -> bool:
@@ -165,6 +175,12 @@ class StoreConfig:
     max_page: int = DEFAULT_MAX_PAGE
     instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
     pool_size: int = DEFAULT_POOL_SIZE
+    #: Bounds on every database call of the request path: opening a connection, waiting for
+    #: one reply (a host that stops answering fails its shards' calls after this), and waiting
+    #: for a free pooled connection.
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
+    pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S
     tickets: TicketsConfig | None = None
     #: Where running stores read the live map: None (the map above), ("file", path),
     #: ("table", url) or ("zookeeper", hosts).
@@ -246,6 +262,9 @@ class StoreConfig:
             max_page=_int(limits, "max_page", DEFAULT_MAX_PAGE, 1, 1_000_000),
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
+            connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
+            query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),
+            pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
             tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"]),
             map_source=map_source,
             map_poll_s=map_poll_s,
@@ -269,6 +288,13 @@ def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: 
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ConfigError(f"{key} must be an int in {low}..{high}, got {value!r}")
     return value
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float, high: float = 3600.0) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:
+        raise ConfigError(f"{key} must be a number of seconds in (0, {high:g}], got {value!r}")
+    return float(value)
 
 
 def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
@@ -506,7 +532,7 @@ _CACHE_INTS = {
 def _cache(raw: object) -> CacheConfig:
     if raw is None:
         return CacheConfig()
-    known = {"memcached", "redis", "memory", "prefix", *_CACHE_INTS}
+    known = {"memcached", "redis", "memory", "prefix", "max_stale_s", *_CACHE_INTS}
     if not isinstance(raw, Mapping) or set(raw) - known:
         bad = sorted(set(raw) - known) if isinstance(raw, Mapping) else raw
         raise ConfigError(
@@ -529,4 +555,16 @@ def _cache(raw: object) -> CacheConfig:
         raise ConfigError(f"cache.prefix must be up to 32 letters, digits or _:.- , got {prefix!r}")
     ints = {k: _int(raw, f"{k}", CacheConfig.__dataclass_fields__[k].default, lo, hi)  # type: ignore[arg-type]
             for k, (lo, hi) in _CACHE_INTS.items()}  # fmt: skip
-    return CacheConfig(memcached=tuple(mc), redis=redis, memory=memory, prefix=prefix, **ints)
+    max_stale = raw.get("max_stale_s", DEFAULT_MAX_STALE_S)
+    if (
+        isinstance(max_stale, bool)
+        or not isinstance(max_stale, int | float)
+        or not 0 < max_stale <= ints["ttl_s"]
+    ):
+        raise ConfigError(
+            f"cache.max_stale_s must be a number of seconds in (0, ttl_s = {ints['ttl_s']}], "
+            f"got {max_stale!r}: how long a cached entry is trusted after the read that filled it"
+        )
+    return CacheConfig(
+        memcached=tuple(mc), redis=redis, memory=memory, prefix=prefix, max_stale_s=float(max_stale), **ints
+    )

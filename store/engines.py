@@ -17,6 +17,7 @@ leaves a snapshot open; writes that need a transaction say BEGIN.
 from __future__ import annotations
 
 import importlib
+import math
 import sqlite3
 import threading
 import time
@@ -52,12 +53,13 @@ __all__ = [
     "mysql_connector",
     "postgres_connector",
     "sqlite_connector",
+    "transaction_pair",
 ]
 
 T = TypeVar("T")
 
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 60
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 60.0
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # MariaDB: 1049 unknown database, 1146 unknown table.
 _MYSQL_MISSING = frozenset({1049, 1146})
@@ -365,6 +367,66 @@ class ShardHandle:
         raise AssertionError("unreachable")
 
 
+def transaction_pair(
+    first: ShardHandle,
+    second: ShardHandle,
+    body_first: Callable[[Cursor], T],
+    body_second: Callable[[Cursor, T], None],
+    *,
+    step: Callable[[str], None] | None = None,
+) -> T:
+    """A transaction on ``second`` run and committed inside one on ``first`` (two pools).
+
+    BEGIN first; ``body_first``; BEGIN second; ``body_second``; COMMIT second;
+    COMMIT first. Both connections are taken from their pools before either
+    transaction begins, always in (host, shard) order, so two callers can
+    never each hold one connection and wait for the other's pool. Where a
+    write transaction locks a whole shard (SQLite), both BEGINs come first,
+    in shard order. A deadlock or lock wait timeout rolls both back and runs
+    both again. ``step`` is told "primary written" and "inverse committed".
+    """
+    say = step or (lambda _name: None)
+    a, b = sorted((first, second), key=lambda h: (h.host, h.shard))
+    for attempt in range(1, _TXN_ATTEMPTS + 1):
+        try:
+            with a.connect() as ca, b.connect() as cb:
+                c1, c2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
+                open_: list[Cursor] = []
+                try:
+                    if first.dialect.locks_whole_shard:
+                        for h, c in sorted(((first, c1), (second, c2)), key=lambda hc: hc[0].shard):
+                            c.execute(h.dialect.begin)
+                            open_.append(c)
+                    else:
+                        c1.execute(first.dialect.begin)
+                        open_.append(c1)
+                    result = body_first(c1)
+                    say("primary written")
+                    if c2 not in open_:
+                        c2.execute(second.dialect.begin)
+                        open_.append(c2)
+                    body_second(c2, result)
+                    c2.execute("COMMIT")
+                    open_.remove(c2)
+                    say("inverse committed")
+                    c1.execute("COMMIT")
+                    open_.remove(c1)
+                except BaseException:
+                    for c in open_:  # the connections are discarded anyway; this frees the locks now
+                        with suppress(Exception):
+                            c.execute("ROLLBACK")
+                    raise
+                finally:
+                    c1.close()
+                    c2.close()
+            return result
+        except BackendError as exc:
+            if not _retryable(exc) or attempt == _TXN_ATTEMPTS:
+                raise
+            time.sleep(0.005 * attempt)
+    raise AssertionError("unreachable")
+
+
 def _retryable(exc: BackendError) -> bool:
     orig = exc.orig
     code = orig.args[0] if orig is not None and orig.args else None
@@ -408,12 +470,22 @@ def _wrap(exc: Exception, shard: int, host: str) -> BackendError | ShardMovedErr
     return BackendError(f"database error on {where}: {text}", orig=exc)
 
 
-def mysql_connector(url: URL) -> Callable[[], Any]:
-    """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``."""
+def mysql_connector(
+    url: URL, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, query_timeout_s: float = READ_TIMEOUT_S
+) -> Callable[[], Any]:
+    """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``.
+
+    Opening it waits at most ``connect_timeout_s``; each read or write of a
+    reply at most ``query_timeout_s`` (then the connection is lost to the caller).
+    """
     driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
     if driver not in _DRIVERS:
         raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
     module = importlib.import_module(_DRIVERS[driver])
+
+    def whole(seconds: float) -> float:
+        return max(1, math.ceil(seconds)) if driver == "mysqldb" else seconds  # mysqlclient: whole seconds
+
     kwargs: dict[str, Any] = {
         "host": url.host or "127.0.0.1",
         "port": url.port or 3306,
@@ -421,8 +493,9 @@ def mysql_connector(url: URL) -> Callable[[], Any]:
         "password": url.password or "",
         "charset": "utf8mb4",
         "autocommit": True,
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        "read_timeout": READ_TIMEOUT_S,
+        "connect_timeout": whole(connect_timeout_s),
+        "read_timeout": whole(query_timeout_s),
+        "write_timeout": whole(query_timeout_s),
         # The inverse-pair protocol relies on InnoDB locking the gap of an
         # absent key, which READ COMMITTED (a common server default) skips.
         "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
@@ -436,16 +509,25 @@ def mysql_connector(url: URL) -> Callable[[], Any]:
     return connect
 
 
-def postgres_connector(url: URL) -> Callable[[], Any]:
-    """A function that opens an autocommit psycopg connection to ``url``."""
+def postgres_connector(
+    url: URL, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, query_timeout_s: float = READ_TIMEOUT_S
+) -> Callable[[], Any]:
+    """A function that opens an autocommit psycopg connection to ``url``.
+
+    A statement runs at most ``query_timeout_s`` on the server; data the
+    server does not acknowledge for that long breaks the connection.
+    """
     import psycopg
 
+    ms = int(query_timeout_s * 1000)
     kwargs: dict[str, Any] = {
         "host": url.host or "127.0.0.1",
         "port": url.port or 5432,
         "user": url.username or "postgres",
         "dbname": url.database,
-        "connect_timeout": CONNECT_TIMEOUT_S,
+        "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq: whole seconds, at least 2
+        "options": f"-c statement_timeout={ms}",
+        "tcp_user_timeout": ms,
         "autocommit": True,
     }
     if url.password:
@@ -516,12 +598,15 @@ class Engines:
             return handle
 
     def _make_pool(self, host: str, shard: int, dialect: SqlDialect) -> ConnectionPool:
-        url = self._config.hosts[host]
-        size = self._config.pool_size
-        if dialect.name == "postgresql":
-            return ConnectionPool(postgres_connector(url), name=host, max_open=2 * size, max_idle=size)
+        c = self._config
+        url = c.hosts[host]
+        size = c.pool_size
+        wait = c.pool_timeout_s
         if dialect.name != "sqlite":
-            return ConnectionPool(mysql_connector(url), name=host, max_open=2 * size, max_idle=size)
+            open_one = (postgres_connector if dialect.name == "postgresql" else mysql_connector)(
+                url, connect_timeout_s=c.connect_timeout_s, query_timeout_s=c.query_timeout_s
+            )
+            return ConnectionPool(open_one, name=host, max_open=2 * size, max_idle=size, timeout_s=wait)
         folder = Path(str(url.database))
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{database_name(shard)}.sqlite3"

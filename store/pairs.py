@@ -14,6 +14,10 @@ the repair job's re-sync):
    on the other shard, and commit that;
 3. commit the primary side.
 
+Both connections are taken before either transaction begins, in a fixed
+order (`store.engines.transaction_pair`), so writers never hold one pool's
+connection while waiting for another's.
+
 Every write of one pair takes the primary key lock first, so writes of a
 pair are serialised there, and each writes the inverse side before it lets
 the next one in: the inverse side sees the writes in the same order as the
@@ -25,12 +29,13 @@ A crash between steps 2 and 3 leaves the inverse side ahead of the primary
 (which rolled back); a crash of the primary's commit can do the same. Either
 way the primary side holds the truth of the last call that could have been
 acknowledged, and ``store relations repair`` makes the inverse match it,
-under the same lock. When both sides are on one shard (a pin on its board's
-shard), one transaction writes both and nothing can come apart.
+under the same lock. When both sides are reached by one connection (a pin
+on its board's shard, or two shards of one host), one transaction writes
+both and nothing can come apart.
 
-Where a whole shard is locked by a write transaction (SQLite), the two
-shards are locked in shard order instead, so two writers never wait for each
-other in a circle; the primary side then commits first.
+Where a whole shard is locked by a write transaction (SQLite), both shards
+are locked up front, in shard order, so two writers never wait for each
+other in a circle.
 
 Linking an object that was deleted is refused (`NotFound`): each side reads
 its own object's row in share mode under the same transaction, so a link
@@ -45,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from store.engines import Cursor, ShardHandle
+from store.engines import Cursor, ShardHandle, transaction_pair
 from store.exceptions import NotFound
 
 __all__ = ["Guard", "PairWriter", "Side"]
@@ -158,7 +163,10 @@ class PairWriter:
         if i is None:
             p.transaction(first)
             return
-        if (p.host, p.shard) == (i.host, i.shard):
+        if p.pool is i.pool:
+            # One pool, one server: one connection reaches both shards (a pin on
+            # its board's shard, or two shards of one host), so one transaction
+            # writes both sides and nothing can come apart.
 
             def both(cur: Cursor) -> None:
                 state = first(cur)
@@ -167,29 +175,7 @@ class PairWriter:
 
             p.transaction(both)
             return
-        if p.dialect.locks_whole_shard and i.shard < p.shard:
-
-            def inverse_outside(icur: Cursor) -> None:
-                # The inverse shard is locked first (shard order); the primary
-                # side is written first, all the same, and commits first.
-                def inner(pcur: Cursor) -> None:
-                    state = first(pcur)
-                    step("primary written")
-                    second(icur, state)
-
-                p.transaction(inner)
-                step("primary committed")
-
-            i.transaction(inverse_outside)
-            return
-
-        def primary_outside(pcur: Cursor) -> None:
-            state = first(pcur)
-            step("primary written")
-            i.transaction(lambda icur: second(icur, state))  # committed before the primary side
-            step("inverse committed")
-
-        p.transaction(primary_outside)
+        transaction_pair(p, i, first, second, step=step)
 
     # -- locks and checks -------------------------------------------------------------
 

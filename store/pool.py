@@ -155,7 +155,7 @@ class ConnectionPool:
                     if self._in_use < self._max_open:
                         return
                     raise BackendError(
-                        f"no free connection to {self.name} within {self._timeout_s:.0f} s "
+                        f"no free connection to {self.name} within {self._timeout_s:g} s "
                         f"(all {self._max_open} are in use): raise pool_size or use fewer threads"
                     )
         finally:

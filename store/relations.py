@@ -546,7 +546,8 @@ class RelationService:
     ) -> tuple[int, list[tuple[int, int]]]:
         """Read the head and the count from the database and cache them (if still current)."""
         assert self.lists is not None
+        read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
         head = self.repo.page(h, relation, from_id, self.lists.entries, None, False)
         n = self.repo.count(h, relation, from_id)
-        self.lists.fill(self.list_key(relation, from_id), version, n, head)
+        self.lists.fill(self.list_key(relation, from_id), version, n, head, read_ms)
         return n, head

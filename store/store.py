@@ -232,14 +232,28 @@ class Store:
         h = self._engines.shard(target, host)
         local_id = self._objects.insert(h, spec.table, text)
         if self._instagram:
-            return local_id  # the database made the whole ID
-        if local_id > MAX_LOCAL_ID:
+            new = local_id  # the database made the whole ID
+        elif local_id > MAX_LOCAL_ID:
             self._objects.remove(h, spec.table, local_id)
             raise ShardFullError(
                 f"shard {target} table {spec.table} has used all {MAX_LOCAL_ID} local ids; "
                 "create the object on another shard"
             )
-        return encode_pinterest(target, spec.id, local_id)
+        else:
+            new = encode_pinterest(target, spec.id, local_id)
+        self._forget(new, spec)
+        return new
+
+    def _forget(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
+        """A create is a write: drop whatever the caches hold under the new ID.
+
+        An ID is made again after shard databases are reset or restored from
+        an older backup, and the caches may still hold the old object (or
+        its lists) under it.
+        """
+        self._invalidate_object(id, spec)
+        lists = [(r.name, id) for r in self.config.relations.values() if r.from_type == spec.name]
+        self._relations.invalidate(lists)
 
     @_rerouted
     def get(self, id: int, *, type_name: str | None = None) -> dict[str, Any] | None:  # noqa: A002
@@ -249,7 +263,7 @@ class Store:
         if cache is None:
             text = self._objects.get(self._engines.shard(shard, host), spec.table, local_id)
             return None if text is None else self._objects.decode(text)
-        key = self._okey(id)
+        key = self._okey(id, spec)
 
         def load(_missing: list[str]) -> dict[str, bytes]:
             text = self._objects.get(self._engines.shard(shard, host), spec.table, local_id)
@@ -271,11 +285,13 @@ class Store:
         cache = self._caches.objects
         if cache is None:
             return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
-        keys = {self._okey(id_): id_ for id_ in routed}
+        keys = {self._okey(id_, r[1]): id_ for id_, r in routed.items()}
 
         def load(missing: list[str]) -> dict[str, bytes]:
             wanted = {keys[k]: routed[keys[k]] for k in missing}
-            return {self._okey(i): text.encode() for i, text in self._read_texts(wanted).items()}
+            return {
+                self._okey(i, wanted[i][1]): text.encode() for i, text in self._read_texts(wanted).items()
+            }
 
         return {keys[k]: decode(v) for k, v in cache.get_many(list(keys), load).items()}
 
@@ -310,12 +326,20 @@ class Store:
                     out[keys[(shard, table, local_id)]] = text
         return out
 
-    def _okey(self, id: int) -> str:  # noqa: A002
+    def cache_key(self, id: int, *, type_name: str | None = None) -> str:  # noqa: A002
+        """The key under which the object cache keeps ``id``'s object (for tools that look at the cache)."""
+        return self._okey(id, self._router.route(id, type_name)[1])
+
+    def _okey(self, id: int, spec: TypeSpec) -> str:  # noqa: A002
+        # A Pinterest ID carries its type; an Instagram ID does not, so its key
+        # names the type: a board is never answered for a pin with its ID.
+        if self._instagram:
+            return f"{self._caches.prefix}o:{spec.id}:{id}"
         return f"{self._caches.prefix}o:{id}"
 
-    def _invalidate_object(self, id: int) -> None:  # noqa: A002
+    def _invalidate_object(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
         if self._caches.objects is not None:
-            self._caches.objects.invalidate([self._okey(id)])
+            self._caches.objects.invalidate([self._okey(id, spec)])
 
     @_rerouted
     def update(self, id: int, changes: Updater, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
@@ -335,7 +359,7 @@ class Store:
         finally:
             # Also after a failure: the commit may have happened before the
             # error (a lost connection), and a needless delete is harmless.
-            self._invalidate_object(id)
+            self._invalidate_object(id, spec)
 
     @_rerouted
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002
@@ -352,7 +376,7 @@ class Store:
         try:
             was_live = self._objects.delete(self._engines.shard(shard, host), spec.table, local_id)
         finally:
-            self._invalidate_object(id)
+            self._invalidate_object(id, spec)
         self._relations.remove_object(spec.name, id)
         return was_live
 

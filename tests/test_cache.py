@@ -96,7 +96,7 @@ def test_slow_reader_cannot_refill_an_object_a_writer_invalidated(store: Store) 
     assert store.get(pin) == {"v": "old"}  # read before the write: the old row
     assert ran == [True]
     assert cache.stats.fills == fills, "the stale value was put back"
-    key = store._okey(pin)
+    key = store.cache_key(pin)
     cached = cache.store.gets_many([key]).get(key)
     assert cached is None or cached[0].startswith(LEASE_PREFIX) or b"new" in cached[0]
     assert store.get(pin) == {"v": "new"}
@@ -246,3 +246,90 @@ def test_a_warm_board_page_is_two_round_trips(
         assert page.ids == pins
         assert page.objects == [{"i": i} for i in range(50)]
         assert sends == ["redis", "memcached"]  # and no database call
+
+
+# -- bounded staleness: an entry is trusted for max_stale_s after the read that filled it ---
+
+
+class Clock:
+    """A wall clock the test moves by hand (ms since the epoch)."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_an_object_entry_older_than_max_stale_s_is_read_again() -> None:
+    clock = Clock()
+    cache = ObjectCache(MemoryLeaseStore(), max_stale_s=2.0, clock_ms=clock)
+    db = {"k": b'{"v":1}'}
+    reads: list[list[str]] = []
+
+    def load(missing: list[str]) -> dict[str, bytes]:
+        reads.append(missing)
+        return {k: db[k] for k in missing if k in db}
+
+    assert cache.get_many(["k"], load) == {"k": b'{"v":1}'}
+    db["k"] = b'{"v":2}'  # committed, and its invalidation was lost
+    clock.now += 2000
+    assert cache.get_many(["k"], load) == {"k": b'{"v":1}'}  # still trusted: 2.0 s old
+    clock.now += 1
+    assert cache.get_many(["k"], load) == {"k": b'{"v":2}'}  # too old: read again, replaced
+    assert cache.stats.expired == 1
+    assert cache.get_many(["k"], load) == {"k": b'{"v":2}'}
+    assert reads == [["k"], ["k"]]
+
+
+def test_the_age_counts_from_the_read_not_the_fill() -> None:
+    """A reader that stalls between its database read and its fill does not extend the trust."""
+    clock = Clock()
+    cache = ObjectCache(MemoryLeaseStore(), max_stale_s=2.0, clock_ms=clock)
+
+    def slow_load(missing: list[str]) -> dict[str, bytes]:
+        clock.now += 1500  # the read took 1.5 s, then the fill
+        return dict.fromkeys(missing, b'{"v":1}')
+
+    cache.get_many(["k"], slow_load)
+    clock.now += 600  # 2.1 s after the read began
+    hits = cache.stats.hits
+    cache.get_many(["k"], slow_load)
+    assert cache.stats.hits == hits, "an entry was trusted for longer than max_stale_s after its read"
+
+
+def test_a_miss_is_cached_too_and_a_create_invalidates_it(config: StoreConfig) -> None:
+    from store import encode_pinterest
+
+    with Store(config) as store:
+        ghost = encode_pinterest(2, 1, 999_999)
+        assert store.get(ghost) is None
+        name = store.caches.objects.stats.name  # type: ignore[union-attr]
+        hits = store.stats()[name]["hits"]
+        assert store.get(ghost) is None  # a cached "no such object"
+        assert store.stats()[name]["hits"] == hits + 1
+        pin = store.create("pin", {"new": True}, shard=3)
+        assert store.get(pin) == {"new": True}
+        gone = store.create("pin", {"x": 1}, shard=3)
+        assert store.get(gone) == {"x": 1}
+        store.delete(gone)
+        assert store.get(gone) is None
+
+
+def test_a_list_older_than_max_stale_s_is_read_again() -> None:
+    from store.cache.lists import ListCache, MemoryListBackend
+
+    clock = Clock()
+    lists = ListCache(MemoryListBackend(), max_stale_s=2.0, clock_ms=clock)
+    key = "s:l:board_has_pins:1"
+    read = lists.read(key, ("meta",))
+    assert read is not None
+    lists.fill(key, read.version, 1, [(5, 7)], clock())
+    got = lists.read(key, ("rank", 0, 9, False))
+    assert got is not None
+    assert got.meta == (1, 1)
+    clock.now += 2001
+    stale = lists.read(key, ("rank", 0, 9, False))
+    assert stale is not None
+    assert stale.meta is None, "a list older than max_stale_s was served"
+    assert lists.stats.expired == 1

@@ -33,8 +33,7 @@ from tests.servers import MariaDBServer
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
-#: Each test below fails on commit b1f43ba; this mark goes as each promise is kept.
-BROKEN = pytest.mark.xfail(strict=True, reason="the promise is not kept yet")
+# Each test below fails on commit b1f43ba (they landed marked xfail, strict, in 0720bce).
 
 
 # -- 1. init after a move --------------------------------------------------------
@@ -159,7 +158,6 @@ def cli(config_file: Path, *args: str) -> str:
     return done.stdout
 
 
-@BROKEN
 def test_a_lost_invalidation_is_stale_for_other_processes_at_most_max_stale_s(
     mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, tmp_path: Path
 ) -> None:
@@ -211,7 +209,6 @@ def test_deleted_objects_leave_their_lists(store: Store) -> None:
 # -- 5. Instagram IDs: the type is part of every cached read --------------------------
 
 
-@BROKEN
 def test_instagram_get_of_another_type_is_none_cached_or_not(postgres_ready: StoreConfig) -> None:
     raw = base_config(
         ids="instagram",
@@ -234,7 +231,6 @@ def test_instagram_get_of_another_type_is_none_cached_or_not(postgres_ready: Sto
 # -- 7. a create is a write ------------------------------------------------------------
 
 
-@BROKEN
 def test_a_new_object_is_not_answered_from_an_older_objects_cache_entry(
     memcached_pair: list[str], redis_ready: str, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from store import (
     DataError,
     LimitError,
     Store,
+    StoreConfig,
     UnknownRelationError,
     WrongTypeError,
     encode_pinterest,
@@ -263,3 +264,34 @@ def test_unmapped_to_id_writes_nothing(store: Store, board: int) -> None:
     with pytest.raises(RoutingError):
         store.link(BHP, board, encode_pinterest(3429, 1, 5))
     assert store.count(BHP, board) == 0
+
+
+def test_many_threads_with_a_small_pool_never_wait_for_each_other(config: StoreConfig) -> None:
+    """Each cross-host pair write needs a connection from each of two pools: taken in a fixed order."""
+    from dataclasses import replace
+
+    with Store(replace(config, pool_size=1, pool_timeout_s=20.0)) as store:  # 2 connections per pool
+        boards = [store.create("board", {}, shard=s) for s in (0, 5)]
+        ps = [store.create("pin", {}, shard=s) for s in (1, 6, 2, 7)]
+        errors: list[BaseException] = []
+
+        def churn(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                for _ in range(30):
+                    b, p = rng.choice(boards), rng.choice(ps)
+                    (store.link if rng.random() < 0.6 else store.unlink)(BHP, b, p)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=churn, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        for b in boards:
+            linked = store.links(BHP, b)
+            assert store.count(BHP, b) == len(linked)
+            for p in ps:
+                assert (b in store.links(POB, p)) == (p in linked)

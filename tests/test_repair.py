@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pytest
 
 from store import BackendError, Store
 from store.admin import repair_relations
-from store.engines import ShardHandle
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -50,18 +48,17 @@ class CrashError(Exception):
 
 
 @contextmanager
-def dies_after_the_inverse_commit(monkeypatch: pytest.MonkeyPatch, inverse_shard: int) -> Iterator[None]:
-    real = ShardHandle.transaction
-
-    def transaction(self: ShardHandle, body: Any) -> Any:
-        result = real(self, body)
-        if self.shard == inverse_shard:
+def dies_after_the_inverse_commit(store: Store) -> Iterator[None]:
+    def step(name: str) -> None:
+        if name == "inverse committed":
             raise CrashError  # inside the primary side's open transaction: it rolls back
-        return result
 
-    with monkeypatch.context() as m:
-        m.setattr(ShardHandle, "transaction", transaction)
+    writer = store.relation_service.pairs
+    writer.step = step
+    try:
         yield
+    finally:
+        writer.step = None
 
 
 def test_a_failed_inverse_write_leaves_both_sides_as_they_were(store: Store) -> None:
@@ -74,15 +71,14 @@ def test_a_failed_inverse_write_leaves_both_sides_as_they_were(store: Store) -> 
     assert store.links(BHP, board) == [a]
     assert store.links(POB, a) == [board]
     assert store.links(POB, b) == []
-    assert repair_relations(store).changes == 0
+    dry = repair_relations(store, dry_run=True, shards=[1, 5])
+    assert [fix for fix in dry.inverse_added + dry.inverse_removed if board in fix] == []
 
 
-def test_repair_drops_an_inverse_left_by_a_link_that_died(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_repair_drops_an_inverse_left_by_a_link_that_died(store: Store) -> None:
     board, (a, b, c) = setup(store)
     store.link(BHP, board, a)
-    with dies_after_the_inverse_commit(monkeypatch, 5), pytest.raises(CrashError):
+    with dies_after_the_inverse_commit(store), pytest.raises(CrashError):
         store.link(BHP, board, b)
     store.link(BHP, board, c)
     assert store.links(BHP, board) == [a, c]
@@ -97,16 +93,15 @@ def test_repair_drops_an_inverse_left_by_a_link_that_died(
     assert report.inverse_added == []
     assert store.links(POB, b) == []
     assert store.count(POB, b) == 0
-    assert repair_relations(store).changes == 0  # nothing left to fix
+    again = repair_relations(store, dry_run=True, shards=[1, 5])
+    assert [fix for fix in again.inverse_added + again.inverse_removed if board in fix] == []  # all fixed
 
 
-def test_repair_restores_an_inverse_removed_by_an_unlink_that_died(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_repair_restores_an_inverse_removed_by_an_unlink_that_died(store: Store) -> None:
     board, (a, b, _c) = setup(store)
     store.link(BHP, board, a)
     store.link(BHP, board, b)
-    with dies_after_the_inverse_commit(monkeypatch, 5), pytest.raises(CrashError):
+    with dies_after_the_inverse_commit(store), pytest.raises(CrashError):
         store.unlink(BHP, board, a)
     assert store.links(BHP, board) == [a, b]  # the primary side kept the pair
     assert store.links(POB, a) == []

@@ -71,9 +71,13 @@ def build_caches(config: CacheConfig) -> Caches:
             failures_to_trip=config.failures_to_trip,
             cooldown_s=config.cooldown_s,
         )
-        objects = ObjectCache(store, ttl_s=config.ttl_s, lease_ttl_s=config.lease_ttl_s)
+        objects = ObjectCache(
+            store, ttl_s=config.ttl_s, lease_ttl_s=config.lease_ttl_s, max_stale_s=config.max_stale_s
+        )
     elif config.memory:
-        objects = ObjectCache(MemoryLeaseStore(name="memory-objects"), ttl_s=config.ttl_s)
+        objects = ObjectCache(
+            MemoryLeaseStore(name="memory-objects"), ttl_s=config.ttl_s, max_stale_s=config.max_stale_s
+        )
     if config.redis:
         from store.cache.redis_lists import RedisListBackend
 
@@ -85,7 +89,14 @@ def build_caches(config: CacheConfig) -> Caches:
             failures_to_trip=config.failures_to_trip,
             cooldown_s=config.cooldown_s,
         )
-        lists = ListCache(backend, entries=config.list_entries, ttl_s=config.ttl_s)
+        lists = ListCache(
+            backend, entries=config.list_entries, ttl_s=config.ttl_s, max_stale_s=config.max_stale_s
+        )
     elif config.memory:
-        lists = ListCache(MemoryListBackend(), entries=config.list_entries, ttl_s=config.ttl_s)
+        lists = ListCache(
+            MemoryListBackend(),
+            entries=config.list_entries,
+            ttl_s=config.ttl_s,
+            max_stale_s=config.max_stale_s,
+        )
     return Caches(objects, lists, config.prefix)

@@ -14,6 +14,21 @@ that lands after step 2 removes the marker, so the ``cas`` of step 4 fails:
 a reader that read the old row can never put it back after the writer's
 invalidation. A writer that committed before step 3 is seen by the read.
 Readers that find another's marker read the database and do not fill.
+
+Bounded staleness: an entry carries the time of the database read that
+filled it (taken before the read), and is trusted for ``max_stale_s`` after
+that; an older entry is a miss, read again and replaced (its key is leased
+over it: delete, add, gets, in the same round trip). So when a writer's
+invalidation is lost (the cache unreachable from the writer only, the writer
+killed between its commit and its delete, a cache restarted), no process
+serves a value older than the last acknowledged write for longer than
+``max_stale_s``. Without faults the delete is never lost and nothing is
+ever stale.
+
+An entry is ``ENTRY_TAG``, the read time (8 bytes, ms since the Unix epoch,
+big-endian) and the object's JSON, or nothing after the time when the
+database had no live object with that key (a cached miss: a create and a
+delete invalidate it like any write).
 """
 
 from __future__ import annotations
@@ -26,10 +41,18 @@ from typing import Protocol
 
 from store.cache.stats import CacheStats
 
-__all__ = ["LEASE_PREFIX", "LeaseStore", "MemoryLeaseStore", "ObjectCache"]
+__all__ = ["ENTRY_TAG", "LEASE_PREFIX", "LeaseStore", "MemoryLeaseStore", "ObjectCache", "wall_ms"]
 
-#: Values that start with this are lease markers, never objects (objects are JSON: ``{``).
+#: Values that start with this are lease markers, never entries.
 LEASE_PREFIX = b"\x00lease:"
+#: The first byte of an entry: then the read time and the object's JSON (or nothing: no object).
+ENTRY_TAG = b"\x01"
+_HEAD = 9  # tag + 8 bytes of read time
+
+
+def wall_ms() -> int:
+    """Milliseconds since the Unix epoch: entries are compared across processes and hosts."""
+    return time.time_ns() // 1_000_000
 
 
 class LeaseStore(Protocol):
@@ -46,8 +69,10 @@ class LeaseStore(Protocol):
         """Value and cas token of every key present."""
         ...
 
-    def lease_many(self, keys: Sequence[str], token: bytes, ttl_s: int) -> dict[str, int]:
-        """``add`` ``token`` to each key; the cas token of each key this call now holds."""
+    def lease_many(
+        self, keys: Sequence[str], token: bytes, ttl_s: int, *, replace: Sequence[str] = ()
+    ) -> dict[str, int]:
+        """``add`` ``token`` to each key (deleting each of ``replace`` first); cas tokens of the keys held."""
         ...
 
     def cas_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
@@ -62,11 +87,21 @@ class LeaseStore(Protocol):
 class ObjectCache:
     """Cache-aside reads and delete-on-write invalidation of object JSON."""
 
-    def __init__(self, store: LeaseStore, *, ttl_s: int = 3600, lease_ttl_s: int = 10) -> None:
+    def __init__(
+        self,
+        store: LeaseStore,
+        *,
+        ttl_s: int = 3600,
+        lease_ttl_s: int = 10,
+        max_stale_s: float = 5.0,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
         self.store = store
         self.stats = store.stats
         self._ttl_s = ttl_s
         self._lease_ttl_s = lease_ttl_s
+        self._max_stale_ms = int(max_stale_s * 1000)
+        self._clock_ms = clock_ms
         #: Test hook: called after the database read, before the fill.
         self.after_load: Callable[[], None] | None = None
 
@@ -75,28 +110,45 @@ class ObjectCache:
     ) -> dict[str, bytes]:
         """Cached values of ``keys``, misses read through ``load`` (only those it returns exist)."""
         found = self.store.gets_many(keys)
+        oldest = self._clock_ms() - self._max_stale_ms
         hits: dict[str, bytes] = {}
-        absent: list[str] = []
+        known_absent = 0
+        free: list[str] = []  # nothing there: lease it
+        expired: list[str] = []  # an entry too old to trust: lease over it
         missing: list[str] = []
         for key in keys:
             entry = found.get(key)
             if entry is None:
-                absent.append(key)
+                free.append(key)
                 missing.append(key)
-            elif entry[0].startswith(LEASE_PREFIX):
-                missing.append(key)  # another reader is filling it: read, do not fill
-            else:
-                hits[key] = entry[0]
+                continue
+            value = entry[0]
+            if value[:1] == ENTRY_TAG and len(value) >= _HEAD:
+                if int.from_bytes(value[1:_HEAD], "big") >= oldest:
+                    if len(value) > _HEAD:
+                        hits[key] = value[_HEAD:]
+                    else:
+                        known_absent += 1
+                    continue
+                expired.append(key)
+            elif not value.startswith(LEASE_PREFIX):
+                expired.append(key)  # not an entry this version wrote: replace it
+            missing.append(key)  # (a lease marker: another reader is filling; read, do not fill)
         if not missing:
-            self.stats.add(hits=len(hits))
+            self.stats.add(hits=len(hits) + known_absent)
             return hits
-        self.stats.add(hits=len(hits), misses=len(missing))
+        self.stats.add(hits=len(hits) + known_absent, misses=len(missing), expired=len(expired))
         token = LEASE_PREFIX + os.urandom(12).hex().encode()
-        leased = self.store.lease_many(absent, token, self._lease_ttl_s) if absent else {}
+        leased = (
+            self.store.lease_many(free + expired, token, self._lease_ttl_s, replace=expired)
+            if free or expired
+            else {}
+        )
+        read_at = self._clock_ms().to_bytes(8, "big")  # before the database read
         loaded = load(missing)
         if self.after_load is not None:
             self.after_load()
-        fills = {k: (loaded[k], cas) for k, cas in leased.items() if k in loaded}
+        fills = {k: (ENTRY_TAG + read_at + loaded.get(k, b""), cas) for k, cas in leased.items()}
         if fills:
             self.stats.add(fills=self.store.cas_many(fills, self._ttl_s))
         hits.update(loaded)
@@ -140,9 +192,13 @@ class MemoryLeaseStore:
         self._data[key] = (value, self._cas, self._clock() + ttl_s)
         return self._cas
 
-    def lease_many(self, keys: Sequence[str], token: bytes, ttl_s: int) -> dict[str, int]:
-        """``add`` ``token`` to each absent key; cas tokens of the keys now held."""
+    def lease_many(
+        self, keys: Sequence[str], token: bytes, ttl_s: int, *, replace: Sequence[str] = ()
+    ) -> dict[str, int]:
+        """``add`` ``token`` to each absent key (deleting ``replace`` first); cas tokens of the keys held."""
         with self._lock:
+            for key in replace:
+                self._data.pop(key, None)
             return {key: self._store(key, token, ttl_s) for key in keys if self._live(key) is None}
 
     def cas_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:

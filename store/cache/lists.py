@@ -12,6 +12,12 @@ version and deletes the list in one atomic step. A reader that misses notes
 the version it saw, reads the database, and fills only if the version is
 still the one it saw (checked and written atomically by the backend). So a
 reader that read the old rows cannot fill after a writer's invalidation.
+
+Bounded staleness: the meta also holds the time of the database read that
+filled the list (taken before the read); a list older than ``max_stale_s``
+is a miss and is filled again, so a lost invalidation (Redis unreachable
+from the writer, the writer killed after its commit, Redis restarted and its
+versions gone) is stale for at most ``max_stale_s`` in any process.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from store.cache.leases import wall_ms
 from store.cache.stats import CacheStats
 
 __all__ = ["ListBackend", "ListCache", "ListRead", "MemoryListBackend", "decode_member", "encode_member"]
@@ -45,11 +52,15 @@ def decode_member(member: bytes) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class ListRead:
-    """One atomic read: the meta (None if the list is not cached), members and version."""
+    """One atomic read: the meta (None if the list is not cached), members and version.
+
+    ``read_ms`` is when the database read that filled the list began (ms since the epoch).
+    """
 
     meta: tuple[int, int] | None
     members: list[bytes]
     version: bytes | None
+    read_ms: int = 0
 
 
 class ListBackend(Protocol):
@@ -66,7 +77,9 @@ class ListBackend(Protocol):
         """
         ...
 
-    def fill(self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int) -> bool:
+    def fill(
+        self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
+    ) -> bool:
         """Replace the cached list if the version is still ``version``; True if filled."""
         ...
 
@@ -78,23 +91,43 @@ class ListBackend(Protocol):
 class ListCache:
     """Reads relation lists from a `ListBackend`, filling misses from the database."""
 
-    def __init__(self, backend: ListBackend, *, entries: int = 1000, ttl_s: int = 3600) -> None:
+    def __init__(
+        self,
+        backend: ListBackend,
+        *,
+        entries: int = 1000,
+        ttl_s: int = 3600,
+        max_stale_s: float = 5.0,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
         self.backend = backend
         self.stats = backend.stats
         self.entries = entries
         self._ttl_s = ttl_s
+        self._max_stale_ms = int(max_stale_s * 1000)
+        self.clock_ms = clock_ms or wall_ms
         #: Test hook: called after the database read, before the fill.
         self.after_load: Callable[[], None] | None = None
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
-        """The backend's atomic read (None on failure)."""
-        return self.backend.read(key, op)
+        """The backend's atomic read (None on failure); a list older than ``max_stale_s`` is not cached."""
+        got = self.backend.read(key, op)
+        if got is not None and got.meta is not None and got.read_ms < self.clock_ms() - self._max_stale_ms:
+            self.stats.add(expired=1)
+            return ListRead(None, [], got.version)
+        return got
 
-    def fill(self, key: str, version: bytes | None, n: int, head: Sequence[tuple[int, int]]) -> None:
-        """Cache ``head`` (the first entries) and the length ``n``, unless invalidated meanwhile."""
+    def fill(
+        self, key: str, version: bytes | None, n: int, head: Sequence[tuple[int, int]], read_ms: int
+    ) -> None:
+        """Cache ``head`` (the first entries) and the length ``n``, unless invalidated meanwhile.
+
+        ``read_ms`` is when the database read began (`clock_ms` before it).
+        """
         if self.after_load is not None:
             self.after_load()
-        if self.backend.fill(key, version, n, [encode_member(s, t) for s, t in head], self._ttl_s):
+        members = [encode_member(s, t) for s, t in head]
+        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms):
             self.stats.add(fills=1)
 
     def invalidate(self, keys: Sequence[str]) -> None:
@@ -110,7 +143,7 @@ class MemoryListBackend:
         self.stats = CacheStats(name)
         self._lock = threading.Lock()
         self._clock = clock
-        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float]] = {}
+        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float, int]] = {}
         self._versions: dict[str, int] = {}
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
@@ -124,16 +157,18 @@ class MemoryListBackend:
                 entry = None
             if entry is None:
                 return ListRead(None, [], vbytes)
-            meta, members, _exp = entry
-            return ListRead(meta, _select(members, op), vbytes)
+            meta, members, _exp, read_ms = entry
+            return ListRead(meta, _select(members, op), vbytes, read_ms)
 
-    def fill(self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int) -> bool:
+    def fill(
+        self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
+    ) -> bool:
         """Replace the list if its version is unchanged."""
         with self._lock:
             current = self._versions.get(key)
             if (None if current is None else str(current).encode()) != version:
                 return False
-            self._lists[key] = ((n, len(members)), sorted(members), self._clock() + ttl_s)
+            self._lists[key] = ((n, len(members)), sorted(members), self._clock() + ttl_s, read_ms)
             return True
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:

@@ -263,14 +263,19 @@ class MemcachedLeaseStore:
                 out.update(got)
         return out
 
-    def lease_many(self, keys: Sequence[str], token: bytes, ttl_s: int) -> dict[str, int]:
-        """``add`` the marker to each key and read it back; cas tokens of the keys held."""
+    def lease_many(
+        self, keys: Sequence[str], token: bytes, ttl_s: int, *, replace: Sequence[str] = ()
+    ) -> dict[str, int]:
+        """``add`` the marker to each key (deleting ``replace`` first) and read it back; cas tokens held."""
         out: dict[str, int] = {}
         head = f" 0 {ttl_s} {len(token)}\r\n".encode()
+        old = set(replace)
         for server, group in self._group(keys).items():
-            request = b"".join(b"add " + k.encode() + head + token + b"\r\n" for k in group)
+            deletes = [k for k in group if k in old]
+            request = b"".join(b"delete " + k.encode() + b"\r\n" for k in deletes)
+            request += b"".join(b"add " + k.encode() + head + token + b"\r\n" for k in group)
             request += b"gets " + " ".join(group).encode() + b"\r\n"
-            got = server.run(request, _read_status(len(group), then_values=True))
+            got = server.run(request, _read_status(len(deletes) + len(group), then_values=True))
             if got is None:
                 continue
             assert isinstance(got, tuple)

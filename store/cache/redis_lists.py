@@ -29,14 +29,14 @@ from store.cache.stats import Breaker, CacheStats
 
 __all__ = ["RedisListBackend"]
 
-# KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, members...
+# KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, members...
 _FILL = """
 local v = redis.call('GET', KEYS[3])
 if (v or '') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 local ttl = tonumber(ARGV[3])
 local batch = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   batch[#batch + 1] = 0
   batch[#batch + 1] = ARGV[i]
   if #batch >= 1000 then
@@ -45,8 +45,8 @@ for i = 4, #ARGV do
   end
 end
 if #batch > 0 then redis.call('ZADD', KEYS[1], unpack(batch)) end
-if #ARGV >= 4 then redis.call('EXPIRE', KEYS[1], ttl) end
-redis.call('SET', KEYS[2], ARGV[2] .. ':' .. (#ARGV - 3), 'EX', ttl)
+if #ARGV >= 5 then redis.call('EXPIRE', KEYS[1], ttl) end
+redis.call('SET', KEYS[2], ARGV[2] .. ':' .. (#ARGV - 4) .. ':' .. ARGV[4], 'EX', ttl)
 return 1
 """
 
@@ -120,18 +120,22 @@ class RedisListBackend:
             self._failed(exc)
             return None
         self.breaker.success()
-        meta = None
+        meta, read_ms = None, 0
         if meta_raw is not None:
-            n, _, cached = meta_raw.partition(b":")
-            meta = (int(n), int(cached))
-        return ListRead(meta, members if isinstance(members, list) else [], version)
+            parts = meta_raw.split(b":")
+            meta = (int(parts[0]), int(parts[1]))
+            read_ms = int(parts[2]) if len(parts) > 2 else 0  # no time: an entry from before, too old
+        return ListRead(meta, members if isinstance(members, list) else [], version, read_ms)
 
-    def fill(self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int) -> bool:
+    def fill(
+        self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
+    ) -> bool:
         """Replace the list if the version is unchanged (one Lua call)."""
         if not self._guard():
             return False
         try:
-            done = self._fill(keys=list(self._keys(key)), args=[version or b"", n, ttl_s, *members])
+            args: list[bytes | int] = [version or b"", n, ttl_s, read_ms, *members]
+            done = self._fill(keys=list(self._keys(key)), args=args)
         except redis.RedisError as exc:
             self._failed(exc)
             return False

@@ -21,6 +21,7 @@ class CacheStats:
     invalidations: int = 0
     errors: int = 0
     skipped: int = 0  # calls not made because the server was cooling down
+    expired: int = 0  # entries older than max_stale_s: read again (counted in misses too)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -39,6 +40,7 @@ class CacheStats:
                 "invalidations": self.invalidations,
                 "errors": self.errors,
                 "skipped": self.skipped,
+                "expired": self.expired,
             }
 
 

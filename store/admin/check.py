@@ -1,0 +1,333 @@
+"""`store check`: is every shard live exactly once, where the live map says, whole and consistent?
+
+For every physical server of the config (host names that share a server
+are one server), it reads what the server holds (`read_inventory`) and
+compares with the live map:
+
+* every shard is live on the server of its master, and on no other server
+  (a live copy elsewhere is a *stray copy*: a process with an old map, or a
+  tool, could write to it);
+* a tombstone on the server the live map names means the map source is
+  behind the hosts; tombstones elsewhere, and archives waiting for
+  ``store move --cleanup``, are listed, not faults;
+* every table of the config exists in every live shard;
+* relation counts agree with the rows, and inverse rows with primary rows,
+  on a sample of each relation on each shard (``full=True``: all of them).
+
+Read-only: it changes nothing. The report lists problems (each with what
+to run) and notes; `CheckReport.ok` is False when any problem was found.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import URL
+
+from store.admin.ownership import ServerInventory, ShardCopy, read_inventory
+from store.config import RelationSpec
+from store.exceptions import StoreError
+from store.schema import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
+from store.store import Store
+
+__all__ = ["CheckReport", "Finding", "check_store"]
+
+#: Lists (per relation and shard) whose count is compared with the rows, and pairs checked on the other side.
+SAMPLE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing `store check` found: what, where, and what to run about it."""
+
+    kind: str
+    shard: int | None
+    server: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        """The finding as one line."""
+        where = f"shard {self.shard} " if self.shard is not None else ""
+        fix = f" ({self.fix})" if self.fix else ""
+        return f"{self.kind}: {where}on {self.server}: {self.detail}{fix}"
+
+
+@dataclass
+class CheckReport:
+    """What `check_store` found. ``ok`` is False if anything is wrong."""
+
+    map_version: int
+    shards: int
+    live: dict[int, list[str]] = field(default_factory=dict)  # shard -> servers holding it live
+    problems: list[Finding] = field(default_factory=list)
+    notes: list[Finding] = field(default_factory=list)
+    lists_checked: int = 0
+    pairs_checked: int = 0
+    full: bool = False
+
+    def problem(self, kind: str, shard: int | None, server: str, detail: str, fix: str = "") -> None:
+        """Record something wrong."""
+        self.problems.append(Finding(kind, shard, server, detail, fix))
+
+    def note(self, kind: str, shard: int | None, server: str, detail: str, fix: str = "") -> None:
+        """Record something worth knowing that is not wrong."""
+        self.notes.append(Finding(kind, shard, server, detail, fix))
+
+    @property
+    def ok(self) -> bool:
+        """True if every shard is live exactly once where the map says, whole and consistent."""
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (for ``--json``)."""
+
+        def rows(items: list[Finding]) -> list[dict[str, Any]]:
+            return [
+                {"kind": f.kind, "shard": f.shard, "server": f.server, "detail": f.detail, "fix": f.fix}
+                for f in items
+            ]
+
+        return {
+            "ok": self.ok,
+            "map_version": self.map_version,
+            "shards": self.shards,
+            "live_exactly_once": sum(1 for servers in self.live.values() if len(servers) == 1),
+            "full": self.full,
+            "lists_checked": self.lists_checked,
+            "pairs_checked": self.pairs_checked,
+            "problems": rows(self.problems),
+            "notes": rows(self.notes),
+        }
+
+
+def server_identity(url: URL) -> str:
+    """One name per physical server: host names whose URLs point at the same server share it."""
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return f"sqlite:{url.database}"
+    socket = url.query.get("unix_socket")
+    where = f"{url.host or '127.0.0.1'}:{url.port or (5432 if backend == 'postgresql' else 3306)}"
+    if backend == "postgresql":
+        return f"postgresql://{where}/{url.database}"
+    return f"mysql://{socket}" if socket else f"mysql://{where}"
+
+
+def check_store(
+    store: Store,
+    *,
+    full: bool = False,
+    sample: int = SAMPLE,
+    rng: random.Random | None = None,
+    on_shard: Callable[[int], None] | None = None,
+) -> CheckReport:
+    """Check placement, tables, counts and inverses of every shard; change nothing."""
+    store.refresh_map(force=True)
+    placed = store.shard_map
+    config = store.config
+    report = CheckReport(map_version=placed.version, shards=placed.shards, full=full)
+    servers: dict[str, list[str]] = {}
+    for host, url in config.hosts.items():
+        servers.setdefault(server_identity(url), []).append(host)
+    label = {ident: "/".join(hosts) for ident, hosts in servers.items()}
+    inventories = {ident: _inventory(store, hosts[0]) for ident, hosts in servers.items()}
+    expected = {s: server_identity(config.hosts[placed.master(s)]) for s in range(placed.shards)}
+    for ident, inv in inventories.items():
+        for shard, copy in sorted(inv.copies.items()):
+            _place(report, copy, ident, label[ident], expected.get(shard), placed.version)
+        for shard in sorted(inv.archives):
+            archive = f"moved_{database_name(shard)} holds the rows of a finished move"
+            report.note(
+                "archive", shard, label[ident], archive, "store move --cleanup drops it once you are sure"
+            )
+    wanted = _tables(store)
+    rng = rng or random.Random()
+    for shard in range(placed.shards):
+        ident = expected[shard]
+        found = inventories[ident].copies.get(shard)
+        init = f"store init --shards {shard}-{shard}"
+        if found is None or found.state != "live":
+            if found is None or found.state == "empty":
+                why = f"no live copy where map version {placed.version} puts it ({placed.master(shard)})"
+                report.problem("missing", shard, label[ident], why, init)
+            continue
+        absent = sorted(set(wanted) - set(found.tables))
+        if absent:
+            report.problem("missing tables", shard, label[ident], ", ".join(absent), init)
+            continue
+        _consistency(store, report, shard, label[ident], full, sample, rng)
+        if on_shard is not None:
+            on_shard(shard)
+    return report
+
+
+def _place(
+    report: CheckReport, copy: ShardCopy, ident: str, where: str, expected: str | None, version: int
+) -> None:
+    shard = copy.shard
+    if expected is None:
+        why = f"shard {shard} is beyond the map's {report.shards} shards"
+        report.problem("stray copy", shard, where, why, "drop it once you are sure it holds nothing you need")
+    elif copy.state == "live":
+        report.live.setdefault(shard, []).append(where)
+        if ident != expected:
+            why = (
+                f"a live copy where map version {version} does not put the shard: a process with an old map "
+                f"could write to it (tables {', '.join(copy.tables[:3])}, ...)"
+            )
+            report.problem("stray copy", shard, where, why, "find out how it got there, then drop it")
+    elif copy.state == "tombstone":
+        moved = f"moved to {copy.moved_to} in map version {copy.map_version}"
+        if ident == expected:
+            why = f"the live map (version {version}) puts the shard here, but it {moved}"
+            report.problem(
+                "tombstone", shard, where, why, "the map source is behind the hosts: check map_source"
+            )
+        else:
+            report.note("tombstone", shard, where, f"{moved}; refuses every read and write")
+    elif ident != expected:
+        report.note("empty", shard, where, "an empty shard database: nothing to fence")
+
+
+def _inventory(store: Store, host: str) -> ServerInventory:
+    dialect = store.engines.dialect(host).name
+    if dialect == "sqlite":
+        return _sqlite_inventory(Path(str(store.config.hosts[host].database)))
+    with store.engines.shard(0, host).connect() as conn:
+        cur = conn.cursor()
+        inv = read_inventory(cur, dialect)
+        cur.close()
+    return inv
+
+
+def _sqlite_inventory(folder: Path) -> ServerInventory:
+    """Shard files in a SQLite host folder, opened read-only (a check never creates a shard)."""
+    inv = ServerInventory()
+    for path in sorted(folder.glob("db[0-9][0-9][0-9][0-9][0-9].sqlite3")):
+        shard = int(path.name[2:7])
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            names = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        finally:
+            conn.close()
+        tables = tuple(sorted(n for n in names if not n.startswith("sqlite_")))
+        inv.copies[shard] = ShardCopy(shard, "live" if tables else "empty", tables)
+    return inv
+
+
+def _tables(store: Store) -> list[str]:
+    config = store.config
+    out = [t.table for t in config.types.values()] + list(config.relations)
+    if config.relations:
+        out.append(COUNTS_TABLE)
+    return [t for t in out if t != TOMBSTONE_TABLE]
+
+
+def _consistency(
+    store: Store, report: CheckReport, shard: int, where: str, full: bool, sample: int, rng: random.Random
+) -> None:
+    repo = store.relation_repository
+    h = store.engines.shard(shard, store.shard_map.master(shard))
+    relations = store.config.relations
+    for spec in relations.values():
+        if full:
+            wrong = repo.count_mismatches(h, spec.name)
+            report.lists_checked += _lists(h, spec.name)
+        else:
+            wrong = _sampled_counts(store, h, spec, sample, rng, report)
+        repair = f"store relations repair {spec.name} --shards {shard}-{shard}"
+        for from_id, kept, actual in wrong:
+            report.problem(
+                "count", shard, where, f"{spec.name} of {from_id} counts {kept}, holds {actual}", repair
+            )
+        if spec.inverse is None:
+            continue
+        other = relations[spec.inverse]
+        for f, t in _unmatched(store, h, spec, other, None if full else sample, rng, report):
+            why = f"{spec.name} {f} -> {t} has no {other.name} {t} -> {f}"
+            report.problem("inverse", shard, where, why, f"store relations repair {spec.name}")
+
+
+def _lists(h: Any, relation: str) -> int:
+    row = h.read(
+        f"SELECT COUNT(*) FROM {h.table(COUNTS_TABLE)} WHERE relation = {h.dialect.param}",
+        (relation,),
+        one=True,
+    )
+    return int(row[0])
+
+
+def _sampled_counts(
+    store: Store, h: Any, spec: RelationSpec, sample: int, rng: random.Random, report: CheckReport
+) -> list[tuple[int, int, int]]:
+    """(from_id, kept, actual) for lists whose kept count differs, among up to ``sample`` lists."""
+    d = h.dialect
+    p = d.param
+    rows = h.read(
+        f"SELECT from_id, n FROM {h.table(COUNTS_TABLE)} WHERE relation = {p} AND from_id >= {p} "
+        f"ORDER BY from_id LIMIT {p}",
+        (spec.name, rng.randrange(1 << 62), sample),
+        one=False,
+    )
+    if len(rows) < sample:  # wrapped around: take the lists from the start too
+        first = (
+            f"SELECT from_id, n FROM {h.table(COUNTS_TABLE)} WHERE relation = {p} ORDER BY from_id LIMIT {p}"
+        )
+        rows = list(rows) + list(h.read(first, (spec.name, sample - len(rows)), one=False))
+    kept = {int(f): int(n) for f, n in rows}
+    if not kept:
+        return []
+    report.lists_checked += len(kept)
+    actual = {
+        int(f): int(n)
+        for f, n in h.read(
+            f"SELECT from_id, COUNT(*) FROM {h.table(spec.name)} WHERE from_id IN ({d.params(len(kept))}) "
+            "GROUP BY from_id",
+            list(kept),
+            one=False,
+        )
+    }
+    return [(f, n, actual.get(f, 0)) for f, n in sorted(kept.items()) if actual.get(f, 0) != n]
+
+
+def _unmatched(
+    store: Store,
+    h: Any,
+    spec: RelationSpec,
+    other: RelationSpec,
+    sample: int | None,
+    rng: random.Random,
+    report: CheckReport,
+) -> Iterable[tuple[int, int]]:
+    """Pairs of ``spec`` on ``h``'s shard whose ``other`` row is missing (a sample, or all)."""
+    repo = store.relation_repository
+    after: tuple[int, int] | None = None if sample is None else (rng.randrange(1 << 62), 0)
+    budget = sample
+    while True:
+        chunk = 1000 if budget is None else min(1000, budget)
+        rows = repo.scan(h, spec.name, after, chunk)
+        if not rows and after is not None and sample is not None and budget == sample:
+            rows = repo.scan(h, spec.name, None, chunk)  # past the last key: start from the first
+        if not rows:
+            return
+        report.pairs_checked += len(rows)
+        groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for f, t, _seq in rows:
+            try:
+                s, _t, _l, host = store.router.route(t, spec.to_type)
+            except StoreError:
+                continue  # not routable: `store relations repair` reports these
+            groups.setdefault((s, host), []).append((f, t))
+        for (s, host), pairs in groups.items():
+            found = repo.present(store.engines.shard(s, host), other.name, [(t, f) for f, t in pairs])
+            yield from ((f, t) for f, t in pairs if (t, f) not in found)
+        after = (rows[-1][0], rows[-1][1])
+        if budget is not None:
+            budget -= len(rows)
+            if budget <= 0:
+                return
