@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck services bench clean
+.PHONY: demo test faults moves check lint typecheck services bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ demo: $(STAMP)
 ## test: start services if down, then format check, lint, type check, whole test suite
 test: $(STAMP) services lint typecheck
 	$(BIN)/pytest
+
+## faults: the fault suite alone (servers killed, blackholed, restarted); prints its report table
+faults: $(STAMP) services
+	$(BIN)/pytest -m faults
+
+## moves: moves, tombstones and `store check` alone, on MariaDB servers the tests start
+moves: $(STAMP) services
+	$(BIN)/pytest -m moves
 
 services:
 	bash scripts/services.sh

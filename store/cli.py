@@ -572,7 +572,7 @@ def _ticket_allocator(path: Path | None) -> Any:
 @tickets.command("init")
 @_config_option
 def tickets_init(config_path: Path | None) -> None:
-    """Create the tickets database and one table per counter on every server."""
+    """Create the tickets database, one table per counter, and record each server's place on it."""
     allocator = _ticket_allocator(config_path)
     try:
         allocator.init()

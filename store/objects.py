@@ -86,7 +86,8 @@ class ObjectRepository:
                     cur.close()
                 break
             except BackendError as exc:
-                # An ID the database made twice (see store.schema): the primary
+                # An ID the database made twice (a MariaDB shard made by an
+                # earlier version, whose trigger used a sequence): the primary
                 # key refused the row, nothing was written; make another.
                 if self._key != "id" or not _duplicate_key(exc) or attempt == _INSERT_ATTEMPTS:
                     raise

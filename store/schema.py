@@ -138,39 +138,45 @@ _SQLITE_RELATION_INDEX = (
 # to the clock first. So IDs never repeat and keep increasing per shard, even
 # when more than 1,024 are made in one millisecond (the ms field borrows the
 # next millisecond) or the clock steps back (the ms field runs ahead of the
-# clock until it catches up). Tests may pin the clock: @store_clock_ms
-# (MariaDB), SET store.clock_ms (PostgreSQL).
+# clock until it catches up). The counter is the shard's, shared by all its
+# tables: no two objects share an ID. Tests may pin the clock:
+# @store_clock_ms (MariaDB), SET store.clock_ms (PostgreSQL).
 
-_MYSQL_ID_SEQ = (
-    "CREATE SEQUENCE IF NOT EXISTS `{db}`.`id_seq` START WITH 1 INCREMENT BY 1 MINVALUE 1 "
-    "MAXVALUE 9223372036854775806 CACHE 1000"
-)
+# The same counter on MariaDB, kept in a one-row table of the shard (MariaDB's
+# SETVAL takes only a literal, so a sequence cannot jump to the clock inside a
+# trigger). Every insert's trigger moves the row under its row lock, so the
+# shard's inserts take turns for the moment of their commit, as next_id()'s
+# advisory lock makes them on PostgreSQL, and the counter is shared by every
+# table of the shard: no two objects of a shard, of any types, share an ID.
+# A row in a table also travels with the shard when it moves.
+_MYSQL_ID_COUNTER = """\
+CREATE TABLE IF NOT EXISTS `{db}`.`id_counter` (
+  `one` TINYINT NOT NULL PRIMARY KEY,
+  `v` BIGINT NOT NULL
+) ENGINE=InnoDB"""
+_MYSQL_ID_COUNTER_ROW = "INSERT IGNORE INTO `{db}`.`id_counter` (`one`, `v`) VALUES (1, 0)"
 
 # The same object table, keyed by the whole ID that the trigger below makes.
 _MYSQL_IG_OBJECTS = _MYSQL_OBJECTS_TEMPLATE.format(key="id", key_type="BIGINT NOT NULL DEFAULT 0")
 
-# MariaDB's SETVAL takes only a literal, so the counter cannot jump to the
-# clock inside a trigger. Here the ID is the article's layout with two fixes:
-# the time is read when the row is made (SYSDATE, not the statement's NOW),
-# and each block of 1,024 sequence values starts at least a millisecond after
-# the previous block began, so one session never repeats an ID. Concurrent
-# sessions, or a clock that steps back, can still produce an ID twice: the
-# primary key refuses the second row and `store` retries the insert.
+# The time is read when the row is made (SYSDATE, not the statement's NOW).
 _MYSQL_IG_TRIGGER = """\
 CREATE TRIGGER IF NOT EXISTS `{db}`.`{table}_next_id` BEFORE INSERT ON `{db}`.`{table}` FOR EACH ROW
 BEGIN
-  DECLARE ms BIGINT;
-  DECLARE v BIGINT;
+  DECLARE units BIGINT;
+  DECLARE nv BIGINT;
   IF NEW.id = 0 THEN
-    SET v = NEXTVAL(`{db}`.`id_seq`);
-    IF (v & 1023) = 0 THEN
-      DO SLEEP(0.001);
+    SET units = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - {epoch};
+    SET units = units * 1024;
+    IF units < 0 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock before the Instagram ID epoch';
     END IF;
-    SET ms = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - {epoch};
-    IF ms < 0 OR ms >= 1099511627776 THEN
-      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock outside the Instagram ID range of 2**40 ms';
+    UPDATE `{db}`.`id_counter` SET `v` = GREATEST(`v` + 1, units) WHERE `one` = 1;
+    SELECT c.`v` INTO nv FROM `{db}`.`id_counter` c WHERE c.`one` = 1;
+    IF (nv >> 10) >= 1099511627776 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'Instagram ID space of shard {shard} exhausted (2**40 ms)';
     END IF;
-    SET NEW.id = (ms << 23) | ({shard} << 10) | (v & 1023);
+    SET NEW.id = ((nv >> 10) << 23) | ({shard} << 10) | (nv & 1023);
   END IF;
 END"""
 
@@ -285,7 +291,11 @@ def _instagram_statements(
 ) -> list[tuple[str, str]]:
     if backend in ("mysql", "mariadb"):
         db = database_name(shard)
-        out = [("", _MYSQL_DATABASE.format(db=db)), ("id_seq", _MYSQL_ID_SEQ.format(db=db))]
+        out = [
+            ("", _MYSQL_DATABASE.format(db=db)),
+            ("id_counter", _MYSQL_ID_COUNTER.format(db=db)),
+            ("id_counter", _MYSQL_ID_COUNTER_ROW.format(db=db)),
+        ]
         for t in types:
             out.append((t.table, _MYSQL_IG_OBJECTS.format(db=db, table=t.table)))
             out.append(

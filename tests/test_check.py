@@ -22,6 +22,8 @@ from tests.servers import MariaDBServer
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
 
+pytestmark = pytest.mark.moves
+
 
 def run_check(config_file: Path, *args: str) -> tuple[int, str]:
     done = subprocess.run(
@@ -134,6 +136,7 @@ def test_check_names_a_missing_table_a_drifted_count_and_a_lost_inverse(tmp_path
             assert by_kind[("count", 1)].detail == f"{BHP} of {board} counts 7, holds 3"
             assert by_kind[("count", 5)].detail == f"{POB} of {pins[0]} counts 1, holds 0"
             assert (
-                by_kind[("inverse", 1)].detail == f"{BHP} {board} -> {pins[0]} has no {POB} {pins[0]} -> {board}"
+                by_kind[("inverse", 1)].detail
+                == f"{BHP} {board} -> {pins[0]} has no {POB} {pins[0]} -> {board}"
             )
             assert by_kind[("missing tables", 6)].fix == "store init --shards 6-6"

@@ -208,12 +208,34 @@ def test_mariadb_burst_in_one_statement_has_no_duplicates(mariadb_instagram: Sto
             cur.execute("INSERT INTO db00030.pins (data) SELECT '{}' FROM db00030.seq_1_to_3000")
             cur.execute("SELECT COUNT(*), COUNT(DISTINCT id) FROM db00030.pins")
             assert cur.fetchone() == (3000, 3000)
-            # With the clock pinned to one millisecond, the 1,025th ID would
-            # repeat the first: the primary key refuses the statement whole.
+            # The clock pinned to one millisecond: the published next_id() would
+            # repeat the 1,025th ID; the shard's counter borrows the next ms instead.
             cur.execute(f"SET @store_clock_ms = {INSTAGRAM_EPOCH_MS + now_ms()}")
-            with pytest.raises(pymysql.err.IntegrityError, match="Duplicate entry"):
-                cur.execute("INSERT INTO db00031.pins (data) SELECT '{}' FROM db00031.seq_1_to_2000")
-            cur.execute("SELECT COUNT(*) FROM db00031.pins")
-            assert cur.fetchone() == (0,), "nothing was written, nothing overwritten"
+            cur.execute("INSERT INTO db00031.pins (data) SELECT '{}' FROM db00031.seq_1_to_2000")
+            cur.execute("SELECT COUNT(*), COUNT(DISTINCT id), MIN(id) < MAX(id) FROM db00031.pins")
+            assert cur.fetchone() == (2000, 2000, 1)
     finally:
         conn.close()
+
+
+def test_mariadb_no_two_objects_of_a_shard_share_an_id(mariadb_instagram: StoreConfig) -> None:
+    """Pins and boards of one shard draw from one counter: never the same ID, even in one millisecond."""
+    with Store(mariadb_instagram) as store:
+        made: list[int] = []
+        errors: list[BaseException] = []
+
+        def work(type_name: str) -> None:
+            try:
+                for _ in range(300):
+                    made.append(store.create(type_name, {}, shard=29))
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in ("pin", "board", "user", "pin")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(made) == 1200
+        assert len(set(made)) == 1200, "two objects of one shard got the same ID"

@@ -31,6 +31,8 @@ from tests.servers import MariaDBServer
 SHARDS = 16
 MOVING = range(8, 16)
 
+pytestmark = pytest.mark.moves
+
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:

@@ -26,6 +26,8 @@ from tests.servers import MariaDBServer
 
 BHP = "board_has_pins"
 
+pytestmark = pytest.mark.moves
+
 
 @dataclass
 class Moved:
@@ -233,3 +235,21 @@ def test_cleanup_drops_the_archives_and_keeps_the_tombstones(moved: Moved) -> No
     assert 0 not in inventory.archives
     with Store.from_config(moved.raw(map_source=False)) as static, pytest.raises(ShardMovedError):
         static.get(next(p for p, v in moved.before.items() if v["s"] == 0))
+
+
+def test_a_move_to_a_host_that_already_holds_the_shards_is_refused(moved: Moved) -> None:
+    from store.admin.move import MoveError
+
+    # B holds shards 0-3 live; a stray copy of shard 5 is made there by hand.
+    moved.sql(moved.target, "CREATE DATABASE db00005")
+    moved.sql(moved.target, "CREATE TABLE db00005.pins (local_id BIGINT PRIMARY KEY)")
+    try:
+        with Store.from_config(moved.raw()) as store:
+            mover = Mover(store, moved.folder / "second.json", say=lambda _m: None)
+            with pytest.raises(MoveError, match=r"B already holds tables of db00005, which the live map"):
+                mover.plan(4, 5, "B")
+            with pytest.raises(MoveError, match="shards 0-1 are already on B"):
+                mover.plan(0, 1, "B")
+        assert not (moved.folder / "second.json").exists(), "a refused move wrote a journal"
+    finally:
+        moved.sql(moved.target, "DROP DATABASE db00005")

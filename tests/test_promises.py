@@ -66,6 +66,7 @@ def base_tables(server: MariaDBServer, db: str) -> list[str]:
         conn.close()
 
 
+@pytest.mark.moves
 def test_init_after_a_move_does_not_open_the_moved_shards_again(
     pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
 ) -> None:

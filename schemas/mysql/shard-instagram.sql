@@ -3,7 +3,12 @@
 
 CREATE DATABASE IF NOT EXISTS `db00000` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
 
-CREATE SEQUENCE IF NOT EXISTS `db00000`.`id_seq` START WITH 1 INCREMENT BY 1 MINVALUE 1 MAXVALUE 9223372036854775806 CACHE 1000;
+CREATE TABLE IF NOT EXISTS `db00000`.`id_counter` (
+  `one` TINYINT NOT NULL PRIMARY KEY,
+  `v` BIGINT NOT NULL
+) ENGINE=InnoDB;
+
+INSERT IGNORE INTO `db00000`.`id_counter` (`one`, `v`) VALUES (1, 0);
 
 CREATE TABLE IF NOT EXISTS `db00000`.`pins` (
   `id` BIGINT NOT NULL DEFAULT 0,
@@ -15,18 +20,20 @@ CREATE TABLE IF NOT EXISTS `db00000`.`pins` (
 
 CREATE TRIGGER IF NOT EXISTS `db00000`.`pins_next_id` BEFORE INSERT ON `db00000`.`pins` FOR EACH ROW
 BEGIN
-  DECLARE ms BIGINT;
-  DECLARE v BIGINT;
+  DECLARE units BIGINT;
+  DECLARE nv BIGINT;
   IF NEW.id = 0 THEN
-    SET v = NEXTVAL(`db00000`.`id_seq`);
-    IF (v & 1023) = 0 THEN
-      DO SLEEP(0.001);
+    SET units = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - 1314220021721;
+    SET units = units * 1024;
+    IF units < 0 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock before the Instagram ID epoch';
     END IF;
-    SET ms = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - 1314220021721;
-    IF ms < 0 OR ms >= 1099511627776 THEN
-      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock outside the Instagram ID range of 2**40 ms';
+    UPDATE `db00000`.`id_counter` SET `v` = GREATEST(`v` + 1, units) WHERE `one` = 1;
+    SELECT c.`v` INTO nv FROM `db00000`.`id_counter` c WHERE c.`one` = 1;
+    IF (nv >> 10) >= 1099511627776 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'Instagram ID space of shard 0 exhausted (2**40 ms)';
     END IF;
-    SET NEW.id = (ms << 23) | (0 << 10) | (v & 1023);
+    SET NEW.id = ((nv >> 10) << 23) | (0 << 10) | (nv & 1023);
   END IF;
 END;
 
@@ -40,18 +47,20 @@ CREATE TABLE IF NOT EXISTS `db00000`.`boards` (
 
 CREATE TRIGGER IF NOT EXISTS `db00000`.`boards_next_id` BEFORE INSERT ON `db00000`.`boards` FOR EACH ROW
 BEGIN
-  DECLARE ms BIGINT;
-  DECLARE v BIGINT;
+  DECLARE units BIGINT;
+  DECLARE nv BIGINT;
   IF NEW.id = 0 THEN
-    SET v = NEXTVAL(`db00000`.`id_seq`);
-    IF (v & 1023) = 0 THEN
-      DO SLEEP(0.001);
+    SET units = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - 1314220021721;
+    SET units = units * 1024;
+    IF units < 0 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock before the Instagram ID epoch';
     END IF;
-    SET ms = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - 1314220021721;
-    IF ms < 0 OR ms >= 1099511627776 THEN
-      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock outside the Instagram ID range of 2**40 ms';
+    UPDATE `db00000`.`id_counter` SET `v` = GREATEST(`v` + 1, units) WHERE `one` = 1;
+    SELECT c.`v` INTO nv FROM `db00000`.`id_counter` c WHERE c.`one` = 1;
+    IF (nv >> 10) >= 1099511627776 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'Instagram ID space of shard 0 exhausted (2**40 ms)';
     END IF;
-    SET NEW.id = (ms << 23) | (0 << 10) | (v & 1023);
+    SET NEW.id = ((nv >> 10) << 23) | (0 << 10) | (nv & 1023);
   END IF;
 END;
 
@@ -65,18 +74,20 @@ CREATE TABLE IF NOT EXISTS `db00000`.`users` (
 
 CREATE TRIGGER IF NOT EXISTS `db00000`.`users_next_id` BEFORE INSERT ON `db00000`.`users` FOR EACH ROW
 BEGIN
-  DECLARE ms BIGINT;
-  DECLARE v BIGINT;
+  DECLARE units BIGINT;
+  DECLARE nv BIGINT;
   IF NEW.id = 0 THEN
-    SET v = NEXTVAL(`db00000`.`id_seq`);
-    IF (v & 1023) = 0 THEN
-      DO SLEEP(0.001);
+    SET units = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - 1314220021721;
+    SET units = units * 1024;
+    IF units < 0 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock before the Instagram ID epoch';
     END IF;
-    SET ms = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - 1314220021721;
-    IF ms < 0 OR ms >= 1099511627776 THEN
-      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock outside the Instagram ID range of 2**40 ms';
+    UPDATE `db00000`.`id_counter` SET `v` = GREATEST(`v` + 1, units) WHERE `one` = 1;
+    SELECT c.`v` INTO nv FROM `db00000`.`id_counter` c WHERE c.`one` = 1;
+    IF (nv >> 10) >= 1099511627776 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'Instagram ID space of shard 0 exhausted (2**40 ms)';
     END IF;
-    SET NEW.id = (ms << 23) | (0 << 10) | (v & 1023);
+    SET NEW.id = ((nv >> 10) << 23) | (0 << 10) | (nv & 1023);
   END IF;
 END;
 

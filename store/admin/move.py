@@ -188,6 +188,7 @@ class Mover:
 
     def plan(self, low: int, high: int, to: str, slave: str | None = None) -> MovePlan:
         """Check the request and measure what would move."""
+        self.store.refresh_map(force=True)
         m = self.store.shard_map
         if not 0 <= low <= high < m.shards:
             raise MoveError(f"--shards {low}-{high} must lie within 0-{m.shards - 1}")
@@ -215,6 +216,13 @@ class Mover:
                 f"{source} holds only a tombstone of shard {shard} (moved to {moved_to} in map version "
                 f"{version}), yet the live map (version {m.version}) names {source}: the map source is "
                 "behind the hosts; run store check"
+            )
+        there = sorted({db for db, t, _r, _b in self._tables(to, plan.databases()) if t != TOMBSTONE_TABLE})
+        if there:
+            raise MoveError(
+                f"{to} already holds tables of {', '.join(there[:3])}{' ...' if len(there) > 3 else ''}, "
+                f"which the live map (version {m.version}) does not give it: a leftover copy? Run store "
+                "check, and drop them before moving these shards there"
             )
         return plan
 
@@ -250,6 +258,15 @@ class Mover:
         j = Journal.load(self.journal_path)
         if j.phase in ("done", "aborted"):
             raise MoveError(f"the move of shards {j.low}-{j.high} is already {j.phase}")
+        self.store.refresh_map(force=True)
+        m = self.store.shard_map
+        masters = {m.master(s) for s in range(j.low, j.high + 1)}
+        if masters not in ({j.source}, {j.target}):
+            raise MoveError(
+                f"the live map (version {m.version}) gives shards {j.low}-{j.high} to "
+                f"{', '.join(sorted(masters))}, not to {j.source} as when this move began: it is out of "
+                "date; run store move --abort"
+            )
         dbs = [database_name(s) for s in range(j.low, j.high + 1)]
         if j.phase == "copy":
             self._copy(j, dbs)

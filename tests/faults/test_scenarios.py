@@ -1,0 +1,561 @@
+"""Fault scenarios on real servers, each checked against its recorded history.
+
+Every scenario runs the workload of `tests.faults.workload` (object and list
+registers, pairs with inverses) while one fault happens, then reads the
+databases back without a cache and checks: no acknowledged write missing,
+no read staler than the last acknowledged write by more than
+``cache.max_stale_s`` (here `MAX_STALE_S`), no pair whose two sides or whose
+counts disagree. The rows go to the fault report (see conftest.py):
+
+    make faults      # or: .venv/bin/pytest tests/faults -m faults
+
+Faults are injected on loopback only: a TCP proxy of the tests' own
+(`FaultProxy`) in front of a server, or SIGKILL / SIGSTOP of server
+processes the tests started themselves; every phase is bounded in time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from store import Store, StoreConfig
+from store.admin import check_store, init_shards, repair_relations
+from store.admin.move import Mover
+from tests.conftest import base_config
+from tests.faults.history import History, ScenarioResult
+from tests.faults.proxy import FaultProxy
+from tests.faults.workload import Owned, Workload, final_state, prepare, seed_history, verdict
+from tests.servers import MariaDBServer, start_memcached, start_redis
+
+#: The staleness bound every scenario's caches keep (cache.max_stale_s), and the checker checks.
+MAX_STALE_S = 2.0
+SHARDS = 8
+
+
+def raw_config(hosts: dict[str, str], *, cache: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """Eight shards: 0-3 on the first host, 4-7 on the second (or the first again)."""
+    names = list(hosts)
+    second = names[1] if len(names) > 1 else names[0]
+    timeouts = {"connect_timeout_s": 1.0, "query_timeout_s": 2.0, "pool_timeout_s": 2.0}
+    raw = base_config(
+        shards=SHARDS,
+        hosts=hosts,
+        map=[{"range": [0, 3], "master": names[0]}, {"range": [4, 7], "master": second}],
+        **{**timeouts, **extra},
+    )
+    if cache is not None:
+        raw["cache"] = {
+            "max_stale_s": MAX_STALE_S,
+            "timeout_ms": 50,
+            "connect_timeout_ms": 50,
+            "cooldown_s": 1,
+            **cache,
+        }
+    return raw
+
+
+class Caches:
+    """A memcached and a Redis of the scenario's own, each reachable directly and through a proxy."""
+
+    def __init__(self, memcached_port: int, redis_port: int) -> None:
+        self.memcached_port, self.redis_port = memcached_port, redis_port
+        self.memcached = start_memcached(memcached_port)
+        self.redis = start_redis(redis_port)
+        self.mc_proxy = FaultProxy(memcached_port).start()
+        self.redis_proxy = FaultProxy(redis_port).start()
+
+    def direct(self) -> dict[str, Any]:
+        return {
+            "memcached": [f"127.0.0.1:{self.memcached_port}"],
+            "redis": f"redis://127.0.0.1:{self.redis_port}/0",
+        }
+
+    def proxied(self) -> dict[str, Any]:
+        return {"memcached": [self.mc_proxy.address], "redis": f"redis://{self.redis_proxy.address}/0"}
+
+    def restart_redis(self) -> None:
+        self.redis.kill()
+        self.redis.wait()
+        time.sleep(0.5)
+        self.redis = start_redis(self.redis_port)
+
+    def close(self) -> None:
+        for proxy in (self.mc_proxy, self.redis_proxy):
+            proxy.close()
+        for proc in (self.memcached, self.redis):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def mariadb() -> Iterator[MariaDBServer]:
+    server = MariaDBServer(3361)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def caches() -> Iterator[Caches]:
+    c = Caches(11231, 6401)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def run(workload: Workload, phases: list[tuple[float, Callable[[], None]]]) -> None:
+    """Start the workload, then for each phase run its action and let the workload go on for its seconds."""
+    workload.start()
+    try:
+        for seconds, action in phases:
+            action()
+            time.sleep(seconds)
+    finally:
+        workload.finish()
+
+
+def settle(
+    raw: dict[str, Any], owned: list[Owned], history: History, name: str, notes: str = ""
+) -> ScenarioResult:
+    """Read everything back without a cache and judge the history."""
+    plain = {k: v for k, v in raw.items() if k != "cache"}
+    with Store.from_config(plain) as store:
+        final = final_state(store, owned)
+    return verdict(name, history, final, stale_bound_s=MAX_STALE_S, notes=notes)
+
+
+def record(fault_report: Any, result: ScenarioResult) -> None:
+    fault_report.add(result)
+    assert result.passed, result.as_row()
+    assert "unexplained" not in result.notes, result.notes
+
+
+def nothing() -> None:
+    return None
+
+
+# -- the scenarios ---------------------------------------------------------------------
+
+
+def test_mariadb_killed_during_a_write_burst_and_restarted(
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any
+) -> None:
+    raw = raw_config({"A": mariadb.url, "B": mariadb.url}, cache=caches.direct())
+    init_shards(StoreConfig.from_dict(raw))
+    history = History()
+    with Store.from_config(raw) as store:
+        owned = prepare(store, 4, shards=range(SHARDS))
+        seed_history(history, owned)
+
+        def restart() -> None:
+            mariadb.start()
+
+        run(Workload(store, owned, history), [(2.0, nothing), (1.5, mariadb.kill), (2.5, restart)])
+        # A pair write whose inverse side committed just before the kill is
+        # undone on the primary side by the crash: the repair job puts the
+        # inverse side back in step with the primary (its documented job).
+        fixed = repair_relations(store)
+    result = settle(
+        raw,
+        owned,
+        history,
+        "MariaDB SIGKILLed during a write burst, restarted",
+        notes=f"repair after restart fixed {fixed.changes} pair(s)",
+    )
+    record(fault_report, result)
+
+
+def test_one_mariadb_host_blackholed(mariadb: MariaDBServer, caches: Caches, fault_report: Any) -> None:
+    proxy = FaultProxy(mariadb.port).start()
+    try:
+        b_url = f"mysql+pymysql://root@127.0.0.1:{proxy.port}"
+        raw = raw_config({"A": mariadb.url, "B": b_url}, cache=caches.direct(), query_timeout_s=1.0)
+        init_shards(StoreConfig.from_dict(raw))
+        history = History()
+        with Store.from_config(raw) as store:
+            owned = prepare(store, 4, shards=range(SHARDS))
+            seed_history(history, owned)
+            a_only = [p for mine in owned for p in mine.pins if store.locate(p).host == "A"]
+            window: list[float] = []
+            a_latency: list[float] = []
+
+            def blackhole() -> None:
+                proxy.blackhole()
+                window.append(time.monotonic())
+
+            def probe_a() -> None:  # host A keeps serving while B is dark
+                while len(window) < 2:
+                    if window:
+                        t = time.perf_counter()
+                        store.get_many(a_only)
+                        a_latency.append(time.perf_counter() - t)
+                    time.sleep(0.05)
+
+            prober = threading.Thread(target=probe_a)
+            prober.start()
+
+            def restore() -> None:
+                window.append(time.monotonic())
+                proxy.restore()
+
+            run(Workload(store, owned, history), [(1.5, nothing), (3.0, blackhole), (2.0, restore)])
+            prober.join(10)
+        b_ops = [
+            op
+            for op in history.ops()
+            if op.invoked_at >= window[0]
+            and op.completed_at is not None
+            and op.invoked_at < window[1]
+            and op.outcome != "ok"
+        ]
+        worst_b = max((op.latency_s or 0.0) for op in b_ops) if b_ops else 0.0
+        assert a_latency, "host A was not probed during the blackhole"
+        assert max(a_latency) < 0.5, f"host A slowed down while B was blackholed: {max(a_latency):.3f} s"
+        # query_timeout_s 1 (+ a pool wait of up to pool_timeout_s 2 when every B connection hangs)
+        assert worst_b < 4.0, f"a call to the blackholed host took {worst_b:.2f} s"
+        result = settle(
+            raw,
+            owned,
+            history,
+            "one MariaDB host blackholed (query_timeout_s 1)",
+            notes=f"host A's reads during it: worst {max(a_latency) * 1000:.0f} ms; "
+            f"host B's calls failed within {worst_b:.2f} s",
+        )
+    finally:
+        proxy.close()
+    record(fault_report, result)
+
+
+@pytest.mark.parametrize("fault", ["delay", "reset", "blackhole"])
+def test_memcached_and_redis_fail_and_come_back(
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any, fault: str
+) -> None:
+    raw = raw_config({"A": mariadb.url}, cache=caches.proxied())
+    init_shards(StoreConfig.from_dict(raw))
+    history = History()
+
+    def inject() -> None:
+        for proxy in (caches.mc_proxy, caches.redis_proxy):
+            proxy.delay(0.03) if fault == "delay" else getattr(proxy, fault)()
+
+    def restore() -> None:
+        for proxy in (caches.mc_proxy, caches.redis_proxy):
+            proxy.restore()
+
+    with Store.from_config(raw) as store:
+        owned = prepare(store, 4, shards=range(SHARDS))
+        seed_history(history, owned)
+        run(Workload(store, owned, history), [(1.0, nothing), (2.0, inject), (3.0, restore)])
+        stats = store.stats()
+    errors = sum(s["errors"] + s["skipped"] for s in stats.values())
+    what = {"delay": "delayed 30 ms", "reset": "reset", "blackhole": "blackholed"}[fault]
+    result = settle(
+        raw,
+        owned,
+        history,
+        f"memcached and Redis {what}, then restored",
+        notes=f"cache errors or skips: {errors}",
+    )
+    record(fault_report, result)
+
+
+@pytest.mark.parametrize("trust_s", [MAX_STALE_S, 3600.0], ids=["bounded", "control"])
+def test_caches_unreachable_from_the_writer_only(
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any, trust_s: float
+) -> None:
+    """The writers' invalidations are lost; the readers see the caches fine: stale for at most max_stale_s.
+
+    The control run trusts entries for an hour, as the store did before: the
+    checker must then find stale reads, or the scenario proves nothing.
+    """
+    writer_raw = raw_config({"A": mariadb.url}, cache={**caches.proxied(), "max_stale_s": trust_s})
+    reader_raw = raw_config({"A": mariadb.url}, cache={**caches.direct(), "max_stale_s": trust_s})
+    init_shards(StoreConfig.from_dict(writer_raw))
+    history = History()
+    with Store.from_config(writer_raw) as writer, Store.from_config(reader_raw) as reader:
+        owned = prepare(writer, 4, shards=range(SHARDS))
+        seed_history(history, owned)
+
+        def cut() -> None:
+            caches.mc_proxy.blackhole()
+            caches.redis_proxy.blackhole()
+
+        def mend() -> None:
+            caches.mc_proxy.restore()
+            caches.redis_proxy.restore()
+
+        run(
+            Workload(writer, owned, history, reader=reader, readers=4),
+            [(1.0, nothing), (4.0, cut), (2.0, mend)],
+        )
+        expired = sum(s["expired"] for s in reader.stats().values())
+    result = settle(
+        writer_raw,
+        owned,
+        history,
+        "memcached and Redis unreachable from the writer only",
+        notes=f"readers re-read {expired} entries older than {MAX_STALE_S:g} s",
+    )
+    if trust_s > MAX_STALE_S:
+        assert result.stale_beyond_bound > 0, (
+            "the control run found no stale read: the scenario proves nothing"
+        )
+        return
+    record(fault_report, result)
+
+
+KILLED_WRITER = """
+import sys
+from store import Store
+import yaml
+raw = yaml.safe_load(open(sys.argv[1]))
+with Store.from_config(raw) as store:
+    store.update(int(sys.argv[2]), {"v": int(sys.argv[3])})
+    print("RETURNED", flush=True)  # never: killed while its invalidation hangs
+"""
+
+
+def test_a_writer_killed_between_its_commit_and_its_invalidation(
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any, tmp_path: Path
+) -> None:
+    reader_raw = raw_config({"A": mariadb.url}, cache=caches.direct())
+    # The writer's cache calls go into a blackhole and wait up to 10 s: it commits, then hangs.
+    writer_raw = raw_config({"A": mariadb.url}, cache={**caches.proxied(), "timeout_ms": 10_000})
+    init_shards(StoreConfig.from_dict(reader_raw))
+    (tmp_path / "writer.yaml").write_text(yaml.safe_dump(writer_raw))
+    caches.mc_proxy.blackhole()
+    caches.redis_proxy.blackhole()
+    history = History()
+    plain = {k: v for k, v in reader_raw.items() if k != "cache"}
+    with Store.from_config(reader_raw) as reader, Store.from_config(plain) as db:
+        owned = prepare(db, 2, shards=range(SHARDS), per_worker=3)
+        seed_history(history, owned)
+        pins = [p for mine in owned for p in mine.pins]
+        wl = Workload(
+            reader, owned, history, reader=reader, readers=3, writers=False
+        ).start()  # the writes: below
+        kills = 0
+        try:
+            for round_ in range(1, 4):
+                for pin in pins:
+                    reader.get(pin)  # cached, at the version before the write
+                    proc = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-c",
+                            KILLED_WRITER,
+                            str(tmp_path / "writer.yaml"),
+                            str(pin),
+                            str(round_),
+                        ],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    op = history.invoke("write", ("obj", pin), round_)
+                    deadline = time.monotonic() + 20
+                    while (db.get(pin) or {}).get(
+                        "v"
+                    ) != round_:  # committed: the writer now hangs in its delete
+                        assert time.monotonic() < deadline, "the killed writer's update never committed"
+                        time.sleep(0.01)
+                    history.ok(op)  # acknowledged from here on: the database shows it
+                    os.kill(proc.pid, signal.SIGKILL)
+                    out, _ = proc.communicate(timeout=10)
+                    assert "RETURNED" not in out
+                    kills += 1
+                time.sleep(MAX_STALE_S + 0.5)  # readers go on through the bound
+        finally:
+            wl.finish()
+    result = settle(
+        reader_raw,
+        owned,
+        history,
+        "a writer SIGKILLed between its commit and its invalidation",
+        notes=f"{kills} writers killed",
+    )
+    record(fault_report, result)
+
+
+def test_redis_restarted_under_load(mariadb: MariaDBServer, caches: Caches, fault_report: Any) -> None:
+    raw = raw_config({"A": mariadb.url}, cache=caches.direct())
+    init_shards(StoreConfig.from_dict(raw))
+    history = History()
+    with Store.from_config(raw) as store:
+        owned = prepare(store, 4, shards=range(SHARDS))
+        seed_history(history, owned)
+        run(Workload(store, owned, history), [(1.5, nothing), (3.5, caches.restart_redis)])
+    result = settle(raw, owned, history, "Redis killed and restarted (its versions gone)")
+    record(fault_report, result)
+
+
+def test_pool_exhaustion_and_a_mariadb_restart_under_load(mariadb: MariaDBServer, fault_report: Any) -> None:
+    raw = raw_config({"A": mariadb.url}, pool_size=1, pool_timeout_s=0.3)  # two connections, twelve threads
+    init_shards(StoreConfig.from_dict(raw))
+    history = History()
+
+    def restart() -> None:
+        mariadb.kill()
+        time.sleep(0.5)
+        mariadb.start()
+
+    roomy = raw_config({"A": mariadb.url})  # for the setup and the repair: the starved pool is the workload's
+    with Store.from_config(roomy) as helper:
+        owned = prepare(helper, 8, shards=range(SHARDS), per_worker=2)
+    seed_history(history, owned)
+    restarted: list[float] = []
+    with Store.from_config(raw) as store:
+        run(
+            Workload(store, owned, history, readers=4, pause_s=0.0),
+            [
+                (2.0, nothing),
+                (0.0, restart),
+                (0.0, lambda: restarted.append(time.monotonic())),
+                (3.0, nothing),
+            ],
+        )
+    with Store.from_config(roomy) as helper:
+        repair_relations(helper)
+    late = [op for op in history.ops() if op.invoked_at > restarted[0] + 1.0]
+    assert late, "nothing ran after the restart"
+    assert sum(op.outcome == "ok" for op in late) > len(late) // 2, (
+        "the store did not recover from the restart"
+    )
+    failed = [op for op in history.ops() if op.outcome == "fail" or op.indeterminate]
+    result = settle(
+        raw,
+        owned,
+        history,
+        "pool exhaustion (2 connections, 12 threads), MariaDB restarted",
+        notes=f"{len(failed)} calls refused or lost; ok again within 1 s of the restart",
+    )
+    record(fault_report, result)
+
+
+OLD_MAP_WRITER = """
+import sys, time
+from store import Store
+import yaml
+raw = yaml.safe_load(open(sys.argv[1]))
+pins = [int(p) for p in sys.argv[3].split(",")]
+with Store.from_config(raw) as store:
+    print("READY", flush=True)
+    v = 0
+    while True:
+        v += 1
+        for pin in pins:
+            t0 = time.monotonic()
+            try:
+                store.update(pin, {"v": v})
+                print("OK", pin, v, t0, time.monotonic(), store.shard_map.version, flush=True)
+            except Exception as exc:
+                print("ERR", pin, v, t0, time.monotonic(), type(exc).__name__, flush=True)
+        if sys.stdin.closed:
+            break
+        import os
+        if os.path.exists(sys.argv[2]):
+            break
+        time.sleep(0.01)
+"""
+
+
+def test_a_move_with_writers_an_old_map_process_and_an_init_in_the_middle(
+    caches: Caches, fault_report: Any, tmp_path: Path
+) -> None:
+    source = MariaDBServer(3362, log_bin=True, server_id=1)
+    target = MariaDBServer(3363, log_bin=True, server_id=2)
+    try:
+        source.start()
+        target.start()
+        hosts = {"A": source.url, "B": target.url}
+        raw = raw_config(
+            hosts, cache=caches.direct(), map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 0.2}
+        )
+        raw["map"] = [{"range": [0, 7], "master": "A"}]
+        config = StoreConfig.from_dict(raw)
+        init_shards(config)
+        history = History()
+        with Store(config) as store:
+            owned = prepare(store, 4, shards=range(SHARDS))
+            seed_history(history, owned)
+            old_pins = [store.create("pin", {"v": 0}, shard=s) for s in (4, 5, 6, 7)]
+            for p in old_pins:
+                history.ok(history.invoke("write", ("obj", p), 0))
+            old_raw = {**raw, "map_source": {**raw["map_source"], "poll_s": 3600}}
+            (tmp_path / "old.yaml").write_text(yaml.safe_dump(old_raw))
+            stop_file = tmp_path / "stop"
+            old = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    OLD_MAP_WRITER,
+                    str(tmp_path / "old.yaml"),
+                    str(stop_file),
+                    ",".join(map(str, old_pins)),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert old.stdout is not None
+            assert old.stdout.readline().strip() == "READY"
+            inits: list[str] = []
+
+            # An operator adds a type and runs init in the middle of the move.
+            grown = StoreConfig.from_dict(
+                {**raw, "types": {**raw["types"], "comment": {"id": 9, "table": "comments"}}}
+            )
+
+            def say(line: str) -> None:
+                if line.startswith("catch up:"):
+                    report = init_shards(grown)
+                    inits.append(f"{report.tables_created} tables created")
+
+            def move() -> None:
+                mover = Mover(store, tmp_path / "move.json", say=say)
+                mover.start(mover.plan(4, 7, "B"))
+
+            run(Workload(store, owned, history), [(1.0, nothing), (1.0, move), (1.0, nothing)])
+            stop_file.touch()
+            out, _ = old.communicate(timeout=60)
+            saw = set()
+            for line in out.splitlines():
+                parts = line.split()
+                if parts and parts[0] in ("OK", "ERR"):
+                    op = history.invoke("write", ("obj", int(parts[1])), int(parts[2]))
+                    # The process's own clock: CLOCK_MONOTONIC is the machine's, shared by processes.
+                    op.invoked_at = float(parts[3])
+                    if parts[0] == "OK":
+                        history.ok(op)
+                        saw.add(parts[5])
+                    else:
+                        history.unknown(op, parts[5])
+                    op.completed_at = float(parts[4])
+            assert "2" in saw, "the old-map process never wrote by the new map"
+        with Store(grown) as after:  # every shard whole where it lives now, the new type's table included
+            report = check_store(after)
+            assert report.ok, [f.line() for f in report.problems]
+        result = settle(
+            raw,
+            [*owned, Owned(old_pins, owned[0].board, owned[0].spare, [])],
+            history,
+            "a move during the writers, an old-map process, init re-run mid-move",
+            notes=f"init mid-move: {', '.join(inits) or 'not run'}; store check ok after",
+        )
+    finally:
+        source.remove()
+        target.remove()
+    assert inits, "init did not run during the move"
+    record(fault_report, result)
