@@ -51,6 +51,7 @@ __all__ = [
     "ShardHandle",
     "SqlDialect",
     "mysql_connector",
+    "mysql_driver_error",
     "postgres_connector",
     "sqlite_connector",
     "transaction_pair",
@@ -343,28 +344,25 @@ class ShardHandle:
         A deadlock or lock wait timeout rolls the whole transaction back, so
         running it again is safe. Any other error rolls back and is raised.
         """
-        for attempt in range(1, _TXN_ATTEMPTS + 1):
-            try:
-                with self.connect() as conn:
-                    cur = conn.cursor()
-                    cur.execute(self.dialect.begin)
-                    try:
-                        result = body(cur)
-                        cur.execute("COMMIT")
-                    except BaseException:
-                        # The connection is discarded on the way out anyway; the
-                        # ROLLBACK releases the locks now rather than at disconnect.
-                        with suppress(Exception):
-                            cur.execute("ROLLBACK")
-                        raise
-                    finally:
-                        cur.close()
-                return result
-            except BackendError as exc:
-                if not _retryable(exc) or attempt == _TXN_ATTEMPTS:
+
+        def attempt() -> T:
+            with self.connect() as conn:
+                cur = conn.cursor()
+                cur.execute(self.dialect.begin)
+                try:
+                    result = body(cur)
+                    cur.execute("COMMIT")
+                except BaseException:
+                    # The connection is discarded on the way out anyway; the
+                    # ROLLBACK releases the locks now rather than at disconnect.
+                    with suppress(Exception):
+                        cur.execute("ROLLBACK")
                     raise
-                time.sleep(0.005 * attempt)
-        raise AssertionError("unreachable")
+                finally:
+                    cur.close()
+            return result
+
+        return _retrying(attempt)
 
 
 def transaction_pair(
@@ -387,43 +385,52 @@ def transaction_pair(
     """
     say = step or (lambda _name: None)
     a, b = sorted((first, second), key=lambda h: (h.host, h.shard))
-    for attempt in range(1, _TXN_ATTEMPTS + 1):
-        try:
-            with a.connect() as ca, b.connect() as cb:
-                c1, c2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
-                open_: list[Cursor] = []
-                try:
-                    if first.dialect.locks_whole_shard:
-                        for h, c in sorted(((first, c1), (second, c2)), key=lambda hc: hc[0].shard):
-                            c.execute(h.dialect.begin)
-                            open_.append(c)
-                    else:
-                        c1.execute(first.dialect.begin)
-                        open_.append(c1)
-                    result = body_first(c1)
-                    say("primary written")
-                    if c2 not in open_:
-                        c2.execute(second.dialect.begin)
-                        open_.append(c2)
-                    body_second(c2, result)
-                    c2.execute("COMMIT")
-                    open_.remove(c2)
-                    say("inverse committed")
-                    c1.execute("COMMIT")
-                    open_.remove(c1)
-                except BaseException:
-                    for c in open_:  # the connections are discarded anyway; this frees the locks now
-                        with suppress(Exception):
-                            c.execute("ROLLBACK")
-                    raise
-                finally:
-                    c1.close()
-                    c2.close()
-            return result
-        except BackendError as exc:
-            if not _retryable(exc) or attempt == _TXN_ATTEMPTS:
+
+    def attempt() -> T:
+        with a.connect() as ca, b.connect() as cb:
+            c1, c2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
+            open_: list[Cursor] = []
+            try:
+                if first.dialect.locks_whole_shard:
+                    for h, c in sorted(((first, c1), (second, c2)), key=lambda hc: hc[0].shard):
+                        c.execute(h.dialect.begin)
+                        open_.append(c)
+                else:
+                    c1.execute(first.dialect.begin)
+                    open_.append(c1)
+                result = body_first(c1)
+                say("primary written")
+                if c2 not in open_:
+                    c2.execute(second.dialect.begin)
+                    open_.append(c2)
+                body_second(c2, result)
+                c2.execute("COMMIT")
+                open_.remove(c2)
+                say("inverse committed")
+                c1.execute("COMMIT")
+                open_.remove(c1)
+            except BaseException:
+                for c in open_:  # the connections are discarded anyway; this frees the locks now
+                    with suppress(Exception):
+                        c.execute("ROLLBACK")
                 raise
-            time.sleep(0.005 * attempt)
+            finally:
+                c1.close()
+                c2.close()
+        return result
+
+    return _retrying(attempt)
+
+
+def _retrying(attempt: Callable[[], T]) -> T:
+    """``attempt()``, again after a deadlock or lock wait timeout (it rolled everything back)."""
+    for n in range(1, _TXN_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except BackendError as exc:
+            if not _retryable(exc) or n == _TXN_ATTEMPTS:
+                raise
+            time.sleep(0.005 * n)
     raise AssertionError("unreachable")
 
 
@@ -470,18 +477,33 @@ def _wrap(exc: Exception, shard: int, host: str) -> BackendError | ShardMovedErr
     return BackendError(f"database error on {where}: {text}", orig=exc)
 
 
+def _mysql_driver(url: URL) -> tuple[str, Any]:
+    driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
+    if driver not in _DRIVERS:
+        raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
+    return driver, importlib.import_module(_DRIVERS[driver])
+
+
+def mysql_driver_error(url: URL) -> type[Exception]:
+    """The base class of the errors ``url``'s driver raises (to tell them from bugs)."""
+    error: type[Exception] = _mysql_driver(url)[1].Error
+    return error
+
+
 def mysql_connector(
-    url: URL, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, query_timeout_s: float = READ_TIMEOUT_S
+    url: URL,
+    *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    query_timeout_s: float = READ_TIMEOUT_S,
+    setup: str | None = None,
 ) -> Callable[[], Any]:
     """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``.
 
     Opening it waits at most ``connect_timeout_s``; each read or write of a
-    reply at most ``query_timeout_s`` (then the connection is lost to the caller).
+    reply at most ``query_timeout_s`` (then the connection is lost to the
+    caller). ``setup`` is a statement run on every new connection.
     """
-    driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
-    if driver not in _DRIVERS:
-        raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
-    module = importlib.import_module(_DRIVERS[driver])
+    driver, module = _mysql_driver(url)
 
     def whole(seconds: float) -> float:
         return max(1, math.ceil(seconds)) if driver == "mysqldb" else seconds  # mysqlclient: whole seconds
@@ -504,7 +526,17 @@ def mysql_connector(
         kwargs["unix_socket"] = url.query["unix_socket"]
 
     def connect() -> Any:
-        return module.connect(**kwargs)
+        conn = module.connect(**kwargs)
+        if setup is not None:
+            try:
+                cur = conn.cursor()
+                cur.execute(setup)
+                cur.close()
+            except BaseException:
+                with suppress(Exception):
+                    conn.close()
+                raise
+        return conn
 
     return connect
 

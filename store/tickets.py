@@ -38,9 +38,7 @@ records it on each server and clients check it.
 
 from __future__ import annotations
 
-import importlib
 import itertools
-import math
 import random
 import threading
 import time
@@ -53,7 +51,8 @@ from sqlalchemy.engine import URL, make_url
 
 from store.cache.stats import Breaker
 from store.config import TicketsConfig
-from store.exceptions import StoreError
+from store.engines import mysql_connector, mysql_driver_error
+from store.exceptions import BackendError, StoreError
 from store.pool import ConnectionPool
 
 __all__ = ["ServerStats", "TicketAllocator", "TicketError", "TicketsConfig"]
@@ -81,7 +80,6 @@ _PLACE_SQL = (
     "SELECT `auto_increment_increment`, `auto_increment_offset` "
     f"FROM `{TICKETS_DATABASE}`.`ticket_server` WHERE `one` = 1"
 )
-_DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
 
 
 class TicketError(StoreError):
@@ -124,47 +122,16 @@ class _Server:
 
 
 def _connector(url: URL, timeout_s: float, setup: str | None) -> tuple[Callable[[], Any], type[Exception]]:
-    """A function that opens an autocommit DBAPI connection whose every wait ends after ``timeout_s``.
+    """A function that opens a connection whose every wait ends after ``timeout_s``; the driver's error class.
 
-    ``store.engines.mysql_connector`` waits up to 60 s for a reply, which would
-    stall an ID request that long on a hung server. Also returns the driver's
-    base exception class, to tell driver errors from bugs.
+    The store's default reply timeout would stall an ID request that long on
+    a hung server; the error class tells driver errors from bugs.
     """
-    driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
-    if driver not in _DRIVERS:
-        raise TicketError(f"unsupported MariaDB driver {driver!r} in tickets.servers; use mysql+pymysql")
-    module = importlib.import_module(_DRIVERS[driver])
-    # mysqlclient takes whole seconds only.
-    timeout: float = timeout_s if driver == "pymysql" else max(1, math.ceil(timeout_s))
-    kwargs: dict[str, Any] = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 3306,
-        "user": url.username or "root",
-        "password": url.password or "",
-        "charset": "utf8mb4",
-        "autocommit": True,
-        "connect_timeout": timeout,
-        "read_timeout": timeout,
-        "write_timeout": timeout,
-    }
-    if "unix_socket" in url.query:
-        kwargs["unix_socket"] = url.query["unix_socket"]
-
-    def connect() -> Any:
-        conn = module.connect(**kwargs)
-        if setup is not None:
-            try:
-                cur = conn.cursor()
-                cur.execute(setup)
-                cur.close()
-            except BaseException:
-                with suppress(Exception):
-                    conn.close()
-                raise
-        return conn
-
-    error: type[Exception] = module.Error
-    return connect, error
+    try:
+        connect = mysql_connector(url, connect_timeout_s=timeout_s, query_timeout_s=timeout_s, setup=setup)
+        return connect, mysql_driver_error(url)
+    except BackendError as exc:
+        raise TicketError(f"tickets.servers: {exc}") from exc
 
 
 def _code(exc: BaseException) -> int | None:

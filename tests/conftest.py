@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,18 @@ from tests.servers import start_memcached
 
 MARIADB_URL = os.environ.get("STORE_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306")
 TEST_SHARDS = 8
+
+
+def run_cli(config_file: Path, *args: str) -> str:
+    """Run `store ARGS --config FILE` in a process of its own; its stdout (raises if it fails)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "store.cli", *args, "--config", str(config_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.stdout
 
 
 def require_port(name: str, port: int, host: str = "127.0.0.1") -> None:

@@ -8,6 +8,8 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,20 @@ class MariaDBServer:
         """Kill the server and delete its files."""
         self.kill()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+@contextmanager
+def binlog_pair(source_port: int, target_port: int) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    """Two running MariaDB servers with ROW binlogs (a move's source and target), removed afterwards."""
+    source = MariaDBServer(source_port, log_bin=True, server_id=1)
+    target = MariaDBServer(target_port, log_bin=True, server_id=2)
+    try:
+        source.start()
+        target.start()
+        yield source, target
+    finally:
+        source.remove()
+        target.remove()
 
 
 ZOOKEEPER_JAR = Path("/usr/share/java/zookeeper.jar")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from store.cache import Breaker, MemoryLeaseStore, ObjectCache
 from store.cache.leases import LEASE_PREFIX
 from store.cache.lists import decode_member, encode_member
 from store.cache.memcached import MemcachedLeaseStore
-from tests.conftest import cached_mariadb_config
+from tests.conftest import cached_mariadb_config, run_cli
 
 BHP = "board_has_pins"
 
@@ -175,15 +173,7 @@ def test_get_many_reads_only_misses_from_the_database(store: Store) -> None:
 # -- read-after-write from another process -----------------------------------------
 
 
-def cli(config_file: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "store.cli", *args, "--config", str(config_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.stdout
+cli = run_cli
 
 
 def test_read_after_write_across_processes(

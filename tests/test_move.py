@@ -26,7 +26,7 @@ from store import Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Journal, MoveError, Mover
 from tests.conftest import base_config, require_port
-from tests.servers import MariaDBServer
+from tests.servers import MariaDBServer, binlog_pair
 
 SHARDS = 16
 MOVING = range(8, 16)
@@ -36,15 +36,8 @@ pytestmark = pytest.mark.moves
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    source = MariaDBServer(3331, log_bin=True, server_id=1)
-    target = MariaDBServer(3332, log_bin=True, server_id=2)
-    try:
-        source.start()
-        target.start()
-        yield source, target
-    finally:
-        source.remove()
-        target.remove()
+    with binlog_pair(3331, 3332) as servers:
+        yield servers
 
 
 def config_for(source: MariaDBServer, target: MariaDBServer, tmp_path: Path, poll_s: float) -> dict[str, Any]:

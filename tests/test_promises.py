@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,8 +26,8 @@ import yaml
 from store import Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Mover
-from tests.conftest import base_config, cached_mariadb_config
-from tests.servers import MariaDBServer
+from tests.conftest import base_config, cached_mariadb_config, run_cli
+from tests.servers import MariaDBServer, binlog_pair
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -41,15 +39,8 @@ POB = "pin_owned_by_board"
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    source = MariaDBServer(3341, log_bin=True, server_id=1)
-    target = MariaDBServer(3342, log_bin=True, server_id=2)
-    try:
-        source.start()
-        target.start()
-        yield source, target
-    finally:
-        source.remove()
-        target.remove()
+    with binlog_pair(3341, 3342) as servers:
+        yield servers
 
 
 def base_tables(server: MariaDBServer, db: str) -> list[str]:
@@ -148,15 +139,7 @@ def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(mariadb_
 DEAD_PORT = 11299  # nothing listens here: every cache call of the writer fails
 
 
-def cli(config_file: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "store.cli", *args, "--config", str(config_file)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.stdout
+cli = run_cli
 
 
 def test_a_lost_invalidation_is_stale_for_other_processes_at_most_max_stale_s(

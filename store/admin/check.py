@@ -147,23 +147,41 @@ def check_store(
             )
     wanted = _tables(store)
     rng = rng or random.Random()
+    absent_where: dict[str, list[int]] = {}
     for shard in range(placed.shards):
         ident = expected[shard]
         found = inventories[ident].copies.get(shard)
-        init = f"store init --shards {shard}-{shard}"
-        if found is None or found.state != "live":
-            if found is None or found.state == "empty":
-                why = f"no live copy where map version {placed.version} puts it ({placed.master(shard)})"
-                report.problem("missing", shard, label[ident], why, init)
-            continue
-        absent = sorted(set(wanted) - set(found.tables))
-        if absent:
-            report.problem("missing tables", shard, label[ident], ", ".join(absent), init)
-            continue
-        _consistency(store, report, shard, label[ident], full, sample, rng)
+        if found is None or found.state == "empty":
+            absent_where.setdefault(ident, []).append(shard)
+        elif found.state == "live":
+            missing = sorted(set(wanted) - set(found.tables))
+            if missing:
+                init = f"store init --shards {shard}-{shard}"
+                report.problem("missing tables", shard, label[ident], ", ".join(missing), init)
+            else:
+                _consistency(store, report, shard, label[ident], full, sample, rng)
         if on_shard is not None:
             on_shard(shard)
+    for ident, shards in absent_where.items():
+        for low, high in _spans(shards):
+            span = f"shards {low}-{high}" if high > low else f"shard {low}"
+            why = f"{span}: no copy where map version {placed.version} puts {'them' if high > low else 'it'}"
+            if ident.startswith("sqlite:"):  # a SQLite shard's file is made on its first use
+                report.note("not created yet", None, label[ident], why, "made on first use, or by store init")
+            else:
+                report.problem("missing", None, label[ident], why, f"store init --shards {low}-{high}")
     return report
+
+
+def _spans(shards: list[int]) -> list[tuple[int, int]]:
+    """Sorted shard numbers as runs of consecutive ones: [1, 2, 3, 7] -> [(1, 3), (7, 7)]."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(shards):
+        if out and out[-1][1] == s - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
 
 
 def _place(
