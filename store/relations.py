@@ -379,8 +379,9 @@ class RelationService:
             if spec.from_type != type_name or spec.inverse is None:
                 continue
             h = self._side(spec, obj, None)
-            while True:
-                rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, None, False)
+            after: tuple[int, int] | None = None
+            while True:  # by key, so that it ends even if a pair could not be removed
+                rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, after, False)
                 for _seq, to_id in rows:
                     primary, inverse = self._sides(spec, obj, to_id, guarded=False)
                     try:
@@ -389,6 +390,7 @@ class RelationService:
                         self._invalidate_sides(primary, inverse)
                 if len(rows) < REMOVE_CHUNK:
                     break
+                after = rows[-1]
         return removed
 
     def _sides(

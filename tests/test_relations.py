@@ -295,3 +295,17 @@ def test_many_threads_with_a_small_pool_never_wait_for_each_other(config: StoreC
             assert store.count(BHP, b) == len(linked)
             for p in ps:
                 assert (b in store.links(POB, p)) == (p in linked)
+
+
+def test_deleting_a_board_with_more_pins_than_one_round_empties_every_list(store: Store) -> None:
+    from store.relations import REMOVE_CHUNK
+
+    board = store.create("board", {}, shard=1)
+    ps = pins(store, REMOVE_CHUNK + 30)
+    for p in ps:
+        store.link(BHP, board, p)
+    assert store.delete(board) is True
+    assert store.count(BHP, board) == 0
+    assert store.links(BHP, board) == []
+    assert all(store.links(POB, p) == [] for p in ps[:: len(ps) // 7])
+    assert store.delete(board) is False  # again: nothing left to do, nothing fails
