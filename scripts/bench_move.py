@@ -25,7 +25,7 @@ import orjson
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.admin.move import Mover
-from store.bench import PIN
+from store_tools.timing import PIN
 from store.ids import encode_pinterest
 from tests.conftest import base_config
 from tests.servers import MariaDBServer

@@ -622,7 +622,7 @@ def _parse_json(text: str) -> dict[str, Any]:
 @_config_option
 def demo(config_path: Path | None) -> None:
     """Create users, boards and pins, read them back, time each step."""
-    from store.demo import run_demo
+    from store_tools.demo import run_demo
 
     with _open(config_path) as store:
         run_demo(store, say=click.echo)
@@ -634,7 +634,7 @@ def demo(config_path: Path | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
     """Time store operations next to the raw driver doing the same work."""
-    from store.bench import format_results, run_bench
+    from store_tools.bench import format_results, run_bench
 
     say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
     with _open(config_path) as store:

@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError
 from store.exceptions import ConfigError
 from store.ids import INSTAGRAM_EPOCH_MS
 from store.shardmap import ShardMap, ShardRange
+from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
@@ -56,31 +57,6 @@ _BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
 RESERVED_TABLES = {"relation_counts": "relation counts", "store_tombstone": "the tombstone of a moved shard"}
-
-
-@dataclass(frozen=True, slots=True)
-class TypeSpec:
-    """An object type: its name, the type id in its IDs, and its table in each shard."""
-
-    name: str
-    id: int
-    table: str
-
-
-@dataclass(frozen=True, slots=True)
-class RelationSpec:
-    """A one-directional relation table stored on the shard of ``from_type`` objects.
-
-    Of an inverse pair, the relation declared with ``inverse:`` is the
-    primary: it is written first and is the truth that ``store relations
-    repair`` restores the other side from.
-    """
-
-    name: str
-    from_type: str
-    to_type: str
-    inverse: str | None = None
-    primary: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,12 @@ The tree::
     ├── CursorError            (also ValueError)  a page cursor that is not for this list
     ├── NotFound               (also LookupError) no live object with that ID
     ├── ShardFullError                            a shard table ran out of local ids
-    └── BackendError                              a database failed; `.orig` is the driver error
-        ├── ConnectionLostError                   the connection broke (reads retry once)
-        └── ShardNotInitializedError              the shard database or table is missing
+    ├── BackendError                              a database failed; `.orig` is the driver error
+    │   ├── ConnectionLostError                   the connection broke (reads retry once)
+    │   └── ShardNotInitializedError              the shard database or table is missing
+    ├── MoveError                                 a shard move cannot start or go on
+    ├── PromoteError                              promoting a slave was refused
+    └── TicketError                               no ticket server could hand out an ID
 
 Driver exceptions never escape the public API unwrapped: they become a
 `BackendError` raised ``from`` the original, which stays on ``.orig``.
@@ -36,15 +39,18 @@ __all__ = [
     "DataError",
     "IdError",
     "LimitError",
+    "MoveError",
     "NotFound",
     "NotSerializableError",
     "ObjectTooLargeError",
+    "PromoteError",
     "RoutingError",
     "ShardFullError",
     "ShardMovedError",
     "ShardNotInitializedError",
     "StaleMapError",
     "StoreError",
+    "TicketError",
     "UnknownRelationError",
     "UnknownTypeError",
     "WrongTypeError",
@@ -160,3 +166,15 @@ class ConnectionLostError(BackendError):
 
 class ShardNotInitializedError(BackendError):
     """The shard database or one of its tables does not exist on its host."""
+
+
+class MoveError(StoreError):
+    """A move cannot start or go on; the message says what to do (often --resume or --abort)."""
+
+
+class PromoteError(StoreError):
+    """Promotion refused; the message says why and what to do."""
+
+
+class TicketError(StoreError):
+    """No ticket server could hand out an ID, or the servers disagree on their setup."""

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.cache.lists import ListCache, decode_member, encode_member
-from store.config import RelationSpec
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
 from store.exceptions import DataError, LimitError
 from store.pairs import Guard, PairWriter, Side
 from store.routing import Router
 from store.schema import COUNTS_TABLE
+from store.specs import RelationSpec
 
 __all__ = ["Page", "RelationRepository", "RelationService"]
 

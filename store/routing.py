@@ -9,14 +9,15 @@ from __future__ import annotations
 import random
 import threading
 from bisect import bisect_right
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple, Protocol
 
-from store.config import RelationSpec, StoreConfig, TypeSpec
 from store.exceptions import IdError, UnknownRelationError, UnknownTypeError, WrongTypeError
 from store.ids import MAX_ID, PINTEREST, decode_instagram, decode_pinterest
 from store.shardmap import ShardMap
+from store.specs import RelationSpec, TypeSpec
 
-__all__ = ["MAX_LOCAL_ID", "Location", "Router"]
+__all__ = ["MAX_LOCAL_ID", "Location", "Router", "RoutingConfig"]
 
 MAX_LOCAL_ID = PINTEREST.field("local_id").max
 _ID_LIMIT = 1 << 62  # IDs at or above this have reserved bits set
@@ -31,10 +32,38 @@ class Location(NamedTuple):
     host: str
 
 
+class RoutingConfig(Protocol):
+    """What routing reads of a config (`store.config.StoreConfig` has all of it)."""
+
+    @property
+    def ids(self) -> str:
+        """``pinterest`` or ``instagram``."""
+
+    @property
+    def shard_map(self) -> ShardMap:
+        """The map to start from."""
+
+    @property
+    def types(self) -> Mapping[str, TypeSpec]:
+        """Types by name."""
+
+    @property
+    def relations(self) -> Mapping[str, RelationSpec]:
+        """Relations by name."""
+
+    @property
+    def open_shards(self) -> tuple[tuple[int, int], ...]:
+        """Where new root objects go."""
+
+    @property
+    def max_page(self) -> int:
+        """The largest page a list read may ask for."""
+
+
 class Router:
     """Routes Pinterest IDs with a config's types and shard map; picks shards for new objects."""
 
-    def __init__(self, config: StoreConfig, *, rng: random.Random | None = None) -> None:
+    def __init__(self, config: RoutingConfig, *, rng: random.Random | None = None) -> None:
         self.config = config
         self.shard_map: ShardMap = config.shard_map
         self._types_by_id = {t.id: t for t in config.types.values()}

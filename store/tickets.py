@@ -52,7 +52,7 @@ from sqlalchemy.engine import URL, make_url
 from store.cache.stats import Breaker
 from store.config import TicketsConfig
 from store.engines import mysql_connector, mysql_driver_error
-from store.exceptions import BackendError, StoreError
+from store.exceptions import BackendError, TicketError
 from store.pool import ConnectionPool
 
 __all__ = ["ServerStats", "TicketAllocator", "TicketError", "TicketsConfig"]
@@ -80,10 +80,6 @@ _PLACE_SQL = (
     "SELECT `auto_increment_increment`, `auto_increment_offset` "
     f"FROM `{TICKETS_DATABASE}`.`ticket_server` WHERE `one` = 1"
 )
-
-
-class TicketError(StoreError):
-    """No ticket server could hand out an ID, or the servers disagree on their setup."""
 
 
 class _ServerDownError(Exception):

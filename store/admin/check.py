@@ -30,9 +30,9 @@ from typing import Any
 from sqlalchemy.engine import URL
 
 from store.admin.ownership import ServerInventory, ShardCopy, read_inventory
-from store.config import RelationSpec
 from store.exceptions import StoreError
 from store.schema import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
+from store.specs import RelationSpec
 from store.store import Store
 
 __all__ = ["CheckReport", "Finding", "check_store"]

@@ -52,7 +52,7 @@ from sqlalchemy.engine import URL
 
 from store.admin.ownership import leave_tombstones, shard_lock, tombstones
 from store.engines import mysql_connector
-from store.exceptions import ConfigError, StoreError
+from store.exceptions import ConfigError, MoveError
 from store.schema import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
@@ -62,10 +62,6 @@ REPLICATION_NAME = "store_move"
 CATCH_UP_TIMEOUT_S = 120
 FENCE_WAIT_TIMEOUT_S = 30
 LOCK_WAIT_TIMEOUT_S = 10
-
-
-class MoveError(StoreError):
-    """A move cannot start or go on; the message says what to do (often --resume or --abort)."""
 
 
 @dataclass

@@ -20,15 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from store.engines import mysql_connector
-from store.exceptions import StoreError
+from store.exceptions import PromoteError
 from store.shardmap import ShardMap
 from store.store import Store
 
 __all__ = ["PromoteError", "promote"]
-
-
-class PromoteError(StoreError):
-    """Promotion refused; the message says why and what to do."""
 
 
 def _status_rows(cur: Any) -> list[dict[str, Any]]:

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from store.config import RelationSpec
 from store.exceptions import StoreError, UnknownRelationError
+from store.specs import RelationSpec
 from store.store import Store
 
 __all__ = ["RepairReport", "repair_relations"]

@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from sqlalchemy.engine import make_url
 
-from store.bench import BenchResult, pair
 from store.config import TicketsConfig
 from store.engines import mysql_connector
 from store.tickets import TICKETS_DATABASE, TicketAllocator
+from store_tools.timing import BenchResult, pair
 
 __all__ = ["BLOCK", "ticket_cases"]
 

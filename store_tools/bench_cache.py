@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 
-from store.bench import PIN, BenchResult, pair
 from store.cache.memcached import MemcachedLeaseStore
 from store.cache.redis_lists import RedisListBackend
 from store.store import Store
+from store_tools.timing import PIN, BenchResult, pair
 
 __all__ = ["cache_cases"]
 

@@ -9,11 +9,10 @@ ratios. Only ratios from one run are meaningful on a shared machine.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,76 +24,9 @@ from store.engines import DBAPIConnection, mysql_connector, postgres_connector, 
 from store.ids import encode_instagram, encode_pinterest
 from store.schema import database_name
 from store.store import Store
+from store_tools.timing import PIN, BenchResult, pair
 
-__all__ = ["PIN", "BenchResult", "format_results", "pair", "run_bench"]
-
-PIN = {
-    "title": "Granite countertop, honed, with an undermount sink",
-    "description": "Kitchen remodel, second pass: the counters and the sink.",
-    "link": "https://example.com/kitchen/remodel/counter-and-sink",
-    "image": {"url": "https://img.example.com/p/5a/91/c3.jpg", "w": 736, "h": 1104},
-    "likes": 12,
-    "tags": ["kitchen", "granite", "remodel"],
-}  # about 300 bytes of JSON, the size the design's floor was measured with
-
-
-@dataclass
-class BenchResult:
-    """Timings of one case, in microseconds."""
-
-    case: str
-    store_median_us: float
-    store_p99_us: float
-    raw_median_us: float
-    raw_p99_us: float
-    store_mean_us: float = 0.0
-    raw_mean_us: float = 0.0
-
-    @property
-    def ratio_median(self) -> float:
-        """Store median over raw median."""
-        return self.store_median_us / self.raw_median_us
-
-    @property
-    def ratio_p99(self) -> float:
-        """Store p99 over raw p99."""
-        return self.store_p99_us / self.raw_p99_us
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict, ratios included."""
-        return {**asdict(self), "ratio_median": self.ratio_median, "ratio_p99": self.ratio_p99}
-
-
-def _p99(xs: list[float]) -> float:
-    return statistics.quantiles(xs, n=100, method="inclusive")[98]
-
-
-def pair(
-    case: str, store_op: Callable[[int], object], raw_op: Callable[[int], object], n: int
-) -> BenchResult:
-    for i in range(min(50, n)):  # warm pools, caches and code paths
-        store_op(i)
-        raw_op(i)
-    a: list[float] = []
-    b: list[float] = []
-    clock = time.perf_counter_ns
-    for i in range(n):
-        t0 = clock()
-        store_op(i)
-        t1 = clock()
-        raw_op(i)
-        t2 = clock()
-        a.append((t1 - t0) / 1000)
-        b.append((t2 - t1) / 1000)
-    return BenchResult(
-        case,
-        statistics.median(a),
-        _p99(a),
-        statistics.median(b),
-        _p99(b),
-        statistics.fmean(a),
-        statistics.fmean(b),
-    )
+__all__ = ["format_results", "run_bench"]
 
 
 @contextmanager
@@ -138,11 +70,11 @@ def run_bench(
         finally:
             cur.close()
     if store.config.cache.memcached and store.config.cache.redis:
-        from store.bench_cache import cache_cases
+        from store_tools.bench_cache import cache_cases
 
         results += cache_cases(store, shard, n, say)
     if store.config.tickets is not None:
-        from store.bench_tickets import ticket_cases
+        from store_tools.bench_tickets import ticket_cases
 
         results += ticket_cases(store.config.tickets, n, say)
     return results

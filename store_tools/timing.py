@@ -1,0 +1,79 @@
+"""Timing a store call against its floor, alternating one call of each in the same loop."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["PIN", "BenchResult", "pair"]
+
+PIN = {
+    "title": "Granite countertop, honed, with an undermount sink",
+    "description": "Kitchen remodel, second pass: the counters and the sink.",
+    "link": "https://example.com/kitchen/remodel/counter-and-sink",
+    "image": {"url": "https://img.example.com/p/5a/91/c3.jpg", "w": 736, "h": 1104},
+    "likes": 12,
+    "tags": ["kitchen", "granite", "remodel"],
+}  # about 300 bytes of JSON, the size the design's floor was measured with
+
+
+@dataclass
+class BenchResult:
+    """Timings of one case, in microseconds."""
+
+    case: str
+    store_median_us: float
+    store_p99_us: float
+    raw_median_us: float
+    raw_p99_us: float
+    store_mean_us: float = 0.0
+    raw_mean_us: float = 0.0
+
+    @property
+    def ratio_median(self) -> float:
+        """Store median over raw median."""
+        return self.store_median_us / self.raw_median_us
+
+    @property
+    def ratio_p99(self) -> float:
+        """Store p99 over raw p99."""
+        return self.store_p99_us / self.raw_p99_us
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, ratios included."""
+        return {**asdict(self), "ratio_median": self.ratio_median, "ratio_p99": self.ratio_p99}
+
+
+def _p99(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[98]
+
+
+def pair(
+    case: str, store_op: Callable[[int], object], raw_op: Callable[[int], object], n: int
+) -> BenchResult:
+    for i in range(min(50, n)):  # warm pools, caches and code paths
+        store_op(i)
+        raw_op(i)
+    a: list[float] = []
+    b: list[float] = []
+    clock = time.perf_counter_ns
+    for i in range(n):
+        t0 = clock()
+        store_op(i)
+        t1 = clock()
+        raw_op(i)
+        t2 = clock()
+        a.append((t1 - t0) / 1000)
+        b.append((t2 - t1) / 1000)
+    return BenchResult(
+        case,
+        statistics.median(a),
+        _p99(a),
+        statistics.median(b),
+        _p99(b),
+        statistics.fmean(a),
+        statistics.fmean(b),
+    )
