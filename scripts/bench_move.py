@@ -25,8 +25,8 @@ import orjson
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.admin.move import Mover
-from store_tools.timing import PIN
 from store.ids import encode_pinterest
+from store_tools.timing import PIN
 from tests.conftest import base_config
 from tests.servers import MariaDBServer
 

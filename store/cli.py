@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from store.backends import backend_names
 from store.config import StoreConfig
 from store.defaults import embedded_config
 from store.exceptions import ConfigError, IdError, StoreError
@@ -210,7 +211,7 @@ def check(config_path: Path | None, full: bool, sample: int, as_json: bool) -> N
 @click.option("--shard", default=0, show_default=True, help="Which shard's DDL to print.")
 @click.option(
     "--backend",
-    type=click.Choice(["mysql", "postgresql", "sqlite"]),
+    type=click.Choice(backend_names()),
     default="mysql",
     show_default=True,
     help="SQL dialect.",

@@ -20,6 +20,7 @@ import yaml
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from store.backends import backend_for, backend_named, backend_names
 from store.exceptions import ConfigError
 from store.ids import INSTAGRAM_EPOCH_MS
 from store.shardmap import ShardMap, ShardRange
@@ -53,7 +54,6 @@ _TOP_KEYS = frozenset(
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
      "pool_timeout_s"}
 )  # fmt: skip
-_BACKENDS = frozenset({"mysql", "mariadb", "sqlite", "postgresql"})
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
 RESERVED_TABLES = {"relation_counts": "relation counts", "store_tombstone": "the tombstone of a moved shard"}
@@ -112,8 +112,7 @@ class TicketsConfig:
                 "tickets.servers must be a list of MariaDB URLs, e.g. [mysql+pymysql://root@db1:3306]"
             )
         for s in servers:
-            backend = make_url(s).get_backend_name()
-            if backend not in ("mysql", "mariadb"):
+            if not _mariadb(make_url(s)):
                 raise ConfigError(f"tickets.servers: {s!r} is not a MariaDB/MySQL URL")
         counters = raw.get("counters", ["default"])
         if (
@@ -290,32 +289,11 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
             url = make_url(url_text)
         except ArgumentError as exc:
             raise ConfigError(f"hosts.{name} is not a valid SQLAlchemy URL: {url_text!r}") from exc
-        if url.get_backend_name() not in _BACKENDS:
-            raise ConfigError(
-                f"hosts.{name} uses backend {url.get_backend_name()!r}; "
-                f"supported: {', '.join(sorted(_BACKENDS))}"
-            )
-        if url.get_backend_name() == "sqlite":
-            # A SQLite "host" is a folder holding one file per shard.
-            if not url.database or url.database == ":memory:":
-                raise ConfigError(
-                    f"hosts.{name}: a SQLite host names a folder for its shard files, e.g. sqlite:///data"
-                )
-            folder = Path(url.database)
-            if not folder.is_absolute():
-                folder = base / folder
-            url = url.set(database=str(folder))
-        elif url.get_backend_name() == "postgresql":
-            if not url.database:
-                raise ConfigError(
-                    f"hosts.{name}: a PostgreSQL host names its database, e.g. "
-                    "postgresql+psycopg://postgres@127.0.0.1:5432/store; each shard is a schema in it"
-                )
-        elif url.database:
-            raise ConfigError(
-                f"hosts.{name} names database {url.database!r}; leave it out: "
-                "each shard is its own database (db00000, db00001, ...)"
-            )
+        try:
+            backend = backend_for(url)
+        except ConfigError as exc:
+            raise ConfigError(f"hosts.{name} uses {exc}") from None
+        url = backend.check_url(name, url, base)
         out[name] = url
     return out
 
@@ -342,27 +320,33 @@ def _map_source(raw: object, base: Path) -> tuple[tuple[str, str] | None, float]
         return ("file", str(path if path.is_absolute() else base / path)), float(poll)
     url = raw["table"]
     try:
-        backend = make_url(url).get_backend_name()
+        table_host = make_url(url)
     except ArgumentError as exc:
         raise ConfigError(f"map_source.table is not a URL: {url!r}") from exc
-    if backend not in ("mysql", "mariadb"):
+    if not _mariadb(table_host):
         raise ConfigError(f"map_source.table must be a MariaDB URL, got {url!r}")
     return ("table", str(url)), float(poll)
 
 
 def _check_backends(ids: str, hosts: Mapping[str, URL]) -> None:
     for name, url in hosts.items():
-        backend = url.get_backend_name()
-        if ids == "pinterest" and backend == "postgresql":
+        backend = backend_for(url)
+        if ids not in backend.serves_ids:
+            able = sorted({b for b in backend_names() if ids in backend_named(b).serves_ids})
+            serves = ", ".join(sorted(backend.serves_ids))
             raise ConfigError(
-                f"hosts.{name} is PostgreSQL, which serves ids: instagram (IDs made by next_id() in "
-                "each shard schema); use MariaDB or SQLite hosts for ids: pinterest"
+                f"hosts.{name} is a {backend.name} host, which serves ids: {serves}; "
+                f"use {' or '.join(able)} hosts for ids: {ids}"
             )
-        if ids == "instagram" and backend == "sqlite":
-            raise ConfigError(
-                f"hosts.{name} is SQLite, which cannot make Instagram IDs in the database; "
-                "use PostgreSQL or MariaDB hosts for ids: instagram"
-            )
+
+
+def _mariadb(url: URL) -> bool:
+    """True if ``url`` names a server that can hold the map table and ticket counters (MariaDB)."""
+    try:
+        backend = backend_for(url)
+    except ConfigError:
+        return False
+    return backend.can_hold_tickets
 
 
 def _pair(value: object, what: str, shards: int) -> tuple[int, int]:

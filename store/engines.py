@@ -1,83 +1,34 @@
-"""Connections to shards: one connection pool per host.
+"""Connections to shards: one connection pool per host (per shard file on SQLite).
 
-A MariaDB host holds many shard databases and has one pool that all of them
-share; statements name their table as ``db00042.pins``. A SQLite "host" is a
-folder with one file per shard, so there each shard file gets a small pool of
-its own, created (tables included) on first use.
+A server host holds many shard databases or schemas and has one pool that
+all of them share; statements name their table as ``db00042.pins``. A SQLite
+"host" is a folder with one file per shard, so there each shard file gets a
+pool of its own, its tables made on first use. What differs by server is
+the host's `store.backends.Backend`: this module never asks which it is.
 
-Host URLs are SQLAlchemy URLs (``mysql+pymysql://user:pw@host:3306``,
-``mysql+mysqldb://...`` for mysqlclient, ``sqlite:///folder``). The hot path
-runs SQL text built once per table on DBAPI connections, because a
-SQLAlchemy Core statement costs tens of microseconds per call more than the
-driver round trip it wraps (see BENCHMARKS.md and `store.pool`).
 Connections run in autocommit mode: a read is one round trip and never
 leaves a snapshot open; writes that need a transaction say BEGIN.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy.engine import URL
-
+from store.backends import Backend, ErrorKind, backend_for
 from store.config import StoreConfig
 from store.exceptions import BackendError, ConnectionLostError, ShardMovedError, ShardNotInitializedError
 from store.pool import ConnectionPool
-from store.schema import (
-    TOMBSTONE_ERRNO,
-    TOMBSTONE_TABLE,
-    database_name,
-    parse_tombstone,
-    schema_name,
-    shard_ddl,
-)
 
-__all__ = [
-    "Cursor",
-    "DBAPIConnection",
-    "Engines",
-    "MySQLDialect",
-    "PostgresDialect",
-    "SQLiteDialect",
-    "ShardHandle",
-    "SqlDialect",
-    "mysql_connector",
-    "mysql_driver_error",
-    "postgres_connector",
-    "sqlite_connector",
-    "transaction_pair",
-]
+__all__ = ["Cursor", "DBAPIConnection", "Engines", "ShardHandle", "transaction_pair"]
 
 T = TypeVar("T")
 
-CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 60.0
-SQLITE_BUSY_TIMEOUT_S = 30.0
-# MariaDB: 1049 unknown database, 1146 unknown table.
-_MYSQL_MISSING = frozenset({1049, 1146})
-# A write to a view (1471 not insertable, 1288 not updatable): the store's
-# tables are never views, except the tombstone a moved shard leaves behind.
-_MYSQL_TOMBSTONE = frozenset({TOMBSTONE_ERRNO, 1471, 1288})
-# MariaDB client errors meaning the connection is gone: can't connect (2002,
-# 2003), server gone away (2006), lost during query (2013), lost (2055).
-_MYSQL_DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
-_DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
-# Transactions rolled back whole, safe to run again: MariaDB deadlock (1213),
-# lock wait timeout (1205); PostgreSQL deadlock, serialization failure.
-_MYSQL_RETRY = frozenset({1205, 1213})
-_PG_RETRY = frozenset({"40P01", "40001"})
 _TXN_ATTEMPTS = 4
-# PostgreSQL: undefined table, invalid schema name, undefined function.
-_PG_MISSING = frozenset({"42P01", "3F000", "42883"})
 
 
 class Cursor(Protocol):
@@ -112,121 +63,6 @@ class DBAPIConnection(Protocol):
         """Close the connection."""
 
 
-class SqlDialect:
-    """How one backend spells the statements `store` runs."""
-
-    name: str = ""
-    param: str = "%s"
-    begin: str = "BEGIN"
-    for_update: str = " FOR UPDATE"
-    #: A read that keeps the row from being changed until the transaction ends.
-    for_share: str = " FOR SHARE"
-    touch_ts: str = ""  # extra SET clause where the DDL has no ON UPDATE
-    #: INSERT suffix that skips a row whose key exists, with rowcount 0.
-    on_conflict_skip: str = ""
-    #: True where a write transaction locks the whole shard (SQLite's BEGIN IMMEDIATE):
-    #: two such shards are then locked in shard order, so two writers never wait in a circle.
-    locks_whole_shard: bool = False
-    #: A statement that locks one key for the rest of the transaction, taken before writing a
-    #: pair whose row may be absent; None where the write itself locks the key, present or not
-    #: (InnoDB under REPEATABLE READ locks the gap of an absent key).
-    key_lock: str | None = None
-
-    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
-        """INSERT suffix adding 1 to ``column`` of the existing ``key`` row of ``table`` (unqualified)."""
-        raise NotImplementedError
-
-    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
-        """INSERT suffix that overwrites ``column`` of the row whose ``key`` exists."""
-        raise NotImplementedError
-
-    def table(self, shard: int, table: str) -> str:
-        """The quoted name of ``table`` in shard ``shard``."""
-        raise NotImplementedError
-
-    def count_locked(self, table: str) -> str:
-        """Count one list's rows, locking them against concurrent link/unlink."""
-        return f"SELECT COUNT(*) FROM {table} WHERE from_id = {self.param}{self.for_update}"
-
-    def params(self, n: int) -> str:
-        """``n`` comma-separated placeholders."""
-        return ", ".join([self.param] * n)
-
-
-class MySQLDialect(SqlDialect):
-    """MariaDB / MySQL: every shard is a database on its host."""
-
-    name = "mysql"
-    param = "%s"
-    for_share = " LOCK IN SHARE MODE"
-    # A no-op update reports 0 affected rows (the driver does not set
-    # CLIENT_FOUND_ROWS), unlike INSERT IGNORE it hides no other error.
-    on_conflict_skip = "ON DUPLICATE KEY UPDATE from_id = from_id"
-
-    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
-        """``ON DUPLICATE KEY UPDATE n = n + 1``."""
-        return f"ON DUPLICATE KEY UPDATE {column} = {column} + 1"
-
-    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
-        """``ON DUPLICATE KEY UPDATE n = VALUES(n)``."""
-        return f"ON DUPLICATE KEY UPDATE {column} = VALUES({column})"
-
-    def table(self, shard: int, table: str) -> str:
-        """``db00042`.`pins``, quoted."""
-        return f"`{database_name(shard)}`.`{table}`"
-
-
-class PostgresDialect(SqlDialect):
-    """PostgreSQL: every logical shard is a schema (``shard0042``) in the host's database."""
-
-    name = "postgresql"
-    param = "%s"
-    touch_ts = ", ts = now()"
-    key_lock = "SELECT pg_advisory_xact_lock(%s)"
-    on_conflict_skip = "ON CONFLICT DO NOTHING"
-
-    def table(self, shard: int, table: str) -> str:
-        """``"shard0042"."pins"``, quoted."""
-        return f'"{schema_name(shard)}"."{table}"'
-
-    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
-        """``ON CONFLICT (key) DO UPDATE SET n = relation_counts.n + 1`` (the existing row's n)."""
-        return f'ON CONFLICT ({", ".join(key)}) DO UPDATE SET {column} = "{table}".{column} + 1'
-
-    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
-        """``ON CONFLICT (key) DO UPDATE SET n = EXCLUDED.n``."""
-        return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = EXCLUDED.{column}"
-
-    def count_locked(self, table: str) -> str:
-        """PostgreSQL refuses FOR UPDATE with an aggregate: lock the rows in a subquery."""
-        return f"SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE from_id = %s FOR UPDATE) AS locked"
-
-
-class SQLiteDialect(SqlDialect):
-    """SQLite: every shard is a file of its own, so names are unqualified."""
-
-    name = "sqlite"
-    param = "?"
-    begin = "BEGIN IMMEDIATE"  # take the write lock up front: SQLite has no FOR UPDATE
-    for_update = ""
-    for_share = ""
-    locks_whole_shard = True
-    touch_ts = ", ts = strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    on_conflict_skip = "ON CONFLICT DO NOTHING"
-
-    def upsert_increment(self, column: str, key: tuple[str, ...], table: str) -> str:
-        """``ON CONFLICT (key) DO UPDATE SET n = n + 1``."""
-        return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = {column} + 1"
-
-    def upsert_set(self, column: str, key: tuple[str, ...]) -> str:
-        """``ON CONFLICT (key) DO UPDATE SET n = excluded.n``."""
-        return f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {column} = excluded.{column}"
-
-    def table(self, shard: int, table: str) -> str:
-        """``"pins"``, quoted."""
-        return f'"{table}"'
-
-
 class _Checkout:
     """``with handle.connect() as conn``: check out, give back or discard, wrap driver errors."""
 
@@ -242,7 +78,7 @@ class _Checkout:
         except BackendError:
             raise
         except Exception as exc:
-            raise _wrap(exc, h.shard, h.host) from exc
+            raise _wrap(exc, h) from exc
         return self._conn  # type: ignore[no-any-return]
 
     def __exit__(
@@ -254,10 +90,10 @@ class _Checkout:
             return
         # Whatever state the connection is in (an open transaction, a
         # half-read result), it must not go back to the pool.
-        lost = isinstance(exc, Exception) and _is_disconnect(exc)
+        lost = isinstance(exc, Exception) and h.backend.classify(exc) is ErrorKind.DISCONNECT
         h.pool.discard(self._conn, disconnected=lost)
-        if isinstance(exc, Exception) and _is_driver_error(exc):
-            wrapped = _wrap(exc, h.shard, h.host)
+        if isinstance(exc, Exception) and h.backend.is_driver_error(exc):
+            wrapped = _wrap(exc, h)
             if isinstance(wrapped, ShardMovedError) and wrapped.moved_to is None:
                 wrapped = _with_tombstone_details(h, wrapped)
             raise wrapped from exc
@@ -275,18 +111,15 @@ def _with_tombstone_details(h: ShardHandle, err: ShardMovedError) -> ShardMovedE
         return err
     try:
         cur = conn.cursor()
-        cur.execute(
-            f"SELECT moved_to, map_version FROM {h.table(TOMBSTONE_TABLE)} WHERE shard = %s", (h.shard,)
-        )
-        row = cur.fetchone()
+        told = h.backend.tombstones(cur, [h.shard]).get(h.shard)
         cur.close()
     except Exception:
         h.pool.discard(conn)
         return err
     h.pool.checkin(conn, born)
-    if row is None:
+    if told is None:
         return err
-    return _moved(h.shard, h.host, str(row[0]), int(row[1]), err.orig)
+    return _moved(h.shard, h.host, told[0], told[1], err.orig)
 
 
 def _moved(
@@ -305,15 +138,15 @@ def _moved(
 
 
 class ShardHandle:
-    """Everything needed to run statements on one shard: its dialect and its host's pool."""
+    """Everything needed to run statements on one shard: its host's backend and pool."""
 
-    __slots__ = ("dialect", "host", "pool", "shard")
+    __slots__ = ("backend", "host", "pool", "shard")
 
-    def __init__(self, shard: int, host: str, pool: ConnectionPool, dialect: SqlDialect) -> None:
+    def __init__(self, shard: int, host: str, pool: ConnectionPool, backend: Backend) -> None:
         self.shard = shard
         self.host = host
         self.pool = pool
-        self.dialect = dialect
+        self.backend = backend
 
     def connect(self) -> _Checkout:
         """A pooled connection as a context manager; driver errors come out as `BackendError`."""
@@ -321,7 +154,7 @@ class ShardHandle:
 
     def table(self, table: str) -> str:
         """The quoted name of ``table`` in this shard."""
-        return self.dialect.table(self.shard, table)
+        return self.backend.table(self.shard, table)
 
     def read(self, sql: str, params: Sequence[Any], *, one: bool) -> Any:
         """Run a read: one row (``one``) or all rows. Retried once on a new connection if it was lost."""
@@ -348,7 +181,7 @@ class ShardHandle:
         def attempt() -> T:
             with self.connect() as conn:
                 cur = conn.cursor()
-                cur.execute(self.dialect.begin)
+                cur.execute(self.backend.begin)
                 try:
                     result = body(cur)
                     cur.execute("COMMIT")
@@ -391,17 +224,17 @@ def transaction_pair(
             c1, c2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
             open_: list[Cursor] = []
             try:
-                if first.dialect.locks_whole_shard:
+                if first.backend.locks_whole_shard:
                     for h, c in sorted(((first, c1), (second, c2)), key=lambda hc: hc[0].shard):
-                        c.execute(h.dialect.begin)
+                        c.execute(h.backend.begin)
                         open_.append(c)
                 else:
-                    c1.execute(first.dialect.begin)
+                    c1.execute(first.backend.begin)
                     open_.append(c1)
                 result = body_first(c1)
                 say("primary written")
                 if c2 not in open_:
-                    c2.execute(second.dialect.begin)
+                    c2.execute(second.backend.begin)
                     open_.append(c2)
                 body_second(c2, result)
                 c2.execute("COMMIT")
@@ -428,187 +261,45 @@ def _retrying(attempt: Callable[[], T]) -> T:
         try:
             return attempt()
         except BackendError as exc:
-            if not _retryable(exc) or n == _TXN_ATTEMPTS:
+            if not exc.retryable or n == _TXN_ATTEMPTS:
                 raise
             time.sleep(0.005 * n)
     raise AssertionError("unreachable")
 
 
-def _retryable(exc: BackendError) -> bool:
-    orig = exc.orig
-    code = orig.args[0] if orig is not None and orig.args else None
-    return code in _MYSQL_RETRY or getattr(orig, "sqlstate", None) in _PG_RETRY
-
-
-def _is_driver_error(exc: Exception) -> bool:
-    if isinstance(exc, sqlite3.Error | ConnectionError | TimeoutError):
-        return True
-    return type(exc).__module__.startswith(("pymysql", "MySQLdb", "psycopg"))
-
-
-def _is_disconnect(exc: Exception) -> bool:
-    if isinstance(exc, ConnectionError | TimeoutError | BrokenPipeError):
-        return True
-    if type(exc).__module__.startswith("psycopg"):
-        # psycopg: a lost or refused connection is an OperationalError with no SQLSTATE.
-        return type(exc).__name__ == "OperationalError" and getattr(exc, "sqlstate", None) is None
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-    name = type(exc).__name__
-    return (code in _MYSQL_DISCONNECT) or (name == "InterfaceError" and code in (0, None))
-
-
-def _wrap(exc: Exception, shard: int, host: str) -> BackendError | ShardMovedError:
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-    text = str(exc)
-    where = f"shard {shard} on host {host}"
-    sqlstate = getattr(exc, "sqlstate", None)
-    if code in _MYSQL_TOMBSTONE:
-        told = parse_tombstone(text)
+def _wrap(exc: Exception, h: ShardHandle) -> BackendError | ShardMovedError:
+    kind = h.backend.classify(exc)
+    where = f"shard {h.shard} on host {h.host}"
+    if kind is ErrorKind.TOMBSTONE:
+        told = h.backend.tombstone_from_error(exc)
         if told is None:
-            return _moved(shard, host, None, None, exc)
-        return _moved(shard, host, told[0], told[1], exc)
-    if code in _MYSQL_MISSING or "no such table" in text or sqlstate in _PG_MISSING:
+            return _moved(h.shard, h.host, None, None, exc)
+        return _moved(h.shard, h.host, told[0], told[1], exc)
+    if kind is ErrorKind.MISSING:
         return ShardNotInitializedError(
-            f"{where} is not initialised ({text}); run `store init --shards {shard}-{shard}`",
-            orig=exc,
+            f"{where} is not initialised ({exc}); run `store init --shards {h.shard}-{h.shard}`", orig=exc
         )
-    if _is_disconnect(exc):
-        return ConnectionLostError(f"lost or could not open the connection to {where}: {text}", orig=exc)
-    return BackendError(f"database error on {where}: {text}", orig=exc)
-
-
-def _mysql_driver(url: URL) -> tuple[str, Any]:
-    driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
-    if driver not in _DRIVERS:
-        raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
-    return driver, importlib.import_module(_DRIVERS[driver])
-
-
-def mysql_driver_error(url: URL) -> type[Exception]:
-    """The base class of the errors ``url``'s driver raises (to tell them from bugs)."""
-    error: type[Exception] = _mysql_driver(url)[1].Error
-    return error
-
-
-def mysql_connector(
-    url: URL,
-    *,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-    query_timeout_s: float = READ_TIMEOUT_S,
-    setup: str | None = None,
-) -> Callable[[], Any]:
-    """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``.
-
-    Opening it waits at most ``connect_timeout_s``; each read or write of a
-    reply at most ``query_timeout_s`` (then the connection is lost to the
-    caller). ``setup`` is a statement run on every new connection.
-    """
-    driver, module = _mysql_driver(url)
-
-    def whole(seconds: float) -> float:
-        return max(1, math.ceil(seconds)) if driver == "mysqldb" else seconds  # mysqlclient: whole seconds
-
-    kwargs: dict[str, Any] = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 3306,
-        "user": url.username or "root",
-        "password": url.password or "",
-        "charset": "utf8mb4",
-        "autocommit": True,
-        "connect_timeout": whole(connect_timeout_s),
-        "read_timeout": whole(query_timeout_s),
-        "write_timeout": whole(query_timeout_s),
-        # The inverse-pair protocol relies on InnoDB locking the gap of an
-        # absent key, which READ COMMITTED (a common server default) skips.
-        "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
-    }
-    if "unix_socket" in url.query:
-        kwargs["unix_socket"] = url.query["unix_socket"]
-
-    def connect() -> Any:
-        conn = module.connect(**kwargs)
-        if setup is not None:
-            try:
-                cur = conn.cursor()
-                cur.execute(setup)
-                cur.close()
-            except BaseException:
-                with suppress(Exception):
-                    conn.close()
-                raise
-        return conn
-
-    return connect
-
-
-def postgres_connector(
-    url: URL, *, connect_timeout_s: float = CONNECT_TIMEOUT_S, query_timeout_s: float = READ_TIMEOUT_S
-) -> Callable[[], Any]:
-    """A function that opens an autocommit psycopg connection to ``url``.
-
-    A statement runs at most ``query_timeout_s`` on the server; data the
-    server does not acknowledge for that long breaks the connection.
-    """
-    import psycopg
-
-    ms = int(query_timeout_s * 1000)
-    kwargs: dict[str, Any] = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 5432,
-        "user": url.username or "postgres",
-        "dbname": url.database,
-        "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq: whole seconds, at least 2
-        "options": f"-c statement_timeout={ms}",
-        "tcp_user_timeout": ms,
-        "autocommit": True,
-    }
-    if url.password:
-        kwargs["password"] = url.password
-
-    def connect() -> Any:
-        return psycopg.connect(**kwargs)
-
-    return connect
-
-
-def sqlite_connector(path: Path) -> Callable[[], sqlite3.Connection]:
-    """A function that opens one shard file in autocommit mode with WAL."""
-
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S
-        )
-        # WAL lets readers run beside the one writer; synchronous stays FULL so
-        # a commit that returned survives power loss.
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        return conn
-
-    return connect
+    if kind is ErrorKind.DISCONNECT:
+        return ConnectionLostError(f"lost or could not open the connection to {where}: {exc}", orig=exc)
+    err = BackendError(f"database error on {where}: {exc}", orig=exc)
+    err.retryable = kind is ErrorKind.RETRYABLE
+    err.duplicate = kind is ErrorKind.DUPLICATE
+    return err
 
 
 class Engines:
-    """One pool per host (per shard file for SQLite), created lazily, shared by threads."""
+    """One pool per host (per shard file where the backend wants one), created lazily, shared by threads."""
 
     def __init__(self, config: StoreConfig) -> None:
         self._config = config
         self._lock = threading.Lock()
         self._pools: dict[tuple[str, int], ConnectionPool] = {}
         self._handles: dict[tuple[str, int], ShardHandle] = {}
-        self._dialects: dict[str, SqlDialect] = {}
-        for name, url in config.hosts.items():
-            backend = url.get_backend_name()
-            self._dialects[name] = (
-                SQLiteDialect()
-                if backend == "sqlite"
-                else PostgresDialect()
-                if backend == "postgresql"
-                else MySQLDialect()
-            )
+        self._backends = {name: backend_for(url) for name, url in config.hosts.items()}
 
-    def dialect(self, host: str) -> SqlDialect:
-        """The dialect of ``host``."""
-        return self._dialects[host]
+    def backend(self, host: str) -> Backend:
+        """The backend of ``host``."""
+        return self._backends[host]
 
     def shard(self, shard: int, host: str) -> ShardHandle:
         """A handle on shard ``shard`` as held by ``host``."""
@@ -618,43 +309,40 @@ class Engines:
         return handle
 
     def _make_handle(self, shard: int, host: str) -> ShardHandle:
-        dialect = self._dialects[host]
+        backend = self._backends[host]
         with self._lock:
             # Server hosts share one pool across shards: key it on shard -1.
-            key = (host, shard if dialect.name == "sqlite" else -1)
+            key = (host, shard if backend.pool_per_shard else -1)
             pool = self._pools.get(key)
             if pool is None:
-                pool = self._make_pool(host, shard, dialect)
+                pool = self._make_pool(host, shard, backend)
                 self._pools[key] = pool
-            handle = self._handles[(host, shard)] = ShardHandle(shard, host, pool, dialect)
+            handle = self._handles[(host, shard)] = ShardHandle(shard, host, pool, backend)
             return handle
 
-    def _make_pool(self, host: str, shard: int, dialect: SqlDialect) -> ConnectionPool:
+    def _make_pool(self, host: str, shard: int, backend: Backend) -> ConnectionPool:
         c = self._config
-        url = c.hosts[host]
-        size = c.pool_size
-        wait = c.pool_timeout_s
-        if dialect.name != "sqlite":
-            open_one = (postgres_connector if dialect.name == "postgresql" else mysql_connector)(
-                url, connect_timeout_s=c.connect_timeout_s, query_timeout_s=c.query_timeout_s
-            )
-            return ConnectionPool(open_one, name=host, max_open=2 * size, max_idle=size, timeout_s=wait)
-        folder = Path(str(url.database))
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{database_name(shard)}.sqlite3"
-        pool = ConnectionPool(
-            sqlite_connector(path), name=f"{host}/{path.name}", max_open=2 * size, max_idle=size
+        open_one = backend.connector(
+            c.hosts[host],
+            shard=shard,
+            connect_timeout_s=c.connect_timeout_s,
+            query_timeout_s=c.query_timeout_s,
         )
-        conn, born = pool.checkout()
-        try:
-            for stmt in shard_ddl(
-                "sqlite", shard, self._config.types.values(), self._config.relations.values()
-            ):
-                conn.execute(stmt)
-        except BaseException:
-            pool.discard(conn)
-            raise
-        pool.checkin(conn, born)
+        name = f"{host}/{backend.namespace(shard)}" if backend.pool_per_shard else host
+        pool = ConnectionPool(
+            open_one, name=name, max_open=2 * c.pool_size, max_idle=c.pool_size, timeout_s=c.pool_timeout_s
+        )
+        if backend.made_on_first_use:
+            conn, born = pool.checkout()
+            try:
+                cur = conn.cursor()
+                for _what, stmt in backend.shard_statements(shard, c.types.values(), c.relations.values()):
+                    cur.execute(stmt)
+                cur.close()
+            except BaseException:
+                pool.discard(conn)
+                raise
+            pool.checkin(conn, born)
         return pool
 
     def dispose(self) -> None:

@@ -149,11 +149,18 @@ class ShardFullError(StoreError):
 
 
 class BackendError(StoreError):
-    """A database call failed. The driver's exception is kept on ``.orig``."""
+    """A database call failed. The driver's exception is kept on ``.orig``.
+
+    ``retryable`` is True when the server rolled the whole transaction back
+    (a deadlock, a lock wait timeout): running it again is safe.
+    ``duplicate`` is True when a primary or unique key refused the row.
+    """
 
     def __init__(self, message: str, *, orig: BaseException | None = None) -> None:
         super().__init__(message)
         self.orig = orig
+        self.retryable = False
+        self.duplicate = False
 
 
 class ConnectionLostError(BackendError):

@@ -145,7 +145,7 @@ class TableMapSource:
     """Map versions as rows of ``store_meta.shard_maps`` on a MariaDB server, polled."""
 
     def __init__(self, url: str, *, poll_s: float = 1.0, database: str = META_DATABASE) -> None:
-        from store.engines import mysql_connector
+        from store.backends.mysql import mysql_connector
 
         self._connect = mysql_connector(make_url(url))
         self._table = f"`{database}`.`shard_maps`"

@@ -1,8 +1,10 @@
 """The object repository: rows of JSON objects in per-shard tables.
 
 It knows shards, tables and local ids, never 64-bit IDs or the map: the
-`Store` facade routes, this module runs the SQL. SQL text is built once per
-(shard, table) and kept, so a call costs a dict look-up, not a statement build.
+`Store` facade routes, this module runs the SQL. The statements are SQLAlchemy
+Core, compiled once per (backend, table) and specialised per shard
+(`store.backends.statements.ObjectStatements`), so a call costs a dict
+look-up, not a statement build.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from store.backends.statements import ObjectStatements
 from store.engines import Cursor, ShardHandle
 from store.exceptions import BackendError, DataError, NotFound, NotSerializableError
 from store.serde import Serde
@@ -21,49 +24,32 @@ __all__ = ["ObjectRepository", "Updater"]
 Updater = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 
 
-class _Sql:
-    """The statements for one table of one shard."""
-
-    __slots__ = ("delete", "insert", "lock", "remove", "select", "update")
-
-    def __init__(self, h: ShardHandle, table: str, key: str) -> None:
-        d = h.dialect
-        t = h.table(table)
-        p = d.param
-        # Pinterest tables: local_id AUTO_INCREMENT, read back as lastrowid.
-        # Instagram tables: id made by the database, read back with RETURNING.
-        returning = " RETURNING id" if key == "id" else ""
-        self.insert = f"INSERT INTO {t} (data) VALUES ({p}){returning}"
-        self.select = f"SELECT data FROM {t} WHERE {key} = {p} AND active = 1"
-        self.lock = f"SELECT data, active FROM {t} WHERE {key} = {p}{d.for_update}"
-        self.update = f"UPDATE {t} SET data = {p}{d.touch_ts} WHERE {key} = {p}"
-        self.delete = f"UPDATE {t} SET active = 0{d.touch_ts} WHERE {key} = {p} AND active = 1"
-        self.remove = f"DELETE FROM {t} WHERE {key} = {p}"
-
-
 _INSERT_ATTEMPTS = 5
-
-
-def _duplicate_key(exc: BackendError) -> bool:
-    orig = exc.orig
-    code = orig.args[0] if orig is not None and orig.args else None
-    return code == 1062 or getattr(orig, "sqlstate", None) == "23505"
 
 
 class ObjectRepository:
     """Create, read, update and soft-delete objects on one shard at a time."""
 
-    def __init__(self, *, serde: Serde, key: str = "local_id") -> None:
+    def __init__(self, *, serde: Serde, ids: str = "pinterest") -> None:
         self._serde = serde
-        self._key = key
-        self._sql: dict[tuple[str, int, str], _Sql] = {}
+        self._ids = ids
+        self._stmts: dict[tuple[str, str], ObjectStatements] = {}
+        self._sql: dict[tuple[str, int, str], dict[str, str]] = {}
 
-    def sql(self, h: ShardHandle, table: str) -> _Sql:
-        """The cached statements for ``table`` on ``h``'s shard."""
+    def statements(self, h: ShardHandle, table: str) -> ObjectStatements:
+        """The compiled statements of ``table`` on ``h``'s backend."""
+        key = (h.backend.name, table)
+        stmts = self._stmts.get(key)
+        if stmts is None:
+            stmts = self._stmts[key] = ObjectStatements(h.backend, table, ids=self._ids)
+        return stmts
+
+    def sql(self, h: ShardHandle, table: str) -> dict[str, str]:
+        """The statements of ``table`` on ``h``'s shard, by name (see `ObjectStatements`)."""
         key = (h.host, h.shard, table)
         sql = self._sql.get(key)
         if sql is None:
-            sql = self._sql[key] = _Sql(h, table, self._key)
+            sql = self._sql[key] = self.statements(h, table).for_shard(h.shard)
         return sql
 
     def decode(self, text: str | bytes) -> dict[str, Any]:
@@ -81,15 +67,15 @@ class ObjectRepository:
             try:
                 with h.connect() as conn:
                     cur = conn.cursor()
-                    cur.execute(sql.insert, (text,))
-                    local_id = cur.fetchone()[0] if self._key == "id" else cur.lastrowid
+                    cur.execute(sql["insert"], (text,))
+                    local_id = cur.fetchone()[0] if self._ids == "instagram" else cur.lastrowid
                     cur.close()
                 break
             except BackendError as exc:
                 # An ID the database made twice (a MariaDB shard made by an
                 # earlier version, whose trigger used a sequence): the primary
                 # key refused the row, nothing was written; make another.
-                if self._key != "id" or not _duplicate_key(exc) or attempt == _INSERT_ATTEMPTS:
+                if self._ids != "instagram" or not exc.duplicate or attempt == _INSERT_ATTEMPTS:
                     raise
         if not local_id:
             raise DataError(f"the database returned no local id for the insert into {table}")
@@ -99,12 +85,12 @@ class ObjectRepository:
         """Hard-delete one row (used only to undo an insert that cannot get an ID)."""
         with h.connect() as conn:
             cur = conn.cursor()
-            cur.execute(self.sql(h, table).remove, (local_id,))
+            cur.execute(self.sql(h, table)["remove"], (local_id,))
             cur.close()
 
     def get(self, h: ShardHandle, table: str, local_id: int) -> str | None:
         """The JSON text of the live object with ``local_id``, or None."""
-        row = h.read(self.sql(h, table).select, (local_id,), one=True)
+        row = h.read(self.sql(h, table)["select"], (local_id,), one=True)
         return None if row is None else str(row[0])
 
     def get_many(
@@ -120,12 +106,8 @@ class ObjectRepository:
         params: list[int] = []
         labels: list[tuple[int, str]] = []
         for i, (shard, table, local_ids) in enumerate(parts):
-            t = h.dialect.table(shard, table)
             labels.append((shard, table))
-            selects.append(
-                f"SELECT {i} AS part, {self._key}, data FROM {t} "
-                f"WHERE active = 1 AND {self._key} IN ({h.dialect.params(len(local_ids))})"
-            )
+            selects.append(self.statements(h, table).select_many_for(shard, i, len(local_ids)))
             params.extend(local_ids)
         query = selects[0] if len(selects) == 1 else " UNION ALL ".join(selects)
         rows = h.read(query, params, one=False)
@@ -138,7 +120,7 @@ class ObjectRepository:
         sql = self.sql(h, table)
 
         def txn(cur: Cursor) -> dict[str, Any]:
-            cur.execute(sql.lock, (local_id,))
+            cur.execute(sql["lock"], (local_id,))
             row = cur.fetchone()
             if row is None or not row[1]:
                 raise NotFound(f"no live object {what}")
@@ -152,7 +134,7 @@ class ObjectRepository:
                     )
             else:
                 new = {**old, **changes}
-            cur.execute(sql.update, (self._serde.dumps(new), local_id))
+            cur.execute(sql["update"], (self._serde.dumps(new), local_id))
             return new
 
         return h.transaction(txn)
@@ -161,7 +143,7 @@ class ObjectRepository:
         """Mark one object inactive; True if it was live."""
         with h.connect() as conn:
             cur = conn.cursor()
-            cur.execute(self.sql(h, table).delete, (local_id,))
+            cur.execute(self.sql(h, table)["delete"], (local_id,))
             changed = cur.rowcount
             cur.close()
         return bool(changed)

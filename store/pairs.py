@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from store.backends.statements import ObjectStatements
 from store.engines import Cursor, ShardHandle, transaction_pair
 from store.exceptions import NotFound
 
@@ -93,6 +94,7 @@ class PairWriter:
         #: Test hook, called at each step of a pair write ("start", "primary written",
         #: "inverse committed"): a test that pauses threads there forces interleavings.
         self.step: Callable[[str], None] | None = None
+        self._live_sql: dict[tuple[str, int, str], str] = {}
 
     # -- the three writes --------------------------------------------------------
 
@@ -180,7 +182,7 @@ class PairWriter:
     # -- locks and checks -------------------------------------------------------------
 
     def _lock_key(self, cur: Cursor, side: Side) -> None:
-        lock = side.h.dialect.key_lock
+        lock = side.h.backend.key_lock
         if lock is not None:
             cur.execute(lock, (_key_hash(side.relation, side.from_id, side.to_id),))
             cur.fetchall()
@@ -189,10 +191,14 @@ class PairWriter:
         g = side.guard
         if g is None:
             return
-        d = side.h.dialect
-        cur.execute(
-            f"SELECT active FROM {side.h.table(g.table)} WHERE {g.key} = {d.param}{d.for_share}", (g.value,)
-        )
+        h = side.h
+        key = (h.backend.name, h.shard, g.table)
+        sql = self._live_sql.get(key)
+        if sql is None:
+            ids = "instagram" if g.key == "id" else "pinterest"
+            texts = ObjectStatements(h.backend, g.table, ids=ids).for_shard(h.shard)
+            sql = self._live_sql[key] = texts["live_shared"]
+        cur.execute(sql, (g.value,))
         row = cur.fetchone()
         if row is not None and not row[0]:
             raise NotFound(f"{g.what} was deleted: a deleted object cannot be linked")

@@ -21,15 +21,16 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
+from store.backends.statements import RelationStatements
 from store.cache.lists import ListCache, decode_member, encode_member
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
 from store.exceptions import DataError, LimitError
 from store.pairs import Guard, PairWriter, Side
 from store.routing import Router
-from store.schema import COUNTS_TABLE
 from store.specs import RelationSpec
 
 __all__ = ["Page", "RelationRepository", "RelationService"]
@@ -52,94 +53,27 @@ class Page:
     objects: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _RelSql:
-    """The statements for one relation table of one shard."""
-
-    __slots__ = (
-        "count",
-        "count_down",
-        "count_set",
-        "count_up",
-        "counts_actual",
-        "counts_kept",
-        "delete",
-        "exists",
-        "exists_locked",
-        "insert",
-        "list_asc",
-        "list_desc",
-        "lock_count",
-        "move",
-        "move_if_other",
-        "page_asc",
-        "page_asc_after",
-        "page_desc",
-        "page_desc_after",
-        "scan",
-        "scan_after",
-    )
-
-    def __init__(self, h: ShardHandle, relation: str) -> None:
-        d = h.dialect
-        t = h.table(relation)
-        c = h.table(COUNTS_TABLE)
-        p = d.param
-        self.insert = (
-            f"INSERT INTO {t} (from_id, to_id, sequence) VALUES ({p}, {p}, {p}) {d.on_conflict_skip}"
-        )
-        self.move = f"UPDATE {t} SET sequence = {p} WHERE from_id = {p} AND to_id = {p}"
-        self.move_if_other = f"{self.move} AND sequence <> {p}"
-        self.delete = f"DELETE FROM {t} WHERE from_id = {p} AND to_id = {p}"
-        self.exists = f"SELECT sequence FROM {t} WHERE from_id = {p} AND to_id = {p}"
-        self.exists_locked = self.exists + d.for_update
-        self.count_up = (
-            f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, 1) "
-            f"{d.upsert_increment('n', ('relation', 'from_id'), COUNTS_TABLE)}"
-        )
-        self.count_down = f"UPDATE {c} SET n = n - 1 WHERE relation = {p} AND from_id = {p}"
-        self.count = f"SELECT n FROM {c} WHERE relation = {p} AND from_id = {p}"
-        # For repair: the counts as kept and as they are, and a locked recount.
-        self.counts_kept = f"SELECT from_id, n FROM {c} WHERE relation = {p} AND n <> 0"
-        self.counts_actual = f"SELECT from_id, COUNT(*) FROM {t} GROUP BY from_id"
-        self.lock_count = d.count_locked(t)
-        self.count_set = (
-            f"INSERT INTO {c} (relation, from_id, n) VALUES ({p}, {p}, {p}) "
-            f"{d.upsert_set('n', ('relation', 'from_id'))}"
-        )
-        rows = f"SELECT from_id, to_id, sequence FROM {t}"
-        self.scan = f"{rows} ORDER BY from_id, to_id LIMIT {p}"
-        after = f"from_id >= {p} AND (from_id > {p} OR to_id > {p})"
-        self.scan_after = f"{rows} WHERE {after} ORDER BY from_id, to_id LIMIT {p}"
-        base = f"SELECT to_id FROM {t} WHERE from_id = {p}"
-        self.list_asc = f"{base} ORDER BY sequence, to_id LIMIT {p} OFFSET {p}"
-        self.list_desc = f"{base} ORDER BY sequence DESC, to_id DESC LIMIT {p} OFFSET {p}"
-        # Keyset pages: `sequence >= s` is the index range; the OR only sorts
-        # out ties at the boundary, so page 2,000 reads what page 1 reads.
-        keyed = f"SELECT sequence, to_id FROM {t} WHERE from_id = {p}"
-        self.page_asc = f"{keyed} ORDER BY sequence, to_id LIMIT {p}"
-        self.page_asc_after = (
-            f"{keyed} AND sequence >= {p} AND (sequence > {p} OR to_id > {p}) "
-            f"ORDER BY sequence, to_id LIMIT {p}"
-        )
-        self.page_desc = f"{keyed} ORDER BY sequence DESC, to_id DESC LIMIT {p}"
-        self.page_desc_after = (
-            f"{keyed} AND sequence <= {p} AND (sequence < {p} OR to_id < {p}) "
-            f"ORDER BY sequence DESC, to_id DESC LIMIT {p}"
-        )
-
-
 class RelationRepository:
     """Pairs of one relation on one shard: add, remove, list, page, count."""
 
     def __init__(self) -> None:
-        self._sql: dict[tuple[str, int, str], _RelSql] = {}
+        self._stmts: dict[tuple[str, str], RelationStatements] = {}
+        self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
 
-    def sql(self, h: ShardHandle, relation: str) -> _RelSql:
-        """The cached statements for ``relation`` on ``h``'s shard."""
+    def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
+        """The compiled statements of ``relation`` on ``h``'s backend."""
+        key = (h.backend.name, relation)
+        stmts = self._stmts.get(key)
+        if stmts is None:
+            stmts = self._stmts[key] = RelationStatements(h.backend, relation)
+        return stmts
+
+    def sql(self, h: ShardHandle, relation: str) -> SimpleNamespace:
+        """The statements for ``relation`` on ``h``'s shard, as attributes (see `RelationStatements`)."""
         key = (h.host, h.shard, relation)
         sql = self._sql.get(key)
         if sql is None:
-            sql = self._sql[key] = _RelSql(h, relation)
+            sql = self._sql[key] = SimpleNamespace(**self.statements(h, relation).for_shard(h.shard))
         return sql
 
     # -- writes, inside a transaction the caller runs (see store.pairs) ------
@@ -152,7 +86,7 @@ class RelationRepository:
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
         if cur.rowcount == 1:
-            cur.execute(sql.count_up, (side.relation, side.from_id))
+            cur.execute(sql.count_up, (side.relation, side.from_id, 1))
             return True, sequence
         if move:
             cur.execute(sql.move, (sequence, side.from_id, side.to_id))
@@ -178,7 +112,7 @@ class RelationRepository:
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
         if cur.rowcount == 1:
-            cur.execute(sql.count_up, (side.relation, side.from_id))
+            cur.execute(sql.count_up, (side.relation, side.from_id, 1))
             return True
         cur.execute(sql.move_if_other, (sequence, side.from_id, side.to_id, sequence))
         return bool(cur.rowcount)
@@ -203,8 +137,10 @@ class RelationRepository:
     ) -> list[int]:
         """``to_id``s by sequence (ties by to_id), ``LIMIT limit OFFSET offset``."""
         sql = self.sql(h, relation)
-        query = sql.list_desc if newest_first else sql.list_asc
-        return [int(r[0]) for r in h.read(query, (from_id, limit, offset), one=False)]
+        name = "list_desc" if newest_first else "list_asc"
+        given = {"f": from_id, "lim": limit, "off": offset}
+        args = tuple(given[p] for p in self.statements(h, relation).orders[name])
+        return [int(r[0]) for r in h.read(getattr(sql, name), args, one=False)]
 
     def page(
         self,
@@ -251,10 +187,10 @@ class RelationRepository:
             return set()
         froms = sorted({f for f, _t in pairs})
         tos = sorted({t for _f, t in pairs})
-        d = h.dialect
+        b = h.backend
         query = (
             f"SELECT from_id, to_id FROM {h.table(relation)} "
-            f"WHERE from_id IN ({d.params(len(froms))}) AND to_id IN ({d.params(len(tos))})"
+            f"WHERE from_id IN ({b.params(len(froms))}) AND to_id IN ({b.params(len(tos))})"
         )
         wanted = set(pairs)
         return {(int(f), int(t)) for f, t in h.read(query, [*froms, *tos], one=False)} & wanted

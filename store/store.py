@@ -101,7 +101,7 @@ class Store:
         self._instagram = config.ids == "instagram"
         self._objects = ObjectRepository(
             serde=serde or JsonSerde(max_bytes=config.max_object_bytes),
-            key="id" if self._instagram else "local_id",
+            ids=config.ids,
         )
         self._router = Router(config, rng=rng)
         self._source: MapSource = map_source or open_map_source(config)
@@ -311,9 +311,9 @@ class Store:
         out: dict[int, str] = {}
         for host, groups in by_host.items():
             parts = [(shard, table, local_ids) for (shard, table), local_ids in groups.items()]
-            # A server host answers for all its shards in one query; SQLite
-            # keeps one file per shard, so one query per shard.
-            if self._engines.dialect(host).name == "sqlite":
+            # A server host answers for all its shards in one query; where
+            # each shard has a pool of its own (SQLite's files), one per shard.
+            if self._engines.backend(host).pool_per_shard:
                 by_shard: dict[int, list[tuple[int, str, list[int]]]] = {}
                 for part in parts:
                     by_shard.setdefault(part[0], []).append(part)

@@ -13,16 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from store.config import CacheConfig
 from store.cursors import encode_cursor
-from store.engines import DBAPIConnection, mysql_connector, postgres_connector, sqlite_connector
+from store.engines import DBAPIConnection
 from store.ids import encode_instagram, encode_pinterest
-from store.schema import database_name
 from store.store import Store
 from store_tools.timing import PIN, BenchResult, pair
 
@@ -32,19 +30,14 @@ __all__ = ["format_results", "run_bench"]
 @contextmanager
 def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPIConnection, str]]:
     """A driver connection outside the store's pool, and the driver's placeholder."""
-    url = store.config.hosts[host]
-    if url.get_backend_name() == "sqlite":
-        store.engines.shard(shard, host)  # creates the shard file with its tables
-        conn: Any = sqlite_connector(Path(str(url.database)) / f"{database_name(shard)}.sqlite3")()
-        param = "?"
-    elif url.get_backend_name() == "postgresql":
-        conn = postgres_connector(url)()
-        param = "%s"
-    else:
-        conn = mysql_connector(url)()
-        param = "%s"
+    backend = store.engines.backend(host)
+    store.engines.shard(shard, host)  # where shards are made on first use, this makes it
+    c = store.config
+    conn: Any = backend.connector(
+        c.hosts[host], shard=shard, connect_timeout_s=c.connect_timeout_s, query_timeout_s=c.query_timeout_s
+    )()
     try:
-        yield conn, param
+        yield conn, backend.param
     finally:
         conn.close()
 
@@ -84,7 +77,7 @@ def _object_cases(
     store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
 ) -> list[BenchResult]:
     pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
-    table = store.engines.dialect(store.shard_map.master(shard)).table(shard, pin_type.table)
+    table = store.engines.backend(store.shard_map.master(shard)).table(shard, pin_type.table)
     results: list[BenchResult] = []
     instagram = store.config.ids == "instagram"
     key = "id" if instagram else "local_id"

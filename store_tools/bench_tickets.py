@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from sqlalchemy.engine import make_url
 
+from store.backends.mysql import mysql_connector
 from store.config import TicketsConfig
-from store.engines import mysql_connector
 from store.tickets import TICKETS_DATABASE, TicketAllocator
 from store_tools.timing import BenchResult, pair
 

@@ -63,7 +63,7 @@ def test_init_is_idempotent_and_makes_the_documented_tables(mariadb_ready: Store
             cur.execute("SHOW CREATE TABLE db00003.board_has_pins")
             ddl = cur.fetchone()[1]
             assert "PRIMARY KEY (`from_id`,`to_id`)" in ddl
-            assert "KEY `from_sequence_to` (`from_id`,`sequence`,`to_id`)" in ddl
+            assert "KEY `board_has_pins_from_sequence_to` (`from_id`,`sequence`,`to_id`)" in ddl
             assert "`from_id` bigint(20) unsigned NOT NULL" in ddl
             cur.execute("SHOW CREATE TABLE db00003.pins")
             ddl = cur.fetchone()[1]
@@ -146,9 +146,11 @@ def test_list_queries_use_the_sequence_index_without_filesort(
                 cur.execute(f"ANALYZE TABLE {table}")
                 cur.fetchall()
                 sql = getattr(store.relation_repository.sql(h, "board_has_pins"), statement)
+                offset_paged = {"f": board, "lim": 50, "off": 150}
+                orders = store.relation_repository.statements(h, "board_has_pins").orders
                 params = {
-                    "list_asc": (board, 50, 150),
-                    "list_desc": (board, 50, 150),
+                    "list_asc": tuple(offset_paged[p] for p in orders["list_asc"]),
+                    "list_desc": tuple(offset_paged[p] for p in orders["list_desc"]),
                     "page_asc": (board, 51),
                     "page_asc_after": (board, 200, 200, rows[200][1], 51),
                     "page_desc_after": (board, 200, 200, rows[200][1], 51),
@@ -161,5 +163,5 @@ def test_list_queries_use_the_sequence_index_without_filesort(
                 cur.executemany(f"DELETE FROM {table} WHERE from_id = %s", [(f,) for f in froms])
             conn.close()
     assert len(plan) == 1, plan
-    assert plan[0]["key"] == "from_sequence_to", plan
+    assert plan[0]["key"] == "board_has_pins_from_sequence_to", plan
     assert "filesort" not in (plan[0]["Extra"] or ""), plan

@@ -16,11 +16,12 @@ from typing import Any
 
 import pymysql
 import pytest
+from sqlalchemy.engine import make_url
 
 from store import ShardMovedError, Store, StoreConfig
 from store.admin import init_shards
 from store.admin.move import Mover
-from store.admin.ownership import leave_tombstones, read_inventory, shard_lock
+from store.backends.mysql import MySQLBackend, leave_tombstones
 from tests.conftest import base_config
 from tests.servers import MariaDBServer
 
@@ -184,7 +185,7 @@ def test_an_init_that_waits_on_a_switch_finds_the_tombstone(moved: Moved) -> Non
     outcome: list[BaseException | None] = []
     types = {**base_config()["types"], "note": {"id": 10, "table": "notes"}}
     try:
-        with shard_lock(cur, [6]):
+        with MySQLBackend().admin_lock(cur, [6], timeout_s=60):
             # What a move's switch does, under the lock: tables away, then the tombstone.
             cur.execute("CREATE DATABASE moved_db00006")
             for (table,) in moved.sql(
@@ -226,8 +227,7 @@ def test_cleanup_drops_the_archives_and_keeps_the_tombstones(moved: Moved) -> No
     assert dropped == [f"moved_db{s:05d}" for s in range(4)]
     conn = pymysql.connect(host="127.0.0.1", port=moved.source.port, user="root")
     try:
-        with conn.cursor() as cur:
-            inventory = read_inventory(cur, "mysql")
+        inventory = MySQLBackend().inventory(make_url(moved.source.url), conn.cursor)
     finally:
         conn.close()
     assert {s: c.state for s, c in inventory.copies.items() if s < 4} == {s: "tombstone" for s in range(4)}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from store import BackendError
-from store.engines import sqlite_connector
+from store.backends.sqlite import sqlite_connector
 from store.pool import ConnectionPool
 
 

@@ -19,7 +19,7 @@ def table_missing(store: Store, shard: int, table: str) -> Iterator[None]:
     """Make ``table`` on ``shard`` unusable for real (renamed away), then put it back."""
     h = store.engines.shard(shard, store.shard_map.master(shard))
     aside = f"{table}_aside"
-    if h.dialect.name == "sqlite":
+    if h.backend.statement_schema(shard) is None:  # SQLite: one file per shard
         away, back = (
             f'ALTER TABLE "{table}" RENAME TO "{aside}"',
             f'ALTER TABLE "{aside}" RENAME TO "{table}"',
@@ -138,7 +138,7 @@ def test_repair_reports_rows_it_cannot_route_and_changes_nothing(store: Store) -
     board, _pins = setup(store)
     stray = encode_pinterest(2, 9, 1)  # type id 9: no such type
     h = store.engines.shard(1, store.shard_map.master(1))
-    p = h.dialect.param
+    p = h.backend.param
     with h.connect() as conn:
         conn.cursor().execute(
             f"INSERT INTO {h.table(BHP)} (from_id, to_id, sequence) VALUES ({p}, {p}, 1)", (board, stray)

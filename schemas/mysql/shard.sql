@@ -3,73 +3,78 @@
 
 CREATE DATABASE IF NOT EXISTS `db00000` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`pins` (
-  `local_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
-  `data` MEDIUMTEXT NOT NULL,
-  `active` TINYINT(1) NOT NULL DEFAULT 1,
-  `ts` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
-  PRIMARY KEY (`local_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+CREATE TABLE IF NOT EXISTS db00000.pins (
+  local_id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+  data MEDIUMTEXT NOT NULL,
+  active TINYINT(1) NOT NULL DEFAULT 1,
+  ts TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (local_id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_unicode_ci;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`boards` (
-  `local_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
-  `data` MEDIUMTEXT NOT NULL,
-  `active` TINYINT(1) NOT NULL DEFAULT 1,
-  `ts` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
-  PRIMARY KEY (`local_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+CREATE TABLE IF NOT EXISTS db00000.boards (
+  local_id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+  data MEDIUMTEXT NOT NULL,
+  active TINYINT(1) NOT NULL DEFAULT 1,
+  ts TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (local_id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_unicode_ci;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`users` (
-  `local_id` BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
-  `data` MEDIUMTEXT NOT NULL,
-  `active` TINYINT(1) NOT NULL DEFAULT 1,
-  `ts` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
-  PRIMARY KEY (`local_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+CREATE TABLE IF NOT EXISTS db00000.users (
+  local_id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+  data MEDIUMTEXT NOT NULL,
+  active TINYINT(1) NOT NULL DEFAULT 1,
+  ts TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (local_id)
+)ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_unicode_ci;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`board_has_pins` (
-  `from_id` BIGINT UNSIGNED NOT NULL,
-  `to_id` BIGINT UNSIGNED NOT NULL,
-  `sequence` BIGINT NOT NULL,
-  PRIMARY KEY (`from_id`, `to_id`),
-  KEY `from_sequence_to` (`from_id`, `sequence`, `to_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE TABLE IF NOT EXISTS db00000.board_has_pins (
+  from_id BIGINT UNSIGNED NOT NULL,
+  to_id BIGINT UNSIGNED NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
+)ENGINE=InnoDB CHARSET=utf8mb4;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`pin_owned_by_board` (
-  `from_id` BIGINT UNSIGNED NOT NULL,
-  `to_id` BIGINT UNSIGNED NOT NULL,
-  `sequence` BIGINT NOT NULL,
-  PRIMARY KEY (`from_id`, `to_id`),
-  KEY `from_sequence_to` (`from_id`, `sequence`, `to_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE INDEX IF NOT EXISTS board_has_pins_from_sequence_to ON db00000.board_has_pins (from_id, sequence, to_id);
 
-CREATE TABLE IF NOT EXISTS `db00000`.`users_likes_pins` (
-  `from_id` BIGINT UNSIGNED NOT NULL,
-  `to_id` BIGINT UNSIGNED NOT NULL,
-  `sequence` BIGINT NOT NULL,
-  PRIMARY KEY (`from_id`, `to_id`),
-  KEY `from_sequence_to` (`from_id`, `sequence`, `to_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE TABLE IF NOT EXISTS db00000.pin_owned_by_board (
+  from_id BIGINT UNSIGNED NOT NULL,
+  to_id BIGINT UNSIGNED NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
+)ENGINE=InnoDB CHARSET=utf8mb4;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`pin_liked_by_user` (
-  `from_id` BIGINT UNSIGNED NOT NULL,
-  `to_id` BIGINT UNSIGNED NOT NULL,
-  `sequence` BIGINT NOT NULL,
-  PRIMARY KEY (`from_id`, `to_id`),
-  KEY `from_sequence_to` (`from_id`, `sequence`, `to_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE INDEX IF NOT EXISTS pin_owned_by_board_from_sequence_to ON db00000.pin_owned_by_board (from_id, sequence, to_id);
 
-CREATE TABLE IF NOT EXISTS `db00000`.`users_has_pins` (
-  `from_id` BIGINT UNSIGNED NOT NULL,
-  `to_id` BIGINT UNSIGNED NOT NULL,
-  `sequence` BIGINT NOT NULL,
-  PRIMARY KEY (`from_id`, `to_id`),
-  KEY `from_sequence_to` (`from_id`, `sequence`, `to_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE TABLE IF NOT EXISTS db00000.users_likes_pins (
+  from_id BIGINT UNSIGNED NOT NULL,
+  to_id BIGINT UNSIGNED NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
+)ENGINE=InnoDB CHARSET=utf8mb4;
 
-CREATE TABLE IF NOT EXISTS `db00000`.`relation_counts` (
-  `relation` VARCHAR(64) NOT NULL,
-  `from_id` BIGINT UNSIGNED NOT NULL,
-  `n` BIGINT NOT NULL,
-  PRIMARY KEY (`relation`, `from_id`)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+CREATE INDEX IF NOT EXISTS users_likes_pins_from_sequence_to ON db00000.users_likes_pins (from_id, sequence, to_id);
+
+CREATE TABLE IF NOT EXISTS db00000.pin_liked_by_user (
+  from_id BIGINT UNSIGNED NOT NULL,
+  to_id BIGINT UNSIGNED NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
+)ENGINE=InnoDB CHARSET=utf8mb4;
+
+CREATE INDEX IF NOT EXISTS pin_liked_by_user_from_sequence_to ON db00000.pin_liked_by_user (from_id, sequence, to_id);
+
+CREATE TABLE IF NOT EXISTS db00000.users_has_pins (
+  from_id BIGINT UNSIGNED NOT NULL,
+  to_id BIGINT UNSIGNED NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
+)ENGINE=InnoDB CHARSET=utf8mb4;
+
+CREATE INDEX IF NOT EXISTS users_has_pins_from_sequence_to ON db00000.users_has_pins (from_id, sequence, to_id);
+
+CREATE TABLE IF NOT EXISTS db00000.relation_counts (
+  relation VARCHAR(64) NOT NULL,
+  from_id BIGINT UNSIGNED NOT NULL,
+  n BIGINT NOT NULL,
+  PRIMARY KEY (relation, from_id)
+)ENGINE=InnoDB CHARSET=utf8mb4;

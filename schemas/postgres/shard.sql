@@ -32,66 +32,69 @@ BEGIN
 END
 $$;
 
-CREATE TABLE IF NOT EXISTS "shard0000"."pins" (
-  "id" bigint NOT NULL DEFAULT "shard0000".next_id() PRIMARY KEY,
-  "data" text NOT NULL,
-  "active" smallint NOT NULL DEFAULT 1,
-  "ts" timestamptz(3) NOT NULL DEFAULT now()
+CREATE TABLE IF NOT EXISTS shard0000.pins (
+  id BIGINT DEFAULT "shard0000".next_id() NOT NULL,
+  data TEXT NOT NULL,
+  active SMALLINT DEFAULT 1 NOT NULL,
+  ts TIMESTAMP(3) WITH TIME ZONE DEFAULT now() NOT NULL,
+  PRIMARY KEY (id)
 );
 
-CREATE TABLE IF NOT EXISTS "shard0000"."boards" (
-  "id" bigint NOT NULL DEFAULT "shard0000".next_id() PRIMARY KEY,
-  "data" text NOT NULL,
-  "active" smallint NOT NULL DEFAULT 1,
-  "ts" timestamptz(3) NOT NULL DEFAULT now()
+CREATE TABLE IF NOT EXISTS shard0000.boards (
+  id BIGINT DEFAULT "shard0000".next_id() NOT NULL,
+  data TEXT NOT NULL,
+  active SMALLINT DEFAULT 1 NOT NULL,
+  ts TIMESTAMP(3) WITH TIME ZONE DEFAULT now() NOT NULL,
+  PRIMARY KEY (id)
 );
 
-CREATE TABLE IF NOT EXISTS "shard0000"."users" (
-  "id" bigint NOT NULL DEFAULT "shard0000".next_id() PRIMARY KEY,
-  "data" text NOT NULL,
-  "active" smallint NOT NULL DEFAULT 1,
-  "ts" timestamptz(3) NOT NULL DEFAULT now()
+CREATE TABLE IF NOT EXISTS shard0000.users (
+  id BIGINT DEFAULT "shard0000".next_id() NOT NULL,
+  data TEXT NOT NULL,
+  active SMALLINT DEFAULT 1 NOT NULL,
+  ts TIMESTAMP(3) WITH TIME ZONE DEFAULT now() NOT NULL,
+  PRIMARY KEY (id)
 );
 
-CREATE TABLE IF NOT EXISTS "shard0000"."board_has_pins" (
-  "from_id" bigint NOT NULL,
-  "to_id" bigint NOT NULL,
-  "sequence" bigint NOT NULL,
-  PRIMARY KEY ("from_id", "to_id")
+CREATE TABLE IF NOT EXISTS shard0000.board_has_pins (
+  from_id BIGINT NOT NULL,
+  to_id BIGINT NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
 );
 
-CREATE INDEX IF NOT EXISTS "board_has_pins_from_sequence_to" ON "shard0000"."board_has_pins" ("from_id", "sequence", "to_id");
+CREATE INDEX IF NOT EXISTS board_has_pins_from_sequence_to ON shard0000.board_has_pins (from_id, sequence, to_id);
 
-CREATE TABLE IF NOT EXISTS "shard0000"."pin_owned_by_board" (
-  "from_id" bigint NOT NULL,
-  "to_id" bigint NOT NULL,
-  "sequence" bigint NOT NULL,
-  PRIMARY KEY ("from_id", "to_id")
+CREATE TABLE IF NOT EXISTS shard0000.pin_owned_by_board (
+  from_id BIGINT NOT NULL,
+  to_id BIGINT NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
 );
 
-CREATE INDEX IF NOT EXISTS "pin_owned_by_board_from_sequence_to" ON "shard0000"."pin_owned_by_board" ("from_id", "sequence", "to_id");
+CREATE INDEX IF NOT EXISTS pin_owned_by_board_from_sequence_to ON shard0000.pin_owned_by_board (from_id, sequence, to_id);
 
-CREATE TABLE IF NOT EXISTS "shard0000"."users_likes_pins" (
-  "from_id" bigint NOT NULL,
-  "to_id" bigint NOT NULL,
-  "sequence" bigint NOT NULL,
-  PRIMARY KEY ("from_id", "to_id")
+CREATE TABLE IF NOT EXISTS shard0000.users_likes_pins (
+  from_id BIGINT NOT NULL,
+  to_id BIGINT NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
 );
 
-CREATE INDEX IF NOT EXISTS "users_likes_pins_from_sequence_to" ON "shard0000"."users_likes_pins" ("from_id", "sequence", "to_id");
+CREATE INDEX IF NOT EXISTS users_likes_pins_from_sequence_to ON shard0000.users_likes_pins (from_id, sequence, to_id);
 
-CREATE TABLE IF NOT EXISTS "shard0000"."pin_liked_by_user" (
-  "from_id" bigint NOT NULL,
-  "to_id" bigint NOT NULL,
-  "sequence" bigint NOT NULL,
-  PRIMARY KEY ("from_id", "to_id")
+CREATE TABLE IF NOT EXISTS shard0000.pin_liked_by_user (
+  from_id BIGINT NOT NULL,
+  to_id BIGINT NOT NULL,
+  sequence BIGINT NOT NULL,
+  PRIMARY KEY (from_id, to_id)
 );
 
-CREATE INDEX IF NOT EXISTS "pin_liked_by_user_from_sequence_to" ON "shard0000"."pin_liked_by_user" ("from_id", "sequence", "to_id");
+CREATE INDEX IF NOT EXISTS pin_liked_by_user_from_sequence_to ON shard0000.pin_liked_by_user (from_id, sequence, to_id);
 
-CREATE TABLE IF NOT EXISTS "shard0000"."relation_counts" (
-  "relation" text NOT NULL,
-  "from_id" bigint NOT NULL,
-  "n" bigint NOT NULL,
-  PRIMARY KEY ("relation", "from_id")
+CREATE TABLE IF NOT EXISTS shard0000.relation_counts (
+  relation TEXT NOT NULL,
+  from_id BIGINT NOT NULL,
+  n BIGINT NOT NULL,
+  PRIMARY KEY (relation, from_id)
 );

@@ -21,17 +21,17 @@ to run) and notes; `CheckReport.ok` is False when any problem was found.
 from __future__ import annotations
 
 import random
-import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import URL
 
-from store.admin.ownership import ServerInventory, ShardCopy, read_inventory
+from store.admin.ownership import ServerInventory, ShardCopy
+from store.backends import backend_for
 from store.exceptions import StoreError
-from store.schema import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
+from store.naming import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
 from store.specs import RelationSpec
 from store.store import Store
 
@@ -108,14 +108,7 @@ class CheckReport:
 
 def server_identity(url: URL) -> str:
     """One name per physical server: host names whose URLs point at the same server share it."""
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        return f"sqlite:{url.database}"
-    socket = url.query.get("unix_socket")
-    where = f"{url.host or '127.0.0.1'}:{url.port or (5432 if backend == 'postgresql' else 3306)}"
-    if backend == "postgresql":
-        return f"postgresql://{where}/{url.database}"
-    return f"mysql://{socket}" if socket else f"mysql://{where}"
+    return backend_for(url).server_identity(url)
 
 
 def check_store(
@@ -213,29 +206,18 @@ def _place(
 
 
 def _inventory(store: Store, host: str) -> ServerInventory:
-    dialect = store.engines.dialect(host).name
-    if dialect == "sqlite":
-        return _sqlite_inventory(Path(str(store.config.hosts[host].database)))
-    with store.engines.shard(0, host).connect() as conn:
-        cur = conn.cursor()
-        inv = read_inventory(cur, dialect)
-        cur.close()
-    return inv
+    @contextmanager
+    def open_cursor() -> Iterator[Any]:
+        # Made only when the backend asks: a SQLite handle would make the shard's file.
+        with store.engines.shard(0, host).connect() as conn:
+            cur = conn.cursor()
+            try:
+                yield cur
+            finally:
+                cur.close()
 
-
-def _sqlite_inventory(folder: Path) -> ServerInventory:
-    """Shard files in a SQLite host folder, opened read-only (a check never creates a shard)."""
-    inv = ServerInventory()
-    for path in sorted(folder.glob("db[0-9][0-9][0-9][0-9][0-9].sqlite3")):
-        shard = int(path.name[2:7])
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            names = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        finally:
-            conn.close()
-        tables = tuple(sorted(n for n in names if not n.startswith("sqlite_")))
-        inv.copies[shard] = ShardCopy(shard, "live" if tables else "empty", tables)
-    return inv
+    found: ServerInventory = store.engines.backend(host).inventory(store.config.hosts[host], open_cursor)
+    return found
 
 
 def _tables(store: Store) -> list[str]:
@@ -273,7 +255,7 @@ def _consistency(
 
 def _lists(h: Any, relation: str) -> int:
     row = h.read(
-        f"SELECT COUNT(*) FROM {h.table(COUNTS_TABLE)} WHERE relation = {h.dialect.param}",
+        f"SELECT COUNT(*) FROM {h.table(COUNTS_TABLE)} WHERE relation = {h.backend.param}",
         (relation,),
         one=True,
     )
@@ -284,7 +266,7 @@ def _sampled_counts(
     store: Store, h: Any, spec: RelationSpec, sample: int, rng: random.Random, report: CheckReport
 ) -> list[tuple[int, int, int]]:
     """(from_id, kept, actual) for lists whose kept count differs, among up to ``sample`` lists."""
-    d = h.dialect
+    d = h.backend
     p = d.param
     rows = h.read(
         f"SELECT from_id, n FROM {h.table(COUNTS_TABLE)} WHERE relation = {p} AND from_id >= {p} "

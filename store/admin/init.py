@@ -16,22 +16,15 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
-from store.admin.ownership import shard_lock, tombstones
+from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
+from store.backends import Backend
 from store.config import StoreConfig
 from store.engines import Engines
 from store.exceptions import RoutingError, ShardMovedError
 from store.mapsource import live_map
-from store.schema import (
-    DATABASE_PREFIX,
-    NEXT_ID,
-    SCHEMA_PREFIX,
-    TOMBSTONE_TABLE,
-    database_name,
-    schema_name,
-    shard_statements,
-)
+from store.naming import TOMBSTONE_TABLE
 from store.shardmap import ShardMap
 
 __all__ = ["InitReport", "init_shards"]
@@ -93,11 +86,11 @@ def _init(
             on_shard(shard)
 
     with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
-        servers = [h for h in by_host if engines.dialect(h).name != "sqlite"]
-        found = pool.map(lambda h: _existing(engines, h, engines.dialect(h).name), servers)
+        servers = [h for h in by_host if not engines.backend(h).made_on_first_use]
+        found = pool.map(lambda h: _existing(engines, h), servers)
         looked = dict(zip(servers, found, strict=True))
         for host, existing in looked.items():
-            _refuse_tombstones(placed, host, by_host[host], existing)
+            _refuse_tombstones(placed, host, engines.backend(host), by_host[host], existing)
         futures = {
             host: pool.submit(
                 _init_host,
@@ -121,9 +114,9 @@ def _init(
 
 
 def _refuse_tombstones(
-    placed: ShardMap, host: str, shards: list[int], existing: set[tuple[str, str]]
+    placed: ShardMap, host: str, backend: Backend, shards: list[int], existing: set[tuple[str, str]]
 ) -> None:
-    gone = [s for s in shards if (database_name(s), TOMBSTONE_TABLE) in existing]
+    gone = [s for s in shards if (backend.namespace(s), TOMBSTONE_TABLE) in existing]
     if gone:
         raise ShardMovedError(
             f"the live map (version {placed.version}) gives shard {gone[0]} to {host}, but {host} holds a "
@@ -145,46 +138,41 @@ def _init_host(
 ) -> tuple[int, int]:
     types = list(config.types.values())
     relations = list(config.relations.values())
-    if engines.dialect(host).name == "sqlite":
-        folder = Path(str(config.hosts[host].database))
-        created = 0
+    backend = engines.backend(host)
+    if backend.made_on_first_use:
+        made = {s for s, copy in backend.inventory(config.hosts[host], _no_cursor).copies.items()}
         for s in shards:
-            created += not (folder / f"{database_name(s)}.sqlite3").exists()
-            engines.shard(s, host)  # creates the file and its tables
+            engines.shard(s, host).pool  # noqa: B018 - making the handle makes the shard
             tick(s)
-        return created, created * (len(types) + len(relations))
-    backend = engines.dialect(host).name
+        created = len(set(shards) - made)
+        return created, created * (len(types) + len(relations) + (1 if relations else 0))
 
     def work(s: int) -> tuple[int, int]:
-        ns = schema_name(s) if backend == "postgresql" else database_name(s)
+        ns = backend.namespace(s)
         todo = [
             (what, stmt)
-            for what, stmt in shard_statements(
-                backend, s, types, relations, ids=config.ids, epoch_ms=config.instagram_epoch_ms
+            for what, stmt in backend.shard_statements(
+                s, types, relations, ids=config.ids, epoch_ms=config.instagram_epoch_ms
             )
             if (ns, what) not in existing
         ]
         if todo:
             with engines.shard(s, host).connect() as conn:
                 cur = conn.cursor()
-                if backend == "postgresql":
+                with backend.admin_lock(cur, [s], timeout_s=SHARD_LOCK_TIMEOUT_S):
+                    # A move may have switched the shard away since the first look.
+                    moved = backend.tombstones(cur, [s]).get(s)
+                    if moved is not None:
+                        raise ShardMovedError(
+                            f"shard {s} moved from {host} to {moved[0]} (map version {moved[1]}) while "
+                            "init ran: run store init again to create what is missing where it is now",
+                            shard=s,
+                            host=host,
+                            moved_to=moved[0],
+                            map_version=moved[1],
+                        )
                     for _what, stmt in todo:
                         cur.execute(stmt)
-                else:
-                    with shard_lock(cur, [s]):
-                        # A move may have switched the shard away since the first look.
-                        moved = tombstones(cur, [s]).get(s)
-                        if moved is not None:
-                            raise ShardMovedError(
-                                f"shard {s} moved from {host} to {moved[0]} (map version {moved[1]}) while "
-                                "init ran: run store init again to create what is missing where it is now",
-                                shard=s,
-                                host=host,
-                                moved_to=moved[0],
-                                map_version=moved[1],
-                            )
-                        for _what, stmt in todo:
-                            cur.execute(stmt)
                 cur.close()
         tick(s)
         ns_created = int((ns, "") not in existing)
@@ -195,37 +183,14 @@ def _init_host(
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 
-def _existing(engines: Engines, host: str, backend: str) -> set[tuple[str, str]]:
-    """(namespace, what) of everything `shard_statements` would create that exists already.
-
-    ``what`` is ``""`` for the database or schema itself, a table (or
-    sequence) name, ``table#next_id`` for a MariaDB ID trigger and
-    ``#next_id`` for a PostgreSQL next_id() function.
-    """
-    like = SCHEMA_PREFIX + "____" if backend == "postgresql" else DATABASE_PREFIX + "_____"
-    out: set[tuple[str, str]] = set()
+def _existing(engines: Engines, host: str) -> set[tuple[str, str]]:
+    """(namespace, what) of everything `shard_statements` would create that exists already on ``host``."""
     with engines.shard(0, host).connect() as conn:
         cur = conn.cursor()
-        cur.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s", (like,))
-        out |= {(row[0], "") for row in cur.fetchall()}
-        cur.execute(
-            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE %s",
-            (like,),
-        )
-        out |= {(row[0], row[1]) for row in cur.fetchall()}
-        if backend == "postgresql":
-            cur.execute(
-                "SELECT routine_schema FROM information_schema.routines "
-                "WHERE routine_schema LIKE %s AND routine_name = 'next_id'",
-                (like,),
-            )
-            out |= {(row[0], NEXT_ID) for row in cur.fetchall()}
-        else:
-            cur.execute(
-                "SELECT trigger_schema, event_object_table FROM information_schema.triggers "
-                "WHERE trigger_schema LIKE %s",
-                (like,),
-            )
-            out |= {(row[0], row[1] + NEXT_ID) for row in cur.fetchall()}
+        found = engines.backend(host).existing(cur)
         cur.close()
-    return out
+    return found
+
+
+def _no_cursor() -> Any:
+    raise AssertionError("a backend whose shards are made on first use needs no connection to look")

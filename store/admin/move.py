@@ -50,10 +50,11 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from store.admin.ownership import leave_tombstones, shard_lock, tombstones
-from store.engines import mysql_connector
+from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
+from store.backends import backend_for
+from store.backends.mysql import MySQLBackend, leave_tombstones, mysql_connector
 from store.exceptions import ConfigError, MoveError
-from store.schema import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
+from store.naming import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
 __all__ = ["MoveError", "MovePlan", "Mover"]
@@ -61,6 +62,8 @@ __all__ = ["MoveError", "MovePlan", "Mover"]
 REPLICATION_NAME = "store_move"
 CATCH_UP_TIMEOUT_S = 120
 FENCE_WAIT_TIMEOUT_S = 30
+# Moves copy MariaDB shard databases: every host of a move is checked to be one (`_url`).
+_MYSQL = MySQLBackend()
 LOCK_WAIT_TIMEOUT_S = 10
 
 
@@ -136,7 +139,7 @@ class Mover:
         url = self.store.config.hosts.get(host)
         if url is None:
             raise MoveError(f"host {host!r} is not under hosts in the config")
-        if url.get_backend_name() not in ("mysql", "mariadb"):
+        if not backend_for(url).can_move:
             raise MoveError(f"host {host!r} is not MariaDB: moves copy MariaDB shard databases")
         return url
 
@@ -205,7 +208,7 @@ class Mover:
         plan = MovePlan(low, high, source, to, slave)
         plan.tables = self._tables(source, plan.databases())
         with self._conn(source) as cur:
-            gone = tombstones(cur, range(low, high + 1))
+            gone = _MYSQL.tombstones(cur, range(low, high + 1))
         if gone:
             shard, (moved_to, version) = min(gone.items())
             raise MoveError(
@@ -352,7 +355,7 @@ class Mover:
         conn = mysql_connector(self._url(j.source))()
         src = conn.cursor()
         try:
-            with shard_lock(src, range(j.low, j.high + 1)):
+            with _MYSQL.admin_lock(src, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S):
                 tables = [(db, t) for db, t, _r, _b in self._tables(j.source, dbs) if t != TOMBSTONE_TABLE]
                 if tables:
                     self._start_replication(j, dbs)  # again after a crash: the lock died with its session
@@ -480,7 +483,10 @@ class Mover:
             raise MoveError(f"the move is in phase {j.phase}: cleanup comes after it is done")
         dropped = []
         dbs = [database_name(s) for s in range(j.low, j.high + 1)]
-        with self._conn(j.source) as cur, shard_lock(cur, range(j.low, j.high + 1)):
+        with (
+            self._conn(j.source) as cur,
+            _MYSQL.admin_lock(cur, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S),
+        ):
             cur.execute("SET SESSION sql_log_bin = 0")
             for db in dbs:
                 cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")

@@ -1,0 +1,262 @@
+"""Everything that differs between database servers, one module per backend.
+
+A `Backend` knows, for one kind of server: how shards are named (a MariaDB
+database ``db00042``, a PostgreSQL schema ``shard0042``, a SQLite file), the
+column types and DDL of the store's tables (defined once as SQLAlchemy Core
+`Table` objects in `store.backends.tables`), how statements are compiled for
+its driver, how to connect (timeouts included), how its errors read
+(disconnect, missing table, duplicate key, retryable, tombstone), and what
+it can do (make Instagram IDs, move shards, lock a shard for admin work).
+
+Nothing outside this package branches on a backend's name: the rest of the
+store asks the host's `Backend` (``backend_for(url)``).
+
+    mysql.py      MariaDB / MySQL (PyMySQL or mysqlclient)
+    postgres.py   PostgreSQL (psycopg 3): Instagram IDs, a schema per shard
+    sqlite.py     SQLite: a folder of shard files, the embedded default
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+
+from store.backends.tables import SHARD, ColumnTypes, shard_tables
+from store.exceptions import ConfigError
+from store.specs import RelationSpec, TypeSpec
+
+__all__ = [
+    "SHARD",
+    "Backend",
+    "ErrorKind",
+    "backend_for",
+    "backend_named",
+    "backend_names",
+]
+
+
+class ErrorKind(enum.Enum):
+    """What a driver error means to the store."""
+
+    DISCONNECT = "the connection is gone"
+    MISSING = "the shard's database, schema or table does not exist"
+    TOMBSTONE = "the shard moved away: a tombstone answered"
+    RETRYABLE = "the transaction was rolled back whole (deadlock, lock wait): run it again"
+    DUPLICATE = "a primary or unique key refused the row"
+
+
+class Backend:
+    """One kind of database server. Subclasses fill in the class attributes and the hooks."""
+
+    #: The name `store schema --backend` takes and messages show.
+    name: ClassVar[str] = ""
+    #: SQLAlchemy URL backend names this backend serves (``mysql+pymysql://`` -> "mysql").
+    url_backends: ClassVar[frozenset[str]] = frozenset()
+    #: Placeholder of the driver's paramstyle (compiled statements use it too).
+    param: ClassVar[str] = "%s"
+    #: Statement that opens a write transaction.
+    begin: ClassVar[str] = "BEGIN"
+    #: True where a write transaction locks the whole shard (SQLite's BEGIN IMMEDIATE):
+    #: two such shards are locked in shard order, so two writers never wait in a circle.
+    locks_whole_shard: ClassVar[bool] = False
+    #: True where each shard has a pool of its own (a SQLite file): a batch reaches one shard.
+    pool_per_shard: ClassVar[bool] = False
+    #: True where a shard comes into being on first use (a SQLite file), not by `store init`.
+    made_on_first_use: ClassVar[bool] = False
+    #: A statement locking one key for the rest of the transaction, taken before writing a pair
+    #: whose row may be absent; None where the write itself locks the key, present or not.
+    key_lock: ClassVar[str | None] = None
+    #: Which ID schemes a host of this backend can serve.
+    serves_ids: ClassVar[frozenset[str]] = frozenset({"pinterest"})
+    #: True if `store move` can move its shards; True if it can be a ticket server or a map table.
+    can_move: ClassVar[bool] = False
+    can_hold_tickets: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.sa_dialect = self._sa_dialect()
+
+    # -- hooks each backend provides ---------------------------------------------
+
+    def _sa_dialect(self) -> Dialect:
+        raise NotImplementedError
+
+    def column_types(self) -> ColumnTypes:
+        """The column types and table options of this backend's tables."""
+        raise NotImplementedError
+
+    def namespace(self, shard: int) -> str:
+        """The database, schema or file stem that holds shard ``shard``."""
+        raise NotImplementedError
+
+    def statement_schema(self, shard: int) -> str | None:
+        """The schema a statement names for shard ``shard`` (None: the connection's own, as SQLite's)."""
+        return self.namespace(shard)
+
+    def check_url(self, host: str, url: URL, base: Path) -> URL:
+        """``url`` checked (and completed) for a host of this backend; `ConfigError` if it cannot serve."""
+        return url
+
+    def server_identity(self, url: URL) -> str:
+        """One name per physical server: host names whose URLs reach the same server share it."""
+        raise NotImplementedError
+
+    def connector(
+        self, url: URL, *, shard: int, connect_timeout_s: float, query_timeout_s: float
+    ) -> Callable[[], Any]:
+        """A function that opens one autocommit DBAPI connection (for ``shard``, where that matters)."""
+        raise NotImplementedError
+
+    def classify(self, exc: BaseException) -> ErrorKind | None:
+        """What a driver error means, or None for anything else."""
+        raise NotImplementedError
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """True if ``exc`` came from this backend's driver (rather than a bug)."""
+        raise NotImplementedError
+
+    def extra_statements(
+        self, shard: int, types: Sequence[TypeSpec], *, ids: str, epoch_ms: int
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(before the tables, after them): what else a shard needs, as (what, statement) pairs.
+
+        The ID machinery of Instagram IDs (a counter and ``next_id()``, or a
+        trigger per table), and the database or schema itself.
+        """
+        return [], []
+
+    def existing(self, cur: Any) -> set[tuple[str, str]]:
+        """(namespace, what) of every shard object this server already holds (for `store init`)."""
+        raise NotImplementedError
+
+    def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
+        """The shard databases on the server (`store.admin.ownership.ServerInventory`)."""
+        raise NotImplementedError
+
+    def tombstones(self, cur: Any, shards: Iterable[int]) -> dict[int, tuple[str, int]]:
+        """(moved_to, map version) of each of ``shards`` that left a tombstone here."""
+        return {}
+
+    def tombstone_from_error(self, exc: BaseException) -> tuple[str, int] | None:
+        """(moved_to, map version) as a tombstone's refusal names them, if it does."""
+        return None
+
+    @contextmanager
+    def admin_lock(self, cur: Any, shards: Iterable[int], *, timeout_s: float) -> Iterator[None]:
+        """Hold the admin lock of each of ``shards`` on this server (no-op where shards never move)."""
+        yield
+
+    def upsert_skip(self, table: Any) -> Any:
+        """An INSERT construct on ``table`` that skips a row whose key exists (rowcount 0)."""
+        raise NotImplementedError
+
+    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
+        """An INSERT construct on ``table`` that adds to ``column`` of the existing ``key`` row."""
+        raise NotImplementedError
+
+    def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
+        """An INSERT construct on ``table`` that overwrites ``column`` of the existing ``key`` row."""
+        raise NotImplementedError
+
+    def ts_now(self) -> ClauseElement | None:
+        """The value an UPDATE sets ``ts`` to, or None where the column updates itself."""
+        return None
+
+    # -- shared ----------------------------------------------------------------------
+
+    def compile(self, stmt: ClauseElement) -> tuple[str, tuple[str, ...]]:
+        """``stmt`` as this driver's SQL text, and its parameter names in the order they are passed."""
+        compiled = stmt.compile(dialect=self.sa_dialect)
+        assert isinstance(compiled, SQLCompiler)
+        return compiled.string, tuple(compiled.positiontup or ())
+
+    def table(self, shard: int, table: str) -> str:
+        """The quoted name of ``table`` in shard ``shard``, for hand-written SQL."""
+        prep = self.sa_dialect.identifier_preparer
+        schema = self.statement_schema(shard)
+        name = prep.quote_identifier(table)
+        return name if schema is None else f"{prep.quote_identifier(schema)}.{name}"
+
+    def params(self, n: int) -> str:
+        """``n`` comma-separated placeholders."""
+        return ", ".join([self.param] * n)
+
+    def shard_statements(
+        self,
+        shard: int,
+        types: Iterable[TypeSpec],
+        relations: Iterable[RelationSpec],
+        *,
+        ids: str = "pinterest",
+        epoch_ms: int = 0,
+    ) -> list[tuple[str, str]]:
+        """Idempotent DDL for shard ``shard`` as (what it creates, statement) pairs.
+
+        What it creates is ``""`` for the database or schema, a table name,
+        or a name ending in ``#next_id`` for ID machinery, so that `store
+        init` can skip what already exists.
+        """
+        types, relations = list(types), list(relations)
+        if ids not in self.serves_ids:
+            raise ConfigError(f"a {self.name} host cannot serve ids: {ids}")
+        before, after = self.extra_statements(shard, types, ids=ids, epoch_ms=epoch_ms)
+        out = list(before)
+        schema = self.statement_schema(shard)
+        for t in shard_tables(self.column_types(), types, relations, ids=ids, schema=schema, shard=shard):
+            out.append((t.name, self._ddl(CreateTable(t, if_not_exists=True))))
+            for index in sorted(t.indexes, key=lambda i: str(i.name)):
+                out.append((t.name, self._ddl(CreateIndex(index, if_not_exists=True))))
+        return out + after
+
+    def _ddl(self, element: ClauseElement) -> str:
+        text = str(element.compile(dialect=self.sa_dialect)).strip()
+        # SQLAlchemy's DDL pads lines with trailing blanks and tabs: tidy it for readers.
+        return "\n".join(line.rstrip().replace("\t", "  ") for line in text.splitlines())
+
+    def describe(self, shard: int) -> str:
+        """Where shard ``shard`` lives on a host of this backend, in words (for the DDL's header)."""
+        return f"database {self.namespace(shard)}"
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def _registry() -> dict[str, Backend]:
+    if not _REGISTRY:
+        from store.backends.mysql import MySQLBackend
+        from store.backends.postgres import PostgresBackend
+        from store.backends.sqlite import SQLiteBackend
+
+        for backend in (MySQLBackend(), PostgresBackend(), SQLiteBackend()):
+            _REGISTRY[backend.name] = backend
+    return _REGISTRY
+
+
+def backend_names() -> list[str]:
+    """The backends this store supports, by name."""
+    return sorted(_registry())
+
+
+def backend_named(name: str) -> Backend:
+    """The backend called ``name``; `ConfigError` naming the supported ones."""
+    found = _registry().get(name)
+    if found is None:
+        raise ConfigError(f"no backend {name!r}; supported: {', '.join(backend_names())}")
+    return found
+
+
+def backend_for(url: URL) -> Backend:
+    """The backend that serves host URL ``url``; `ConfigError` naming the supported ones."""
+    wanted = url.get_backend_name()
+    for backend in _registry().values():
+        if wanted in backend.url_backends:
+            return backend
+    supported = sorted(b for backend in _registry().values() for b in backend.url_backends)
+    raise ConfigError(f"backend {wanted!r} is not supported; supported: {', '.join(supported)}")

@@ -1,0 +1,490 @@
+"""MariaDB / MySQL: every shard is a database (``db00042``) on its host; all of them share a pool.
+
+Drivers: PyMySQL (``mysql+pymysql://``) or mysqlclient (``mysql+mysqldb://``).
+This module also owns what only MariaDB does here: Instagram IDs from a
+counter row and a trigger, the tombstone a moved shard leaves behind, and
+the named locks that keep admin commands from stepping on a move.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
+from sqlalchemy.engine import URL, Dialect
+
+from store.backends import Backend, ErrorKind
+from store.backends.tables import ColumnTypes
+from store.exceptions import BackendError, ConfigError
+from store.naming import (
+    ARCHIVE_PREFIX,
+    DATABASE_PREFIX,
+    NEXT_ID,
+    TOMBSTONE_TABLE,
+    database_name,
+)
+from store.specs import TypeSpec
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "READ_TIMEOUT_S",
+    "TOMBSTONE_ERRNO",
+    "MySQLBackend",
+    "leave_tombstones",
+    "mysql_connector",
+    "mysql_driver_error",
+    "parse_tombstone",
+    "tombstone_statements",
+]
+
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 60.0
+#: The error number every read of a tombstone raises (a user SIGNAL; MariaDB's own numbers stay below).
+TOMBSTONE_ERRNO = 9451
+
+# 1049 unknown database, 1146 unknown table.
+_MISSING = frozenset({1049, 1146})
+# A write to a view (1471 not insertable, 1288 not updatable): the store's
+# tables are never views, except the tombstone a moved shard leaves behind.
+_TOMBSTONE = frozenset({TOMBSTONE_ERRNO, 1471, 1288})
+# Client errors meaning the connection is gone: can't connect (2002, 2003),
+# server gone away (2006), lost during query (2013), lost (2055).
+_DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
+# Transactions rolled back whole, safe to run again: deadlock (1213), lock wait timeout (1205).
+_RETRY = frozenset({1205, 1213})
+_DUPLICATE = frozenset({1062})
+_DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
+
+
+def _code(exc: BaseException) -> int | None:
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+class MySQLBackend(Backend):
+    """MariaDB and MySQL."""
+
+    name = "mysql"
+    url_backends = frozenset({"mysql", "mariadb"})
+    param = "%s"
+    serves_ids = frozenset({"pinterest", "instagram"})
+    can_move = True
+    can_hold_tickets = True
+
+    def _sa_dialect(self) -> Dialect:
+        return mysql_pymysql.dialect(paramstyle="format")
+
+    def column_types(self) -> ColumnTypes:
+        """BIGINT UNSIGNED keys (the article's INT overflows at 2**31), MEDIUMTEXT JSON, InnoDB, utf8mb4."""
+        unsigned = mysql.BIGINT(unsigned=True)
+        return ColumnTypes(
+            local_id=unsigned,
+            instagram_id=mysql.BIGINT(),
+            instagram_default=lambda _schema, _shard: text("0"),  # the trigger makes the ID
+            data=mysql.MEDIUMTEXT(),  # 16 MiB - 1: the ceiling of limits.max_object_bytes
+            flag=mysql.TINYINT(1),
+            timestamp=mysql.TIMESTAMP(fsp=3),
+            timestamp_default="CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)",
+            pair_id=unsigned,
+            sequence=mysql.BIGINT(),
+            relation_name=mysql.VARCHAR(64),
+            count=mysql.BIGINT(),
+            object_options={
+                "mysql_engine": "InnoDB",
+                "mysql_charset": "utf8mb4",
+                "mysql_collate": "utf8mb4_unicode_ci",
+            },
+            relation_options={"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"},
+        )
+
+    def namespace(self, shard: int) -> str:
+        """``db00042``."""
+        return database_name(shard)
+
+    def check_url(self, host: str, url: URL, base: Path) -> URL:
+        """A MariaDB host names no database: each shard is its own."""
+        if url.database:
+            raise ConfigError(
+                f"hosts.{host} names database {url.database!r}; leave it out: "
+                "each shard is its own database (db00000, db00001, ...)"
+            )
+        return url
+
+    def server_identity(self, url: URL) -> str:
+        """``mysql://host:port`` (or the socket)."""
+        socket = url.query.get("unix_socket")
+        return f"mysql://{socket}" if socket else f"mysql://{url.host or '127.0.0.1'}:{url.port or 3306}"
+
+    def connector(
+        self, url: URL, *, shard: int, connect_timeout_s: float, query_timeout_s: float
+    ) -> Callable[[], Any]:
+        """PyMySQL or mysqlclient, autocommit, utf8mb4, REPEATABLE READ, with the timeouts."""
+        return mysql_connector(url, connect_timeout_s=connect_timeout_s, query_timeout_s=query_timeout_s)
+
+    def classify(self, exc: BaseException) -> ErrorKind | None:
+        """By MariaDB error number."""
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return ErrorKind.DISCONNECT
+        code = _code(exc)
+        if code in _TOMBSTONE:
+            return ErrorKind.TOMBSTONE
+        if code in _MISSING:
+            return ErrorKind.MISSING
+        if code in _DISCONNECT or (type(exc).__name__ == "InterfaceError" and code in (0, None)):
+            return ErrorKind.DISCONNECT
+        if code in _RETRY:
+            return ErrorKind.RETRYABLE
+        if code in _DUPLICATE:
+            return ErrorKind.DUPLICATE
+        return None
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """PyMySQL's or MySQLdb's errors, and socket errors."""
+        return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith(
+            ("pymysql", "MySQLdb")
+        )
+
+    def extra_statements(
+        self, shard: int, types: Sequence[TypeSpec], *, ids: str, epoch_ms: int
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """The database; for Instagram IDs the shard's counter row and a trigger per object table."""
+        db = database_name(shard)
+        before = [("", _DATABASE.format(db=db))]
+        if ids != "instagram":
+            return before, []
+        before += [("id_counter", _ID_COUNTER.format(db=db)), ("id_counter", _ID_COUNTER_ROW.format(db=db))]
+        after = [
+            (t.table + NEXT_ID, _IG_TRIGGER.format(db=db, table=t.table, shard=shard, epoch=epoch_ms))
+            for t in types
+        ]
+        return before, after
+
+    def existing(self, cur: Any) -> set[tuple[str, str]]:
+        """Databases, tables (and views) and ID triggers, from information_schema."""
+        like = DATABASE_PREFIX + "_____"
+        cur.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s", (like,))
+        out = {(str(row[0]), "") for row in cur.fetchall()}
+        cur.execute(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE %s",
+            (like,),
+        )
+        out |= {(str(row[0]), str(row[1])) for row in cur.fetchall()}
+        cur.execute(
+            "SELECT trigger_schema, event_object_table FROM information_schema.triggers "
+            "WHERE trigger_schema LIKE %s",
+            (like,),
+        )
+        out |= {(str(row[0]), str(row[1]) + NEXT_ID) for row in cur.fetchall()}
+        return out
+
+    def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
+        """Shard databases (live, tombstone or empty) and move archives."""
+        from store.admin.ownership import ServerInventory, ShardCopy, shard_number
+
+        inv = ServerInventory()
+        with open_cursor() as cur:
+            cur.execute(
+                "SELECT s.schema_name, t.table_name FROM information_schema.schemata s "
+                "LEFT JOIN information_schema.tables t ON t.table_schema = s.schema_name "
+                "AND t.table_type = 'BASE TABLE' WHERE s.schema_name LIKE %s OR s.schema_name LIKE %s",
+                (DATABASE_PREFIX + "_____", ARCHIVE_PREFIX + DATABASE_PREFIX + "_____"),
+            )
+            live: dict[int, list[str]] = {}
+            for db, table in cur.fetchall():
+                name = str(db)
+                archived = shard_number(name, ARCHIVE_PREFIX + DATABASE_PREFIX, 5)
+                if archived is not None:
+                    inv.archives[archived] = (
+                        *inv.archives.get(archived, ()),
+                        *([] if table is None else [table]),
+                    )
+                    continue
+                shard = shard_number(name, DATABASE_PREFIX, 5)
+                if shard is not None:
+                    live.setdefault(shard, []).extend([] if table is None else [str(table)])
+            told = self.tombstones(cur, [s for s, tables in live.items() if TOMBSTONE_TABLE in tables])
+        for shard, tables in live.items():
+            if shard in told:
+                moved_to, version = told[shard]
+                inv.copies[shard] = ShardCopy(shard, "tombstone", (), moved_to, version)
+            else:
+                inv.copies[shard] = ShardCopy(shard, "live" if tables else "empty", tuple(sorted(tables)))
+        return inv
+
+    def tombstones(self, cur: Any, shards: Iterable[int]) -> dict[int, tuple[str, int]]:
+        """(moved_to, map_version) of each of ``shards`` whose database here is a tombstone."""
+        wanted = sorted(set(shards))
+        if not wanted:
+            return {}
+        cur.execute(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name = %s AND table_schema IN ("
+            + ", ".join(["%s"] * len(wanted))
+            + ")",
+            (TOMBSTONE_TABLE, *[database_name(s) for s in wanted]),
+        )
+        marked = [str(r[0]) for r in cur.fetchall()]
+        if not marked:
+            return {}
+        rows = (f"SELECT shard, moved_to, map_version FROM `{db}`.`{TOMBSTONE_TABLE}`" for db in marked)
+        cur.execute(" UNION ALL ".join(rows))
+        return {int(shard): (str(moved_to), int(version)) for shard, moved_to, version in cur.fetchall()}
+
+    def tombstone_from_error(self, exc: BaseException) -> tuple[str, int] | None:
+        """A read refused by a tombstone says where the shard went; a write (1471, 1288) does not."""
+        return parse_tombstone(str(exc))
+
+    @contextmanager
+    def admin_lock(self, cur: Any, shards: Iterable[int], *, timeout_s: float) -> Iterator[None]:
+        """Named locks, one per shard, taken in shard order (released on the way out, or with the session)."""
+        held: list[str] = []
+        try:
+            for shard in sorted(set(shards)):
+                name = f"store-admin:{database_name(shard)}"
+                cur.execute("SELECT GET_LOCK(%s, %s)", (name, timeout_s))
+                if cur.fetchone()[0] != 1:
+                    raise BackendError(
+                        f"another admin command has held shard {shard}'s admin lock for {timeout_s:.0f} s "
+                        "(a move switching it, or an init): wait for it to finish, then run this again"
+                    )
+                held.append(name)
+            yield
+        finally:
+            for name in reversed(held):
+                cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+                cur.fetchall()
+
+    def upsert_skip(self, table: Any) -> Any:
+        """``ON DUPLICATE KEY UPDATE k = k``: a no-op update reports 0 rows and, unlike INSERT
+        IGNORE, hides no other error."""
+        first = next(iter(table.primary_key.columns))
+        return mysql.insert(table).on_duplicate_key_update({first.name: first})
+
+    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
+        """``ON DUPLICATE KEY UPDATE n = n + VALUES(n)``."""
+        ins = mysql.insert(table)
+        return ins.on_duplicate_key_update({column: table.c[column] + ins.inserted[column]})
+
+    def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
+        """``ON DUPLICATE KEY UPDATE n = VALUES(n)``."""
+        ins = mysql.insert(table)
+        return ins.on_duplicate_key_update({column: ins.inserted[column]})
+
+
+def _mysql_driver(url: URL) -> tuple[str, Any]:
+    driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
+    if driver not in _DRIVERS:
+        raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
+    return driver, importlib.import_module(_DRIVERS[driver])
+
+
+def mysql_driver_error(url: URL) -> type[Exception]:
+    """The base class of the errors ``url``'s driver raises (to tell them from bugs)."""
+    error: type[Exception] = _mysql_driver(url)[1].Error
+    return error
+
+
+def mysql_connector(
+    url: URL,
+    *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    query_timeout_s: float = READ_TIMEOUT_S,
+    setup: str | None = None,
+) -> Callable[[], Any]:
+    """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``.
+
+    Opening it waits at most ``connect_timeout_s``; each read or write of a
+    reply at most ``query_timeout_s`` (then the connection is lost to the
+    caller). ``setup`` is a statement run on every new connection.
+    """
+    driver, module = _mysql_driver(url)
+
+    def whole(seconds: float) -> float:
+        return max(1, math.ceil(seconds)) if driver == "mysqldb" else seconds  # mysqlclient: whole seconds
+
+    kwargs: dict[str, Any] = {
+        "host": url.host or "127.0.0.1",
+        "port": url.port or 3306,
+        "user": url.username or "root",
+        "password": url.password or "",
+        "charset": "utf8mb4",
+        "autocommit": True,
+        "connect_timeout": whole(connect_timeout_s),
+        "read_timeout": whole(query_timeout_s),
+        "write_timeout": whole(query_timeout_s),
+        # The inverse-pair protocol relies on InnoDB locking the gap of an
+        # absent key, which READ COMMITTED (a common server default) skips.
+        "init_command": "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+    }
+    if "unix_socket" in url.query:
+        kwargs["unix_socket"] = url.query["unix_socket"]
+
+    def connect() -> Any:
+        conn = module.connect(**kwargs)
+        if setup is not None:
+            try:
+                cur = conn.cursor()
+                cur.execute(setup)
+                cur.close()
+            except BaseException:
+                with suppress(Exception):
+                    conn.close()
+                raise
+        return conn
+
+    return connect
+
+
+# -- DDL that is not a table -------------------------------------------------------------
+
+_DATABASE = "CREATE DATABASE IF NOT EXISTS `{db}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"
+
+# Instagram IDs: the shard's counter, in units of (ms since the epoch) * 1024 +
+# sequence, kept in a one-row table (MariaDB's SETVAL takes only a literal,
+# so a sequence cannot jump to the clock inside a trigger). Every insert's
+# trigger moves the row under its row lock, so the shard's inserts take turns
+# for the moment of their commit, and the counter is shared by every table of
+# the shard: no two objects of a shard, of any types, share an ID. A burst of
+# more than 1,024 in one millisecond borrows the next; a clock that steps back
+# leaves the ms field running ahead until it catches up. A row in a table also
+# travels with the shard when it moves. Tests may pin the clock: @store_clock_ms.
+_ID_COUNTER = """\
+CREATE TABLE IF NOT EXISTS `{db}`.`id_counter` (
+  `one` TINYINT NOT NULL PRIMARY KEY,
+  `v` BIGINT NOT NULL
+) ENGINE=InnoDB"""
+_ID_COUNTER_ROW = "INSERT IGNORE INTO `{db}`.`id_counter` (`one`, `v`) VALUES (1, 0)"
+
+# The time is read when the row is made (SYSDATE, not the statement's NOW).
+_IG_TRIGGER = """\
+CREATE TRIGGER IF NOT EXISTS `{db}`.`{table}_next_id` BEFORE INSERT ON `{db}`.`{table}` FOR EACH ROW
+BEGIN
+  DECLARE units BIGINT;
+  DECLARE nv BIGINT;
+  IF NEW.id = 0 THEN
+    SET units = COALESCE(@store_clock_ms, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)) - {epoch};
+    SET units = units * 1024;
+    IF units < 0 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'clock before the Instagram ID epoch';
+    END IF;
+    UPDATE `{db}`.`id_counter` SET `v` = GREATEST(`v` + 1, units) WHERE `one` = 1;
+    SELECT c.`v` INTO nv FROM `{db}`.`id_counter` c WHERE c.`one` = 1;
+    IF (nv >> 10) >= 1099511627776 THEN
+      SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'Instagram ID space of shard {shard} exhausted (2**40 ms)';
+    END IF;
+    SET NEW.id = ((nv >> 10) << 23) | ({shard} << 10) | (nv & 1023);
+  END IF;
+END"""
+
+
+# -- tombstones: what a moved shard leaves on its old host -------------------------------------
+#
+# The moved tables are renamed into the archive database; in their place
+# stand views of the same names and columns whose every read calls a function
+# that raises TOMBSTONE_ERRNO, naming the new host and map version. A view
+# cannot be written to (MariaDB answers 1471 / 1288), so every statement the
+# store sends to a tombstone fails: the fence holds whether or not a table of
+# that name is ever created again, and `CREATE TABLE IF NOT EXISTS` (an init
+# run by an old config) finds the name taken. Live shards keep plain tables:
+# no cost on the request path.
+
+_TOMBSTONE_FUNCTION = "store_moved"
+_TOMBSTONE_MARKER = """\
+CREATE TABLE IF NOT EXISTS `{db}`.`{table}` (
+  `shard` INT NOT NULL PRIMARY KEY,
+  `moved_to` VARCHAR(255) NOT NULL,
+  `map_version` BIGINT NOT NULL,
+  `moved_at` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
+
+_TOMBSTONE_FUNCTION_SQL = """\
+CREATE OR REPLACE FUNCTION `{db}`.`{fn}`() RETURNS BIGINT NOT DETERMINISTIC NO SQL
+BEGIN
+  SIGNAL SQLSTATE '45000' SET MYSQL_ERRNO = {errno}, MESSAGE_TEXT = '{message}';
+  RETURN 0;
+END"""
+
+_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
+
+
+def parse_tombstone(message: str) -> tuple[str, int] | None:
+    """(moved_to, map_version) from the error a tombstone raises, or None if it is not one."""
+    found = _TOMBSTONE_PARSE.search(message)
+    return None if found is None else (found.group(1), int(found.group(2)))
+
+
+def tombstone_statements(
+    shard: int, moved_to: str, map_version: int, tables: dict[str, list[str]]
+) -> list[str]:
+    """Statements that leave a tombstone of ``shard`` (idempotent).
+
+    ``tables`` maps each moved table to its columns, in order. Host names
+    are config keys (checked by the config) and are quoted for SQL here.
+    """
+    db = database_name(shard)
+    fn = f"`{db}`.`{_TOMBSTONE_FUNCTION}`()"
+    quoted = moved_to.replace("\\", "\\\\").replace("'", "''")
+    message = f"store-tombstone shard={shard} moved_to={moved_to} map_version={map_version}"
+    out = [
+        _TOMBSTONE_MARKER.format(db=db, table=TOMBSTONE_TABLE),
+        f"REPLACE INTO `{db}`.`{TOMBSTONE_TABLE}` (shard, moved_to, map_version) "
+        f"VALUES ({shard}, '{quoted}', {map_version})",
+        _TOMBSTONE_FUNCTION_SQL.format(
+            db=db, fn=_TOMBSTONE_FUNCTION, errno=TOMBSTONE_ERRNO, message=message.replace("'", "''")
+        ),
+    ]
+    for table, columns in sorted(tables.items()):
+        names = ", ".join(f"`{c}`" for c in columns)
+        values = ", ".join(fn for _c in columns)
+        # TEMPTABLE: the view is computed before any WHERE applies, so a
+        # primary-key read of a row that "is not there" raises too.
+        out.append(
+            f"CREATE OR REPLACE ALGORITHM=TEMPTABLE SQL SECURITY INVOKER VIEW `{db}`.`{table}` "
+            f"({names}) AS SELECT {values}"
+        )
+    return out
+
+
+def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version: int) -> int:
+    """Leave a tombstone of each of ``shards`` whose tables were moved into the archive; how many.
+
+    The views take the names and columns of the archived tables. Runs off the
+    binlog (the renames were too), so replicas of this host never see half a
+    switch. Idempotent: a resumed move runs it again.
+    """
+    from store.admin.ownership import shard_number
+
+    wanted = sorted(set(shards))
+    if not wanted:
+        return 0
+    archives = [ARCHIVE_PREFIX + database_name(s) for s in wanted]
+    cur.execute(
+        "SELECT table_schema, table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema IN (" + ", ".join(["%s"] * len(archives)) + ") "
+        "ORDER BY table_schema, table_name, ordinal_position",
+        archives,
+    )
+    columns: dict[int, dict[str, list[str]]] = {}
+    for db, table, column in cur.fetchall():
+        shard = shard_number(str(db), ARCHIVE_PREFIX + DATABASE_PREFIX, 5)
+        assert shard is not None
+        columns.setdefault(shard, {}).setdefault(str(table), []).append(str(column))
+    cur.execute("SET SESSION sql_log_bin = 0")
+    try:
+        for shard in wanted:
+            tables = columns.get(shard)
+            if not tables:
+                continue  # nothing was archived: nothing there to fence
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{database_name(shard)}`")
+            for stmt in tombstone_statements(shard, moved_to, map_version, tables):
+                cur.execute(stmt)
+    finally:
+        cur.execute("SET SESSION sql_log_bin = 1")
+    return len(columns)

@@ -1,0 +1,287 @@
+"""PostgreSQL (psycopg 3): Instagram IDs, every logical shard a schema (``shard0042``) of one database.
+
+Each schema has its own ``next_id()`` and counter; every object table's
+``id`` defaults to it, and a create reads the ID back with ``INSERT ...
+RETURNING id``. Thousands of logical shards map to a few databases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
+from sqlalchemy.engine import URL, Dialect
+from sqlalchemy.sql.elements import ClauseElement
+
+from store.backends import Backend, ErrorKind
+from store.backends.tables import ColumnTypes
+from store.exceptions import BackendError, ConfigError
+from store.naming import NEXT_ID, SCHEMA_PREFIX, schema_name
+from store.specs import TypeSpec
+
+__all__ = ["PG_LOCK_BASE", "PostgresBackend", "postgres_connector"]
+
+#: Advisory lock keys of next_id(): one per shard, in a range of their own.
+PG_LOCK_BASE = 0x5707E1D0000
+# Transactions rolled back whole, safe to run again: deadlock, serialization failure.
+_RETRY = frozenset({"40P01", "40001"})
+# Undefined table, invalid schema name, undefined function.
+_MISSING = frozenset({"42P01", "3F000", "42883"})
+_DUPLICATE = frozenset({"23505"})
+
+
+class PostgresBackend(Backend):
+    """PostgreSQL, for Instagram IDs."""
+
+    name = "postgresql"
+    url_backends = frozenset({"postgresql"})
+    param = "%s"
+    serves_ids = frozenset({"instagram"})
+    # PostgreSQL locks nothing for an absent key: an advisory lock on the pair stands in.
+    key_lock = "SELECT pg_advisory_xact_lock(%s)"
+
+    def _sa_dialect(self) -> Dialect:
+        return pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+
+    def column_types(self) -> ColumnTypes:
+        """bigint keys made by the schema's next_id(), text JSON, timestamptz(3)."""
+        return ColumnTypes(
+            local_id=postgresql.BIGINT(),
+            instagram_id=postgresql.BIGINT(),
+            instagram_default=lambda schema, _shard: text(f'"{schema}".next_id()'),
+            data=postgresql.TEXT(),
+            flag=postgresql.SMALLINT(),
+            timestamp=postgresql.TIMESTAMP(timezone=True, precision=3),
+            timestamp_default="now()",
+            pair_id=postgresql.BIGINT(),
+            sequence=postgresql.BIGINT(),
+            relation_name=postgresql.TEXT(),
+            count=postgresql.BIGINT(),
+        )
+
+    def namespace(self, shard: int) -> str:
+        """``shard0042``."""
+        return schema_name(shard)
+
+    def describe(self, shard: int) -> str:
+        """``schema shard0042``."""
+        return f"schema {schema_name(shard)}"
+
+    def check_url(self, host: str, url: URL, base: Path) -> URL:
+        """A PostgreSQL host names its database; each shard is a schema in it."""
+        if not url.database:
+            raise ConfigError(
+                f"hosts.{host}: a PostgreSQL host names its database, e.g. "
+                "postgresql+psycopg://postgres@127.0.0.1:5432/store; each shard is a schema in it"
+            )
+        return url
+
+    def server_identity(self, url: URL) -> str:
+        """``postgresql://host:port/database``."""
+        return f"postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database}"
+
+    def connector(
+        self, url: URL, *, shard: int, connect_timeout_s: float, query_timeout_s: float
+    ) -> Callable[[], Any]:
+        """psycopg, autocommit, with the timeouts."""
+        return postgres_connector(url, connect_timeout_s=connect_timeout_s, query_timeout_s=query_timeout_s)
+
+    def classify(self, exc: BaseException) -> ErrorKind | None:
+        """By SQLSTATE; a lost or refused connection is an OperationalError with none."""
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return ErrorKind.DISCONNECT
+        sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate in _MISSING:
+            return ErrorKind.MISSING
+        if sqlstate in _RETRY:
+            return ErrorKind.RETRYABLE
+        if sqlstate in _DUPLICATE:
+            return ErrorKind.DUPLICATE
+        if type(exc).__module__.startswith("psycopg") and type(exc).__name__ == "OperationalError":
+            return ErrorKind.DISCONNECT if sqlstate is None else None
+        return None
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """psycopg's errors, and socket errors."""
+        return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith("psycopg")
+
+    def extra_statements(
+        self, shard: int, types: Sequence[TypeSpec], *, ids: str, epoch_ms: int
+    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """The schema, its counter and its next_id()."""
+        sc = schema_name(shard)
+        return [
+            ("", _SCHEMA.format(schema=sc)),
+            (NEXT_ID, _ID_SEQ.format(schema=sc)),
+            (NEXT_ID, _NEXT_ID.format(schema=sc, shard=shard, epoch=epoch_ms, lock_key=PG_LOCK_BASE + shard)),
+        ], []
+
+    def existing(self, cur: Any) -> set[tuple[str, str]]:
+        """Schemas, tables and next_id() functions, from information_schema."""
+        like = SCHEMA_PREFIX + "____"
+        cur.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s", (like,))
+        out = {(str(row[0]), "") for row in cur.fetchall()}
+        cur.execute(
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema LIKE %s",
+            (like,),
+        )
+        out |= {(str(row[0]), str(row[1])) for row in cur.fetchall()}
+        cur.execute(
+            "SELECT routine_schema FROM information_schema.routines "
+            "WHERE routine_schema LIKE %s AND routine_name = 'next_id'",
+            (like,),
+        )
+        return out | {(str(row[0]), NEXT_ID) for row in cur.fetchall()}
+
+    def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
+        """Shard schemas, live or empty."""
+        from store.admin.ownership import ServerInventory, ShardCopy, shard_number
+
+        inv = ServerInventory()
+        with open_cursor() as cur:
+            cur.execute(
+                "SELECT n.nspname, c.relname FROM pg_namespace n LEFT JOIN pg_class c "
+                "ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') WHERE n.nspname LIKE %s",
+                (SCHEMA_PREFIX + "____",),
+            )
+            found: dict[int, list[str]] = {}
+            for schema, table in cur.fetchall():
+                shard = shard_number(str(schema), SCHEMA_PREFIX, 4)
+                if shard is not None:
+                    found.setdefault(shard, []).extend([] if table is None else [str(table)])
+        for shard, tables in found.items():
+            inv.copies[shard] = ShardCopy(shard, "live" if tables else "empty", tuple(sorted(tables)))
+        return inv
+
+    @contextmanager
+    def admin_lock(self, cur: Any, shards: Iterable[int], *, timeout_s: float) -> Iterator[None]:
+        """Session advisory locks, one per shard, in shard order."""
+        held: list[int] = []
+        cur.execute(f"SET lock_timeout = '{int(timeout_s * 1000)}ms'")
+        try:
+            for shard in sorted(set(shards)):
+                key = _admin_key(shard)
+                try:
+                    cur.execute("SELECT pg_advisory_lock(%s)", (key,))
+                    cur.fetchall()
+                except Exception as exc:
+                    raise BackendError(
+                        f"another admin command holds shard {shard}'s admin lock: "
+                        "wait for it, then run this again",
+                        orig=exc,
+                    ) from exc
+                held.append(key)
+            yield
+        finally:
+            for key in reversed(held):
+                cur.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                cur.fetchall()
+            cur.execute("SET lock_timeout = 0")
+
+    def upsert_skip(self, table: Any) -> Any:
+        """``ON CONFLICT DO NOTHING``."""
+        return postgresql.insert(table).on_conflict_do_nothing()
+
+    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
+        """``ON CONFLICT (key) DO UPDATE SET n = t.n + excluded.n``."""
+        ins = postgresql.insert(table)
+        return ins.on_conflict_do_update(
+            index_elements=list(key), set_={column: table.c[column] + ins.excluded[column]}
+        )
+
+    def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
+        """``ON CONFLICT (key) DO UPDATE SET n = excluded.n``."""
+        ins = postgresql.insert(table)
+        return ins.on_conflict_do_update(index_elements=list(key), set_={column: ins.excluded[column]})
+
+    def ts_now(self) -> ClauseElement | None:
+        """``now()``: PostgreSQL has no ON UPDATE."""
+        return func.now()
+
+
+def _admin_key(shard: int) -> int:
+    digest = hashlib.blake2b(f"store-admin:{schema_name(shard)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def postgres_connector(
+    url: URL, *, connect_timeout_s: float = 5.0, query_timeout_s: float = 60.0
+) -> Callable[[], Any]:
+    """A function that opens an autocommit psycopg connection to ``url``.
+
+    A statement runs at most ``query_timeout_s`` on the server; data the
+    server does not acknowledge for that long breaks the connection.
+    """
+    import psycopg
+
+    ms = int(query_timeout_s * 1000)
+    kwargs: dict[str, Any] = {
+        "host": url.host or "127.0.0.1",
+        "port": url.port or 5432,
+        "user": url.username or "postgres",
+        "dbname": url.database,
+        "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq: whole seconds, at least 2
+        "options": f"-c statement_timeout={ms}",
+        "tcp_user_timeout": ms,
+        "autocommit": True,
+    }
+    if url.password:
+        kwargs["password"] = url.password
+
+    def connect() -> Any:
+        return psycopg.connect(**kwargs)
+
+    return connect
+
+
+# -- DDL that is not a table -------------------------------------------------------------
+
+_SCHEMA = 'CREATE SCHEMA IF NOT EXISTS "{schema}"'
+_ID_SEQ = 'CREATE SEQUENCE IF NOT EXISTS "{schema}"."id_seq" AS bigint START WITH 1 MINVALUE 1'
+
+# The published next_id() uses now() (frozen for a whole transaction) and a
+# sequence `% 1024`: the 1,025th ID in one millisecond repeats the first.
+# Here the counter v of a shard counts in units of (ms since the epoch) * 1024
+# + sequence: ID = ((v >> 10) << 23) | (shard << 10) | (v & 1023). Each call
+# takes v = nextval; if v lags the clock, the counter jumps forward to the
+# clock first. So IDs never repeat and keep increasing per shard, even when
+# more than 1,024 are made in one millisecond (the ms field borrows the next
+# millisecond) or the clock steps back (the ms field runs ahead of the clock
+# until it catches up); the counter is the schema's, shared by all its tables.
+# setval can move a sequence backwards, so the counter is read and moved under
+# a session advisory lock held for microseconds (not the transaction). Tests
+# may pin the clock: SET store.clock_ms.
+_NEXT_ID = """\
+CREATE OR REPLACE FUNCTION "{schema}".next_id() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  units bigint;
+  v bigint;
+BEGIN
+  units := (coalesce(nullif(current_setting('store.clock_ms', true), '')::bigint,
+                     floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) - {epoch}) * 1024;
+  PERFORM pg_advisory_lock({lock_key});
+  BEGIN
+    v := nextval('"{schema}"."id_seq"');
+    IF v < units THEN
+      PERFORM setval('"{schema}"."id_seq"', units);
+      v := units;
+    END IF;
+  EXCEPTION WHEN OTHERS OR query_canceled THEN  -- OTHERS alone misses a cancel
+    PERFORM pg_advisory_unlock({lock_key});
+    RAISE;
+  END;
+  PERFORM pg_advisory_unlock({lock_key});
+  IF (v >> 10) >= 1099511627776 THEN
+    RAISE EXCEPTION 'Instagram ID space of shard {shard} exhausted (2**40 ms)';
+  END IF;
+  RETURN ((v >> 10) << 23) | ({shard}::bigint << 10) | (v & 1023);
+END
+$$"""

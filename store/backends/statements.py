@@ -1,0 +1,191 @@
+"""The store's statements, built with SQLAlchemy Core and compiled once to each driver's SQL text.
+
+A statement is built on the table as `store.backends.tables` defines it,
+with the shard's schema written as `SHARD`; it is compiled once per
+(backend, table), and each shard's text is that text with its own schema
+name in place, made the first time the shard is used. A call then costs a
+dict look-up, as hand-written SQL would: building a `select()` per call
+measured +70-80 us per statement, a prebuilt one +20-25 us, a compiled
+text none.
+
+Parameters are positional, in the order each statement's docstring gives
+(checked when it is compiled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import MetaData, and_, bindparam, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause
+
+from store.backends import Backend
+from store.backends.tables import SHARD, counts_table, object_table, relation_table
+
+__all__ = ["ObjectStatements", "RelationStatements", "Statements"]
+
+_ONE: ColumnClause[Any] = literal_column("1")
+_ZERO: ColumnClause[Any] = literal_column("0")
+_PART = "__part__"
+
+
+def _p(name: str) -> BindParameter[Any]:
+    return bindparam(name)
+
+
+class Statements:
+    """Compiled statements of one table on one backend; ``for_shard(n)`` gives shard n's texts."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        # SHARD where statements name the shard's schema; SQLite's run on the shard's own file.
+        self.schema = None if backend.statement_schema(0) is None else SHARD
+        self._templates: dict[str, str] = {}
+        self._shards: dict[int, dict[str, str]] = {}
+        #: The parameter names of statements whose order differs by backend (MariaDB writes LIMIT o, n).
+        self.orders: dict[str, tuple[str, ...]] = {}
+
+    def _add(self, name: str, stmt: ClauseElement, params: Sequence[str], *, any_order: bool = False) -> None:
+        sql, order = self.backend.compile(stmt)
+        if any_order:
+            if sorted(order) != sorted(params):
+                raise AssertionError(f"{name}: compiled parameters {order} are not {tuple(params)}")
+            self.orders[name] = tuple(order)
+        elif tuple(order) != tuple(params):
+            raise AssertionError(f"{name}: compiled parameter order {order} is not {tuple(params)}")
+        self._templates[name] = sql
+
+    def for_shard(self, shard: int) -> dict[str, str]:
+        """Every statement's text for shard ``shard`` (made on first use, then kept)."""
+        texts = self._shards.get(shard)
+        if texts is None:
+            name = self.backend.statement_schema(shard)
+            quoted = (
+                name if name is None else self.backend.sa_dialect.identifier_preparer.quote_identifier(name)
+            )
+            texts = {
+                k: (v if quoted is None else v.replace(SHARD, quoted)) for k, v in self._templates.items()
+            }
+            self._shards[shard] = texts
+        return texts
+
+
+class ObjectStatements(Statements):
+    """The statements of one object table (``key`` is ``local_id``, or ``id`` for Instagram IDs).
+
+    - insert (data) [RETURNING id]; select (key); lock (key) FOR UPDATE;
+    - update (data, key); delete: soft, (key); remove: hard, (key); live_shared (key);
+    - `select_many` (key, ...) for n keys, labelled with a part number.
+    """
+
+    def __init__(self, backend: Backend, table: str, *, ids: str) -> None:
+        super().__init__(backend)
+        self.ids = ids
+        t = self.table = object_table(
+            MetaData(), table, backend.column_types(), ids=ids, schema=self.schema, shard=0
+        )
+        key = self.key = t.c["id" if ids == "instagram" else "local_id"]
+        k = _p("k")
+        ins = insert(t).values(data=_p("data"))
+        self._add("insert", ins.returning(key) if ids == "instagram" else ins, ["data"])
+        self._add("select", select(t.c.data).where(key == k, t.c.active == _ONE), ["k"])
+        self._add("lock", select(t.c.data, t.c.active).where(key == k).with_for_update(), ["k"])
+        touch = {} if backend.ts_now() is None else {"ts": backend.ts_now()}
+        self._add("update", update(t).where(key == k).values(data=_p("data"), **touch), ["data", "k"])
+        soft = update(t).where(key == k, t.c.active == _ONE).values(active=_ZERO, **touch)
+        self._add("delete", soft, ["k"])
+        self._add("remove", delete(t).where(key == k), ["k"])
+        # For a link: is the object live? Read in share mode, so a delete waits for the link.
+        self._add("live_shared", select(t.c.active).where(key == k).with_for_update(read=True), ["k"])
+        self._many: dict[int, str] = {}
+
+    def select_many(self, n: int) -> str:
+        """``SELECT part, key, data ... WHERE active AND key IN (n keys)``, shard and part to fill in."""
+        sql = self._many.get(n)
+        if sql is None:
+            t, key = self.table, self.key
+            names = [f"k{i}" for i in range(n)]
+            stmt = select(literal_column(_PART).label("part"), key, t.c.data).where(
+                t.c.active == _ONE, key.in_([_p(name) for name in names])
+            )
+            sql, order = self.backend.compile(stmt)
+            assert list(order) == names
+            self._many[n] = sql
+        return sql
+
+    def select_many_for(self, shard: int, part: int, n: int) -> str:
+        """`select_many` for shard ``shard``, labelled ``part``."""
+        name = self.backend.statement_schema(shard)
+        sql = self.select_many(n).replace(_PART, str(part))
+        if name is None:
+            return sql
+        return sql.replace(SHARD, self.backend.sa_dialect.identifier_preparer.quote_identifier(name))
+
+
+class RelationStatements(Statements):
+    """The statements of one relation table and its lists' counts. Parameters, in order:
+
+    - insert (from, to, seq): skips a pair that exists (rowcount 0);
+    - move (seq, from, to); move_if_other (seq, from, to, seq); delete (from, to);
+    - exists (from, to); exists_locked (from, to) FOR UPDATE;
+    - count_up (relation, from, n): adds n; count_down (relation, from); count (relation, from);
+    - count_set (relation, from, n); lock_count (from): counts the list, rows locked;
+    - counts_kept (relation); counts_actual ();
+    - scan (limit); scan_after (from, from, to, limit);
+    - list_asc / list_desc: (f, lim, off) in the backend's order, given by ``orders``;
+    - page_asc / page_desc (from, limit); page_asc_after / page_desc_after (from, seq, seq, to, limit).
+    """
+
+    def __init__(self, backend: Backend, relation: str) -> None:
+        super().__init__(backend)
+        md = MetaData()
+        types = backend.column_types()
+        t = self.table = relation_table(md, relation, types, schema=self.schema)
+        c = counts_table(md, types, schema=self.schema)
+        f, to, seq = t.c.from_id, t.c.to_id, t.c.sequence
+        pf, pt, ps = _p("f"), _p("t"), _p("s")
+        pair = and_(f == pf, to == pt)
+        self._add("insert", backend.upsert_skip(t).values(from_id=pf, to_id=pt, sequence=ps), ["f", "t", "s"])
+        self._add("move", update(t).where(pair).values(sequence=ps), ["s", "f", "t"])
+        other = update(t).where(pair, seq != _p("s2")).values(sequence=ps)
+        self._add("move_if_other", other, ["s", "f", "t", "s2"])
+        self._add("delete", delete(t).where(pair), ["f", "t"])
+        self._add("exists", select(seq).where(pair), ["f", "t"])
+        self._add("exists_locked", select(seq).where(pair).with_for_update(), ["f", "t"])
+        key = ("relation", "from_id")
+        rel, cf, n = _p("r"), _p("cf"), _p("n")
+        up = backend.upsert_add(c, key, "n").values(relation=rel, from_id=cf, n=n)
+        self._add("count_up", up, ["r", "cf", "n"])
+        down = update(c).where(c.c.relation == rel, c.c.from_id == cf).values(n=c.c.n - _ONE)
+        self._add("count_down", down, ["r", "cf"])
+        self._add("count", select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf), ["r", "cf"])
+        setn = backend.upsert_set(c, key, "n").values(relation=rel, from_id=cf, n=n)
+        self._add("count_set", setn, ["r", "cf", "n"])
+        # PostgreSQL refuses FOR UPDATE with an aggregate: lock the rows in a subquery (all backends).
+        locked = select(_ONE).where(f == pf).with_for_update().subquery()
+        self._add("lock_count", select(func.count()).select_from(locked), ["f"])
+        self._add("counts_kept", select(c.c.from_id, c.c.n).where(c.c.relation == rel, c.c.n != _ZERO), ["r"])
+        self._add("counts_actual", select(f, func.count()).group_by(f), [])
+        rows = select(f, to, seq).order_by(f, to)
+        lim, off = _p("lim"), _p("off")
+        # An explicit OFFSET 0: SQLite's compiler adds an OFFSET parameter to a LIMIT otherwise.
+        self._add("scan", rows.limit(lim).offset(_ZERO), ["lim"])
+        after = and_(f >= _p("a1"), or_(f > _p("a2"), to > _p("a3")))
+        self._add("scan_after", rows.where(after).limit(lim).offset(_ZERO), ["a1", "a2", "a3", "lim"])
+        ids = select(to).where(f == pf)
+        asc_ids = ids.order_by(seq, to).limit(lim).offset(off)
+        self._add("list_asc", asc_ids, ["f", "lim", "off"], any_order=True)
+        desc_ids = ids.order_by(seq.desc(), to.desc()).limit(lim).offset(off)
+        self._add("list_desc", desc_ids, ["f", "lim", "off"], any_order=True)
+        # Keyset pages: `sequence >= s` is the index range; the OR only sorts
+        # out ties at the boundary, so page 2,000 reads what page 1 reads.
+        keyed = select(seq, to).where(f == pf)
+        asc, desc = (seq, to), (seq.desc(), to.desc())
+        self._add("page_asc", keyed.order_by(*asc).limit(lim).offset(_ZERO), ["f", "lim"])
+        self._add("page_desc", keyed.order_by(*desc).limit(lim).offset(_ZERO), ["f", "lim"])
+        s1, s2, tk = _p("s1"), _p("s2"), _p("tk")
+        fwd = keyed.where(seq >= s1, or_(seq > s2, to > tk)).order_by(*asc).limit(lim).offset(_ZERO)
+        back = keyed.where(seq <= s1, or_(seq < s2, to < tk)).order_by(*desc).limit(lim).offset(_ZERO)
+        self._add("page_asc_after", fwd, ["f", "s1", "s2", "tk", "lim"])
+        self._add("page_desc_after", back, ["f", "s1", "s2", "tk", "lim"])
