@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from store import Store, StoreConfig
 from store.cache import Breaker, MemoryLeaseStore, ObjectCache
-from store.cache.leases import LEASE_PREFIX
+from store.cache.leases import Lookup
 from store.cache.lists import decode_member, encode_member
 from store.cache.memcached import MemcachedLeaseStore
 from tests.conftest import cached_mariadb_config, run_cli
@@ -63,16 +64,38 @@ def test_keys_spread_over_both_servers_and_stay_put() -> None:
     assert 450 < moved < 900  # a third server takes about a third, the rest stay
 
 
-def test_memory_lease_store_has_memcached_semantics() -> None:
+def test_memory_lease_store_has_memcached_meta_semantics() -> None:
     m = MemoryLeaseStore()
-    held = m.lease_many(["a", "b"], b"\x00lease:1", 10)
-    assert set(held) == {"a", "b"}
-    assert m.lease_many(["a"], b"\x00lease:2", 10) == {}  # add fails: a marker is there
+    first = m.lookup_many(["a", "b"], lease_ttl_s=10)
+    assert [first[k].won for k in "ab"] == [True, True]  # misses: vivified, this caller wins
+    again = m.lookup_many(["a"], lease_ttl_s=10)
+    assert again["a"] == Lookup(None, first["a"].cas, False)  # another's lease: read, do not fill
     m.delete_many(["b"])  # a writer's invalidation voids b's lease
-    assert m.cas_many({"a": (b"A", held["a"]), "b": (b"B", held["b"])}, 60) == 1
-    got = m.gets_many(["a", "b"])
-    assert set(got) == {"a"}
-    assert got["a"][0] == b"A"
+    assert m.fill_many({"a": (b"A", first["a"].cas), "b": (b"B", first["b"].cas)}, 60) == 1
+    assert m.peek_many(["a", "b"]) == {"a": b"A"}
+    assert m.lookup_many(["a"], lease_ttl_s=10)["a"].value == b"A"
+
+
+def test_memcached_meta_leases_against_a_real_server(memcached_pair: list[str]) -> None:
+    """The same semantics on memcached itself: vivify-and-win, Z for the others, cas fill, delete voids."""
+    import uuid
+
+    mc = MemcachedLeaseStore(memcached_pair[:1], timeout_s=1, connect_timeout_s=1)
+    a, b = f"t:{uuid.uuid4().hex}", f"t:{uuid.uuid4().hex}"
+    first = mc.lookup_many([a, b], lease_ttl_s=10)
+    assert [first[k].won for k in (a, b)] == [True, True]
+    assert [first[k].value for k in (a, b)] == [None, None]
+    assert mc.lookup_many([a], lease_ttl_s=10)[a].won is False
+    mc.delete_many([b])
+    assert mc.fill_many({a: (b"A", first[a].cas), b: (b"B", first[b].cas)}, 60) == 1
+    assert mc.peek_many([a, b]) == {a: b"A"}
+    assert mc.lookup_many([a], lease_ttl_s=10)[a] == Lookup(
+        b"A", mc.lookup_many([a], lease_ttl_s=10)[a].cas, False
+    )
+    dropped = mc.lookup_many([a], lease_ttl_s=10, drop=[a])  # replace an old entry: delete, then lease
+    assert dropped[a].won is True
+    assert mc.stats.errors == 0
+    mc.close()
 
 
 # -- the forced races: a slow reader must not fill after a writer's invalidation ---
@@ -95,8 +118,8 @@ def test_slow_reader_cannot_refill_an_object_a_writer_invalidated(store: Store) 
     assert ran == [True]
     assert cache.stats.fills == fills, "the stale value was put back"
     key = store.cache_key(pin)
-    cached = cache.store.gets_many([key]).get(key)
-    assert cached is None or cached[0].startswith(LEASE_PREFIX) or b"new" in cached[0]
+    cached = cache.store.peek_many([key]).get(key)
+    assert not cached or b"new" in cached  # nothing, an empty lease item, or the new value
     assert store.get(pin) == {"v": "new"}
     assert store.get(pin) == {"v": "new"}  # and now from the cache
     assert cache.stats.fills == fills + 1
@@ -211,11 +234,14 @@ def test_a_warm_board_page_is_two_round_trips(
             store.link(BHP, board, p)
         assert store.board_pins(board).ids == pins  # cold: fills both caches
         sends: list[str] = []
-        real_mc, real_redis = memcached._Conn.send, redis.connection.Connection.send_packed_command
+        real_mc, real_redis = (
+            memcached.MemcachedServer.pipeline,
+            redis.connection.Connection.send_packed_command,
+        )
 
-        def mc_send(self: memcached._Conn, data: bytes, deadline: float) -> None:
+        def mc_send(self: memcached.MemcachedServer, commands: Any, parse: Any) -> Any:
             sends.append("memcached")
-            real_mc(self, data, deadline)
+            return real_mc(self, commands, parse)
 
         def redis_send(self: redis.connection.Connection, command: object, check_health: bool = True) -> None:
             sends.append("redis")
@@ -229,7 +255,7 @@ def test_a_warm_board_page_is_two_round_trips(
             sends.append("database")
             return real_checkout(self)
 
-        monkeypatch.setattr(memcached._Conn, "send", mc_send)
+        monkeypatch.setattr(memcached.MemcachedServer, "pipeline", mc_send)
         monkeypatch.setattr(redis.connection.Connection, "send_packed_command", redis_send)
         monkeypatch.setattr(ConnectionPool, "checkout", db_checkout)
         page = store.board_pins(board)

@@ -1,53 +1,52 @@
-"""Look-aside object caching with emulated leases, over any `LeaseStore`.
+"""Look-aside object caching with leases, over any `LeaseStore` (memcached's meta protocol, or in-process).
 
-memcached has no leases, so they are built from ``add`` and ``cas``:
+memcached 1.6's meta commands carry leases themselves:
 
-1. ``gets`` the keys; a value is a hit, a lease marker or nothing a miss.
-2. For keys that hold nothing, ``add`` a marker unique to this reader (it
-   fails if another reader's marker or a value got there first) and ``gets``
-   it back for its cas token: one pipelined round trip per server.
-3. Read the misses from the database, after the leases are taken.
-4. Fill each leased key with ``cas`` against the marker's token.
+1. ``mg key v c N<ttl>`` for each key (one pipelined round trip per server):
+   a hit returns the value; a miss *vivifies* the key (an empty item with a
+   short TTL) and hands this reader the win (``W``) and the item's cas
+   token; a reader that finds another's empty item is told ``Z`` (someone
+   else is filling: read the database, do not fill).
+2. Read the misses from the database, after the leases are taken.
+3. Fill each won key with ``ms key ... C<cas>``: stored only if the item is
+   still the one this reader won.
 
-A writer commits to the database first and then deletes the key. A delete
-that lands after step 2 removes the marker, so the ``cas`` of step 4 fails:
-a reader that read the old row can never put it back after the writer's
-invalidation. A writer that committed before step 3 is seen by the read.
-Readers that find another's marker read the database and do not fill.
+A writer commits to the database first and then deletes the key (``md``).
+A delete that lands after step 1 removes the vivified item, so the fill of
+step 3 fails: a reader that read the old row can never put it back after
+the writer's invalidation. A writer that committed before step 2 is seen by
+the read.
 
 Bounded staleness: an entry carries the time of the database read that
 filled it (taken before the read), and is trusted for ``max_stale_s`` after
-that; an older entry is a miss, read again and replaced (its key is leased
-over it: delete, add, gets, in the same round trip). So when a writer's
-invalidation is lost (the cache unreachable from the writer only, the writer
-killed between its commit and its delete, a cache restarted), no process
-serves a value older than the last acknowledged write for longer than
-``max_stale_s``. Without faults the delete is never lost and nothing is
-ever stale.
+that; an older entry is a miss, read again and replaced (deleted and leased
+anew in one more round trip). So when a writer's invalidation is lost (the
+cache unreachable from the writer only, the writer killed between its
+commit and its delete, a cache restarted), no process serves a value older
+than the last acknowledged write for longer than ``max_stale_s``. Without
+faults the delete is never lost and nothing is ever stale.
 
-An entry is ``ENTRY_TAG``, the read time (8 bytes, ms since the Unix epoch,
-big-endian) and the object's JSON, or nothing after the time when the
-database had no live object with that key (a cached miss: a create and a
-delete invalidate it like any write).
+An entry is ``ENTRY_TAG``, the read time (13 ASCII digits, ms since the Unix
+epoch) and the object's JSON, or nothing after the time when the database
+had no live object with that key (a cached miss: a create and a delete
+invalidate it like any write). Entries hold no CR or LF (JSON escapes them),
+so a pipelined reply can be read up to its end token.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from store.cache.stats import CacheStats
 
-__all__ = ["ENTRY_TAG", "LEASE_PREFIX", "LeaseStore", "MemoryLeaseStore", "ObjectCache", "wall_ms"]
+__all__ = ["ENTRY_TAG", "LeaseStore", "Lookup", "MemoryLeaseStore", "ObjectCache", "entry", "wall_ms"]
 
-#: Values that start with this are lease markers, never entries.
-LEASE_PREFIX = b"\x00lease:"
 #: The first byte of an entry: then the read time and the object's JSON (or nothing: no object).
 ENTRY_TAG = b"\x01"
-_HEAD = 9  # tag + 8 bytes of read time
+_HEAD = 14  # tag + 13 digits of read time
 
 
 def wall_ms() -> int:
@@ -55,32 +54,51 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def entry(read_ms: int, payload: bytes) -> bytes:
+    """An entry: the read time and the JSON (``b""``: the database had no such object)."""
+    return ENTRY_TAG + b"%013d" % read_ms + payload
+
+
+class Lookup(NamedTuple):
+    """What a lookup found for one key.
+
+    ``value`` is the cached entry (None if there was none); ``won`` says this
+    caller holds the lease on a key that had none, and ``cas`` is the token its
+    fill must match.
+    """
+
+    value: bytes | None
+    cas: int
+    won: bool
+
+
 class LeaseStore(Protocol):
-    """The memcached operations the lease protocol needs, batched.
+    """The cache operations the lease protocol needs, batched per server.
 
     Implementations never raise for a server that fails: they leave its keys
-    out of the result (a miss), count the error, and remember when a delete
-    was lost so that the server is emptied before it is trusted again.
+    out of the result (a miss, and no lease), count the error, and remember
+    when a delete was lost so that the server is emptied before it is
+    trusted again.
     """
 
     stats: CacheStats
 
-    def gets_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        """Value and cas token of every key present."""
+    def lookup_many(
+        self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()
+    ) -> dict[str, Lookup]:
+        """Each key's entry, or a lease on it (deleting each of ``drop`` first)."""
         ...
 
-    def lease_many(
-        self, keys: Sequence[str], token: bytes, ttl_s: int, *, replace: Sequence[str] = ()
-    ) -> dict[str, int]:
-        """``add`` ``token`` to each key (deleting each of ``replace`` first); cas tokens of the keys held."""
-        ...
-
-    def cas_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
-        """``cas`` each value against its token; how many were stored."""
+    def fill_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
+        """Store each value if its key still holds the lease with that cas token; how many were stored."""
         ...
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """Delete the keys, waiting for each server's reply."""
+        ...
+
+    def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """What the cache holds under each key (for tools and tests; no lease is taken)."""
         ...
 
 
@@ -109,48 +127,44 @@ class ObjectCache:
         self, keys: Sequence[str], load: Callable[[list[str]], dict[str, bytes]]
     ) -> dict[str, bytes]:
         """Cached values of ``keys``, misses read through ``load`` (only those it returns exist)."""
-        found = self.store.gets_many(keys)
+        found = self.store.lookup_many(keys, lease_ttl_s=self._lease_ttl_s)
         oldest = self._clock_ms() - self._max_stale_ms
         hits: dict[str, bytes] = {}
         known_absent = 0
-        free: list[str] = []  # nothing there: lease it
-        expired: list[str] = []  # an entry too old to trust: lease over it
+        leased: dict[str, int] = {}
+        expired: list[str] = []
         missing: list[str] = []
         for key in keys:
-            entry = found.get(key)
-            if entry is None:
-                free.append(key)
+            got = found.get(key)
+            if got is None:  # the server failed: a miss, no lease
                 missing.append(key)
                 continue
-            value = entry[0]
-            if value[:1] == ENTRY_TAG and len(value) >= _HEAD:
-                if int.from_bytes(value[1:_HEAD], "big") >= oldest:
+            value = got.value
+            if value:
+                if value[:1] == ENTRY_TAG and len(value) >= _HEAD and int(value[1:_HEAD]) >= oldest:
                     if len(value) > _HEAD:
                         hits[key] = value[_HEAD:]
                     else:
                         known_absent += 1
                     continue
-                expired.append(key)
-            elif not value.startswith(LEASE_PREFIX):
-                expired.append(key)  # not an entry this version wrote: replace it
-            missing.append(key)  # (a lease marker: another reader is filling; read, do not fill)
+                expired.append(key)  # too old to trust, or not an entry this version wrote
+            elif got.won:
+                leased[key] = got.cas
+            missing.append(key)  # (an empty item won by another: read, do not fill)
         if not missing:
             self.stats.add(hits=len(hits) + known_absent)
             return hits
         self.stats.add(hits=len(hits) + known_absent, misses=len(missing), expired=len(expired))
-        token = LEASE_PREFIX + os.urandom(12).hex().encode()
-        leased = (
-            self.store.lease_many(free + expired, token, self._lease_ttl_s, replace=expired)
-            if free or expired
-            else {}
-        )
-        read_at = self._clock_ms().to_bytes(8, "big")  # before the database read
+        if expired:  # lease each over its old entry: one more round trip, only when entries aged
+            again = self.store.lookup_many(expired, lease_ttl_s=self._lease_ttl_s, drop=expired)
+            leased.update({k: got.cas for k, got in again.items() if got.won})
+        read_ms = self._clock_ms()  # before the database read
         loaded = load(missing)
         if self.after_load is not None:
             self.after_load()
-        fills = {k: (ENTRY_TAG + read_at + loaded.get(k, b""), cas) for k, cas in leased.items()}
+        fills = {k: (entry(read_ms, loaded.get(k, b"")), cas) for k, cas in leased.items()}
         if fills:
-            self.stats.add(fills=self.store.cas_many(fills, self._ttl_s))
+            self.stats.add(fills=self.store.fill_many(fills, self._ttl_s))
         hits.update(loaded)
         return hits
 
@@ -161,53 +175,53 @@ class ObjectCache:
 
 
 class MemoryLeaseStore:
-    """An in-process `LeaseStore` with memcached's add/cas semantics (one process only)."""
+    """An in-process `LeaseStore` with memcached's meta semantics (one process only)."""
 
     def __init__(self, *, name: str = "memory", clock: Callable[[], float] = time.monotonic) -> None:
         self.stats = CacheStats(name)
         self._clock = clock
         self._lock = threading.Lock()
-        self._data: dict[str, tuple[bytes, int, float]] = {}
+        # key -> (value, cas, expires at, lease already handed out)
+        self._data: dict[str, tuple[bytes, int, float, bool]] = {}
         self._cas = 0
 
-    def _live(self, key: str) -> tuple[bytes, int, float] | None:
-        entry = self._data.get(key)
-        if entry is not None and entry[2] <= self._clock():
+    def _live(self, key: str) -> tuple[bytes, int, float, bool] | None:
+        got = self._data.get(key)
+        if got is not None and got[2] <= self._clock():
             del self._data[key]
             return None
-        return entry
+        return got
 
-    def gets_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        """Value and cas token of every key present."""
-        with self._lock:
-            out = {}
-            for key in keys:
-                entry = self._live(key)
-                if entry is not None:
-                    out[key] = (entry[0], entry[1])
-            return out
-
-    def _store(self, key: str, value: bytes, ttl_s: int) -> int:
+    def _store(self, key: str, value: bytes, ttl_s: float, *, leased: bool = False) -> int:
         self._cas += 1
-        self._data[key] = (value, self._cas, self._clock() + ttl_s)
+        self._data[key] = (value, self._cas, self._clock() + ttl_s, leased)
         return self._cas
 
-    def lease_many(
-        self, keys: Sequence[str], token: bytes, ttl_s: int, *, replace: Sequence[str] = ()
-    ) -> dict[str, int]:
-        """``add`` ``token`` to each absent key (deleting ``replace`` first); cas tokens of the keys held."""
+    def lookup_many(
+        self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()
+    ) -> dict[str, Lookup]:
+        """Each key's value; a miss makes an empty item and wins it, as ``mg ... N`` does."""
+        out: dict[str, Lookup] = {}
         with self._lock:
-            for key in replace:
+            for key in drop:
                 self._data.pop(key, None)
-            return {key: self._store(key, token, ttl_s) for key in keys if self._live(key) is None}
+            for key in keys:
+                got = self._live(key)
+                if got is None:
+                    out[key] = Lookup(None, self._store(key, b"", lease_ttl_s, leased=True), True)
+                elif got[0]:
+                    out[key] = Lookup(got[0], got[1], False)
+                else:
+                    out[key] = Lookup(None, got[1], False)  # someone else's lease
+        return out
 
-    def cas_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
+    def fill_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
         """Store each value whose key still has the given cas token."""
         stored = 0
         with self._lock:
             for key, (value, cas) in items.items():
-                entry = self._live(key)
-                if entry is not None and entry[1] == cas:
+                got = self._live(key)
+                if got is not None and got[1] == cas:
                     self._store(key, value, ttl_s)
                     stored += 1
         return stored
@@ -217,3 +231,13 @@ class MemoryLeaseStore:
         with self._lock:
             for key in keys:
                 self._data.pop(key, None)
+
+    def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The value under each key that holds one."""
+        with self._lock:
+            out = {}
+            for key in keys:
+                got = self._live(key)
+                if got is not None:
+                    out[key] = got[0]
+            return out

@@ -1,97 +1,51 @@
-"""A `LeaseStore` over one or more memcached servers (text protocol, pipelined).
+"""A `LeaseStore` over one or more memcached servers: pymemcache clients speaking the meta protocol.
 
-Why not pymemcache: the lease protocol needs ``add`` and ``cas`` of many keys
-in one round trip per server, which pymemcache sends one key at a time; and
-every call here needs a deadline (pymemcache has no timeout by default) and
-deletes that wait for the reply (pymemcache sends them with noreply).
+Each server has a pymemcache `PooledClient`: its pool of connections, each
+made with explicit connect and read timeouts (pymemcache has none by
+default) and TCP_NODELAY. A batch sends its meta commands for a server as
+one pipelined request closed by ``mn`` on one of those connections and reads
+the replies up to ``MN``: one round trip per server per batch. The replies
+are read here, not with `Client.raw_command`: pymemcache 4.0's segment reader
+drops what arrived before the last read when a reply spans several reads,
+as a pipelined reply of 50 keys does. Deletes wait for their replies
+(pymemcache would send them with noreply by default), so a lost one is known.
 
 Keys go to servers by rendezvous hashing over *all* configured servers, so
 a server that fails is skipped (its keys are misses) and never silently
 replaced by another server that would then hold copies no invalidation
 reaches. Each server has a `Breaker`: after repeated failures it is left
-alone for a cool-down. A delete that could not be delivered marks the server
-dirty; before it is used again it is flushed, since it may hold a value the
-database no longer has.
+alone for a cool-down, and a timeout leaves it alone at once. A delete that
+could not be delivered marks the server dirty; before it is used again it is
+flushed, since it may hold a value the database no longer has.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 import zlib
-from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
+from pymemcache.client.base import PooledClient
+from pymemcache.exceptions import MemcacheError
+
+from store.cache.leases import Lookup
 from store.cache.stats import Breaker, CacheStats
 
-__all__ = ["MemcachedLeaseStore", "MemcachedServer"]
+__all__ = ["MemcachedLeaseStore", "MemcachedServer", "POOL_SIZE"]
+
+T = TypeVar("T")
+#: Sockets kept per server and process.
+POOL_SIZE = 16
+_END = b"MN\r\n"
 
 
 class _ProtocolError(Exception):
     """The server said something this client does not expect."""
 
 
-class _Conn:
-    """One socket with a read buffer; every read honours a deadline."""
-
-    __slots__ = ("buf", "sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray()
-
-    def send(self, data: bytes, deadline: float) -> None:
-        self.sock.settimeout(max(0.0005, deadline - time.monotonic()))
-        self.sock.sendall(data)
-
-    def _fill(self, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("memcached reply took longer than the timeout")
-        self.sock.settimeout(left)
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("memcached closed the connection")
-        self.buf += chunk
-
-    def line(self, deadline: float) -> bytes:
-        while True:
-            end = self.buf.find(b"\r\n")
-            if end >= 0:
-                out = bytes(self.buf[:end])
-                del self.buf[: end + 2]
-                return out
-            self._fill(deadline)
-
-    def exact(self, n: int, deadline: float) -> bytes:
-        while len(self.buf) < n + 2:
-            self._fill(deadline)
-        out = bytes(self.buf[:n])
-        del self.buf[: n + 2]
-        return out
-
-    def values(self, deadline: float) -> dict[str, tuple[bytes, int]]:
-        """Read ``VALUE key flags bytes cas`` blocks up to ``END``."""
-        out: dict[str, tuple[bytes, int]] = {}
-        while True:
-            head = self.line(deadline)
-            if head == b"END":
-                return out
-            parts = head.split()
-            if len(parts) != 5 or parts[0] != b"VALUE":
-                raise _ProtocolError(f"unexpected reply {head[:80]!r}")
-            out[parts[1].decode()] = (self.exact(int(parts[3]), deadline), int(parts[4]))
-
-    def close(self) -> None:
-        try:
-            self.sock.close()
-        except OSError:  # already gone
-            return
-
-
 class MemcachedServer:
-    """One server: a small pool of sockets, timeouts, and a breaker."""
+    """One server: a pymemcache pooled client with timeouts, and a breaker."""
 
     def __init__(
         self,
@@ -104,41 +58,52 @@ class MemcachedServer:
     ) -> None:
         host, _, port = address.rpartition(":")
         self.address = address
-        self._where = (host or "127.0.0.1", int(port))
-        self._timeout_s = timeout_s
-        self._connect_timeout_s = connect_timeout_s
+        self.client = PooledClient(
+            (host or "127.0.0.1", int(port)),
+            connect_timeout=connect_timeout_s,
+            timeout=timeout_s,
+            no_delay=True,
+            max_pool_size=POOL_SIZE,
+            default_noreply=False,
+        )
         self.breaker = breaker
         self._stats = stats
-        self._idle: deque[_Conn] = deque()
         self._flush_lock = threading.Lock()
 
-    def _connect(self) -> _Conn:
-        sock = socket.create_connection(self._where, timeout=self._connect_timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Conn(sock)
-
-    def run(self, request: bytes, read: _Reader) -> object:
-        """Send ``request`` and parse the reply with ``read``; None if the server is unusable."""
+    def pipeline(self, commands: Sequence[bytes], parse: Callable[[bytes], T]) -> T | None:
+        """Send ``commands`` as one request closed by ``mn``; the parsed replies, or None if the server
+        is unusable (down, cooling down, or dirty and not yet flushed)."""
         if not self.breaker.allow():
             self._stats.add(skipped=1)
             return None
         if self.breaker.dirty and not self._flush():
             return None
-        return self._call(request, read)
+        request = b"\r\n".join([*commands, b"mn"]) + b"\r\n"
+        return self._call(lambda: parse(self._exchange(request)))
 
-    def _call(self, request: bytes, read: _Reader) -> object:
-        deadline = time.monotonic() + self._timeout_s
-        conn: _Conn | None = None
+    def _exchange(self, request: bytes) -> bytes:
+        """Send ``request`` on a pooled connection; every byte of the reply before ``MN``."""
+        with self.client.client_pool.get_and_release(destroy_on_fail=True) as client:
+            if client.sock is None:
+                client.version()  # connects, with the client's timeouts, and checks the server
+            sock = client.sock
+            sock.sendall(request)
+            buf = bytearray()
+            while True:
+                chunk = sock.recv(65536)  # the socket's timeout is the client's
+                if not chunk:
+                    raise ConnectionError("memcached closed the connection")
+                buf += chunk
+                # Replies are lines and values free of CR LF: the reply ends with MN.
+                if buf.endswith(_END) and (
+                    len(buf) == len(_END) or buf[-len(_END) - 2 : -len(_END)] == b"\r\n"
+                ):
+                    return bytes(buf[: -len(_END)])
+
+    def _call(self, call: Callable[[], T]) -> T | None:
         try:
-            try:
-                conn = self._idle.pop()
-            except IndexError:
-                conn = self._connect()
-            conn.send(request, deadline)
-            result = read(conn, deadline)
-        except (OSError, _ProtocolError, ValueError) as exc:
-            if conn is not None:
-                conn.close()
+            result = call()
+        except (OSError, MemcacheError, _ProtocolError, ValueError) as exc:
             if isinstance(exc, TimeoutError):
                 # A hung server already cost a whole timeout: leave it alone at
                 # once, so that no call pays the timeout twice.
@@ -147,70 +112,47 @@ class MemcachedServer:
                 self.breaker.failure()
             self._stats.add(errors=1)
             return None
-        self._idle.append(conn)
         self.breaker.success()
         return result
-
-    def close(self) -> None:
-        """Close every idle socket."""
-        while True:
-            try:
-                self._idle.pop().close()
-            except IndexError:
-                return
 
     def _flush(self) -> bool:
         """Empty a server that may hold values whose invalidation was lost."""
         with self._flush_lock:
             if not self.breaker.dirty:
                 return True
-            ok = self._call(b"flush_all\r\n", _expect_line(b"OK")) is True
-            if ok:
+            if self._call(lambda: self.client.flush_all(noreply=False)) is True:
                 self.breaker.dirty = False
-            return ok
+            return not self.breaker.dirty
+
+    def close(self) -> None:
+        """Close every pooled socket."""
+        self.client.close()
 
 
-class _Reader:
-    """Callable protocol for reply parsers (kept as a class for mypy)."""
-
-    def __call__(self, conn: _Conn, deadline: float) -> object:
-        raise NotImplementedError
-
-
-class _expect_line(_Reader):  # noqa: N801 - used like a function
-    def __init__(self, expected: bytes) -> None:
-        self.expected = expected
-
-    def __call__(self, conn: _Conn, deadline: float) -> object:
-        line = conn.line(deadline)
-        if line != self.expected:
-            raise _ProtocolError(f"expected {self.expected!r}, got {line[:80]!r}")
-        return True
-
-
-class _read_values(_Reader):  # noqa: N801
-    def __call__(self, conn: _Conn, deadline: float) -> object:
-        return conn.values(deadline)
+def _replies(raw: bytes) -> list[tuple[bytes, bytes | None]]:
+    """Meta replies in order: (status line, value or None). Values never hold CR or LF."""
+    out: list[tuple[bytes, bytes | None]] = []
+    lines = raw.split(b"\r\n")
+    i = 0
+    while i < len(lines) - 1:  # the text ends with CR LF: the last piece is empty
+        line = lines[i]
+        if line.startswith((b"CLIENT_ERROR", b"SERVER_ERROR", b"ERROR")):
+            raise _ProtocolError(line[:80].decode(errors="replace"))
+        if line.startswith(b"VA "):
+            value = lines[i + 1]
+            if len(value) != int(line.split(b" ", 2)[1]):
+                raise _ProtocolError(f"a value of {len(value)} bytes, announced {line[:40]!r}")
+            out.append((line, value))
+            i += 2
+        else:
+            out.append((line, None))
+            i += 1
+    return out
 
 
-class _read_status(_Reader):  # noqa: N801
-    """``n`` one-line replies, then (optionally) a ``gets`` reply."""
-
-    def __init__(self, n: int, then_values: bool = False) -> None:
-        self.n = n
-        self.then_values = then_values
-
-    def __call__(self, conn: _Conn, deadline: float) -> object:
-        lines = [conn.line(deadline) for _ in range(self.n)]
-        for line in lines:
-            if line.startswith((b"ERROR", b"CLIENT_ERROR", b"SERVER_ERROR")):
-                raise _ProtocolError(line[:80].decode(errors="replace"))
-        if self.then_values:
-            return lines, conn.values(deadline)
-        return lines
-
-
-_VALUES = _read_values()
+def _flags(line: bytes) -> dict[bytes, bytes]:
+    """The flags of a meta status line (``VA 5 c123 W`` -> {b"c": b"123", b"W": b""})."""
+    return {tok[:1]: tok[1:] for tok in line.split(b" ")[1:] if tok and not tok.isdigit()}
 
 
 class MemcachedLeaseStore:
@@ -254,61 +196,63 @@ class MemcachedLeaseStore:
             groups.setdefault(self.server_for(key), []).append(key)
         return groups
 
-    def gets_many(self, keys: Sequence[str]) -> dict[str, tuple[bytes, int]]:
-        """Value and cas token of every key present on a reachable server."""
-        out: dict[str, tuple[bytes, int]] = {}
+    def lookup_many(
+        self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()
+    ) -> dict[str, Lookup]:
+        """``mg key v c N<ttl>`` per key (after ``md`` of each of ``drop``): entries, or leases won."""
+        out: dict[str, Lookup] = {}
+        gone = set(drop)
         for server, group in self._group(keys).items():
-            got = server.run(b"gets " + " ".join(group).encode() + b"\r\n", _VALUES)
-            if isinstance(got, dict):
+            deletes = [b"md " + k.encode() for k in group if k in gone]
+            gets = [b"mg " + k.encode() + b" v c N%d" % lease_ttl_s for k in group]
+
+            def parse(raw: bytes, group: list[str] = group, skip: int = len(deletes)) -> dict[str, Lookup]:
+                found: dict[str, Lookup] = {}
+                for key, (line, value) in zip(group, _replies(raw)[skip:], strict=True):
+                    if not line.startswith(b"VA "):  # N vivifies a miss: every reply is a value
+                        raise _ProtocolError(f"unexpected reply {line[:80]!r}")
+                    flags = _flags(line)
+                    found[key] = Lookup(value or None, int(flags.get(b"c") or 0), b"W" in flags)
+                return found
+
+            got = server.pipeline([*deletes, *gets], parse)
+            if got is not None:
                 out.update(got)
         return out
 
-    def lease_many(
-        self, keys: Sequence[str], token: bytes, ttl_s: int, *, replace: Sequence[str] = ()
-    ) -> dict[str, int]:
-        """``add`` the marker to each key (deleting ``replace`` first) and read it back; cas tokens held."""
-        out: dict[str, int] = {}
-        head = f" 0 {ttl_s} {len(token)}\r\n".encode()
-        old = set(replace)
-        for server, group in self._group(keys).items():
-            deletes = [k for k in group if k in old]
-            request = b"".join(b"delete " + k.encode() + b"\r\n" for k in deletes)
-            request += b"".join(b"add " + k.encode() + head + token + b"\r\n" for k in group)
-            request += b"gets " + " ".join(group).encode() + b"\r\n"
-            got = server.run(request, _read_status(len(deletes) + len(group), then_values=True))
-            if got is None:
-                continue
-            assert isinstance(got, tuple)
-            _lines, values = got
-            for key, (value, cas) in values.items():
-                if value == token:
-                    out[key] = cas
-        return out
-
-    def cas_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
-        """``cas`` each value against its token; how many were stored."""
+    def fill_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
+        """``ms key <len> C<cas> T<ttl>`` per item; how many were stored."""
         stored = 0
         for server, group in self._group(list(items)).items():
-            request = b"".join(
-                f"cas {k} 0 {ttl_s} {len(items[k][0])} {items[k][1]}\r\n".encode() + items[k][0] + b"\r\n"
+            commands = [
+                b"ms %s %d C%d T%d\r\n%s" % (k.encode(), len(items[k][0]), items[k][1], ttl_s, items[k][0])
                 for k in group
-            )
-            got = server.run(request, _read_status(len(group)))
-            if isinstance(got, list):
-                stored += sum(1 for line in got if line == b"STORED")
+            ]
+            got = server.pipeline(commands, _replies)
+            if got is not None:
+                stored += sum(1 for line, _v in got if line.startswith(b"HD"))
         return stored
 
     def delete_many(self, keys: Sequence[str]) -> None:
-        """Delete each key and wait for the replies; a server that misses one is marked dirty."""
+        """``md`` each key and wait for the replies; a server that misses one is marked dirty."""
         for server, group in self._group(keys).items():
-            request = b"".join(b"delete " + k.encode() + b"\r\n" for k in group)
-            got = server.run(request, _read_status(len(group)))
+            got = server.pipeline([b"md " + k.encode() for k in group], _replies)
             if got is None:
                 # The delete may not have arrived: this server may now hold a
                 # stale value. Empty it before it is trusted again.
                 server.breaker.dirty = True
 
+    def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """``mg key v`` per key: what each holds (no lease taken)."""
+        out: dict[str, bytes] = {}
+        for server, group in self._group(keys).items():
+            got = server.pipeline([b"mg " + k.encode() + b" v" for k in group], _replies)
+            for key, (line, value) in zip(group, got or [], strict=False):
+                if line.startswith(b"VA ") and value is not None:
+                    out[key] = value
+        return out
+
     def close(self) -> None:
-        """Close every server's idle sockets."""
+        """Close every server's pooled sockets."""
         for server in self.servers:
             server.close()
