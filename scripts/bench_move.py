@@ -54,7 +54,7 @@ def main() -> None:
             text = orjson.dumps(PIN).decode()
             per_shard = OBJECTS // SHARDS
             for s in range(SHARDS):
-                h = store.engines.shard(s, "A")
+                h = store.admin_context().engines.shard(s, "A")
                 with h.connect() as conn:
                     cur = conn.cursor()
                     cur.executemany(

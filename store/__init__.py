@@ -41,11 +41,12 @@ from store.ids import (
 from store.relations import Page
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap, ShardRange
-from store.store import Location, Store
+from store.store import AdminContext, Location, Store
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdminContext",
     "BackendError",
     "CacheConfig",
     "ConfigError",

@@ -521,7 +521,7 @@ def relations_repair(
     with _open(config_path) as store:
         wanted = _parse_shards(shard_text, store.config.shards) or range(store.config.shards)
         if relation is not None:
-            store.router.relation(relation)  # fail before the progress bar starts
+            store.admin_context().router.relation(relation)  # fail before the progress bar starts
         with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
             report = repair_relations(
                 store, relation, shards=wanted, dry_run=dry_run, on_shard=lambda _s: bar.update(1)

@@ -1,7 +1,7 @@
-"""The object repository: rows of JSON objects in per-shard tables.
+"""Objects: `ObjectService` (IDs, routing, the object cache) over `ObjectRepository` (rows, SQL).
 
-It knows shards, tables and local ids, never 64-bit IDs or the map: the
-`Store` facade routes, this module runs the SQL. The statements are SQLAlchemy
+The repository knows shards, tables and local ids, never 64-bit IDs or the
+map; the service routes and caches. The statements are SQLAlchemy
 Core, compiled once per (backend, table) and specialised per shard
 (`store.backends.statements.ObjectStatements`), so a call costs a dict
 look-up, not a statement build.
@@ -9,15 +9,21 @@ look-up, not a statement build.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from store.backends.statements import ObjectStatements
-from store.engines import Cursor, ShardHandle
-from store.exceptions import BackendError, DataError, NotFound, NotSerializableError
+from store.cache.leases import ObjectCache
+from store.config import StoreConfig
+from store.engines import Cursor, Engines, ShardHandle
+from store.exceptions import BackendError, DataError, IdError, NotFound, NotSerializableError, ShardFullError
+from store.ids import encode_pinterest
+from store.relations import RelationService
+from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
+from store.specs import TypeSpec
 
-__all__ = ["ObjectRepository", "Updater"]
+__all__ = ["ObjectRepository", "ObjectService", "Updater"]
 
 #: ``update`` takes either a dict of changes merged into the object, or a
 #: function from the old object to the new one.
@@ -147,3 +153,173 @@ class ObjectRepository:
             changed = cur.rowcount
             cur.close()
         return bool(changed)
+
+
+class ObjectService:
+    """Objects by 64-bit ID: routed, cached aside, batched by host; a delete also empties their lists.
+
+    Reads look in the object cache first (one round trip per cache server
+    for a batch) and read only the misses, one query per host (per shard
+    where each shard has a pool of its own). Writes commit first, then
+    invalidate; a create is a write too (an ID is made again after a reset
+    or a restore from an older backup).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: StoreConfig,
+        router: Router,
+        engines: Engines,
+        repo: ObjectRepository,
+        relations: RelationService,
+        cache: ObjectCache | None,
+        prefix: str,
+    ) -> None:
+        self._config = config
+        self._router = router
+        self._engines = engines
+        self.repo = repo
+        self._relations = relations
+        self._cache = cache
+        self._prefix = prefix
+        self._instagram = config.ids == "instagram"
+
+    # -- writes ----------------------------------------------------------------
+
+    def create(self, type_name: str, data: dict[str, Any], *, near: int | None, shard: int | None) -> int:
+        """Store a new object on the shard ``near``/``shard`` name (else a random open one); its ID."""
+        spec = self._router.type(type_name)
+        text = self.repo.encode(data)
+        if near is not None and shard is not None:
+            raise IdError("give near= or shard=, not both")
+        shards = self._router.shard_map.shards
+        if near is not None:
+            target = self._router.shard_of(near)
+        elif shard is not None:
+            if type(shard) is not int or not 0 <= shard < shards:
+                raise IdError(f"shard must be an int in 0..{shards - 1}, got {shard!r}")
+            target = shard
+        else:
+            target = self._router.pick_shard()
+        h = self._engines.shard(target, self._router.shard_map.master(target))
+        local_id = self.repo.insert(h, spec.table, text)
+        if self._instagram:
+            new = local_id  # the database made the whole ID
+        elif local_id > MAX_LOCAL_ID:
+            self.repo.remove(h, spec.table, local_id)
+            raise ShardFullError(
+                f"shard {target} table {spec.table} has used all {MAX_LOCAL_ID} local ids; "
+                "create the object on another shard"
+            )
+        else:
+            new = encode_pinterest(target, spec.id, local_id)
+        # A create is a write: drop whatever the caches hold under the new ID.
+        self._invalidate(new, spec)
+        self._relations.invalidate(
+            [(r.name, new) for r in self._config.relations.values() if r.from_type == spec.name]
+        )
+        return new
+
+    def update(self, id: int, changes: Updater, *, type_name: str | None) -> dict[str, Any]:  # noqa: A002
+        """Merge ``changes`` into the object under a row lock, in one transaction; the new object."""
+        if not callable(changes) and not isinstance(changes, dict):
+            raise DataError(f"changes must be a dict or a function old -> new, got {type(changes).__name__}")
+        shard, spec, local_id, host = self._router.route(id, type_name)
+        try:
+            return self.repo.update(
+                self._engines.shard(shard, host), spec.table, local_id, changes, what=str(id)
+            )
+        finally:
+            # Also after a failure: the commit may have happened before the
+            # error (a lost connection), and a needless delete is harmless.
+            self._invalidate(id, spec)
+
+    def delete(self, id: int, *, type_name: str | None) -> bool:  # noqa: A002
+        """Mark the object inactive, then take it out of every list that reaches it through an inverse."""
+        shard, spec, local_id, host = self._router.route(id, type_name)
+        try:
+            was_live = self.repo.delete(self._engines.shard(shard, host), spec.table, local_id)
+        finally:
+            self._invalidate(id, spec)
+        self._relations.remove_object(spec.name, id)
+        return was_live
+
+    # -- reads -------------------------------------------------------------------
+
+    def get(self, id: int, *, type_name: str | None) -> dict[str, Any] | None:  # noqa: A002
+        """The live object with ``id``, or None."""
+        shard, spec, local_id, host = self._router.route(id, type_name)
+        cache = self._cache
+        if cache is None:
+            text = self.repo.get(self._engines.shard(shard, host), spec.table, local_id)
+            return None if text is None else self.repo.decode(text)
+        key = self.key(id, spec)
+
+        def load(_missing: list[str]) -> dict[str, bytes]:
+            text = self.repo.get(self._engines.shard(shard, host), spec.table, local_id)
+            return {} if text is None else {key: text.encode()}
+
+        value = cache.get_many([key], load).get(key)
+        return None if value is None else self.repo.decode(value)
+
+    def get_many(self, ids: Iterable[int], *, type_name: str | None) -> dict[int, dict[str, Any]]:
+        """Live objects by ID, absent and deleted ones left out."""
+        route = self._router.route
+        routed = {id_: route(id_, type_name) for id_ in ids}
+        decode = self.repo.decode
+        cache = self._cache
+        if cache is None:
+            return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
+        keys = {self.key(id_, r[1]): id_ for id_, r in routed.items()}
+
+        def load(missing: list[str]) -> dict[str, bytes]:
+            wanted = {keys[k]: routed[keys[k]] for k in missing}
+            return {self.key(i, wanted[i][1]): text.encode() for i, text in self._read_texts(wanted).items()}
+
+        return {keys[k]: decode(v) for k, v in cache.get_many(list(keys), load).items()}
+
+    def _read_texts(self, routed: dict[int, tuple[int, TypeSpec, int, str]]) -> dict[int, str]:
+        """JSON text of live objects from the databases, one query per host (or per shard)."""
+        by_host: dict[str, dict[tuple[int, str], list[int]]] = {}
+        keys: dict[tuple[int, str, int], int] = {}
+        for id_, (shard, spec, local_id, host) in routed.items():
+            groups = by_host.get(host)
+            if groups is None:
+                groups = by_host[host] = {}
+            group = groups.get((shard, spec.table))
+            if group is None:
+                group = groups[(shard, spec.table)] = []
+            group.append(local_id)
+            keys[(shard, spec.table, local_id)] = id_
+        out: dict[int, str] = {}
+        for host, groups in by_host.items():
+            parts = [(shard, table, local_ids) for (shard, table), local_ids in groups.items()]
+            # A server host answers for all its shards in one query; where
+            # each shard has a pool of its own (SQLite's files), one per shard.
+            if self._engines.backend(host).pool_per_shard:
+                by_shard: dict[int, list[tuple[int, str, list[int]]]] = {}
+                for part in parts:
+                    by_shard.setdefault(part[0], []).append(part)
+                batches = list(by_shard.values())
+            else:
+                batches = [parts]
+            for batch in batches:
+                h = self._engines.shard(batch[0][0], host)
+                for shard, table, local_id, text in self.repo.get_many(h, batch):
+                    out[keys[(shard, table, local_id)]] = text
+        return out
+
+    # -- cache keys ------------------------------------------------------------------
+
+    def key(self, id: int, spec: TypeSpec) -> str:  # noqa: A002
+        """The object cache's key of ``id``."""
+        # A Pinterest ID carries its type; an Instagram ID does not, so its key
+        # names the type: a board is never answered for a pin with its ID.
+        if self._instagram:
+            return f"{self._prefix}o:{spec.id}:{id}"
+        return f"{self._prefix}o:{id}"
+
+    def _invalidate(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
+        if self._cache is not None:
+            self._cache.invalidate([self.key(id, spec)])

@@ -30,8 +30,8 @@ __all__ = ["format_results", "run_bench"]
 @contextmanager
 def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPIConnection, str]]:
     """A driver connection outside the store's pool, and the driver's placeholder."""
-    backend = store.engines.backend(host)
-    store.engines.shard(shard, host)  # where shards are made on first use, this makes it
+    backend = store.admin_context().engines.backend(host)
+    store.admin_context().engines.shard(shard, host)  # where shards are made on first use, this makes it
     c = store.config
     conn: Any = backend.connector(
         c.hosts[host], shard=shard, connect_timeout_s=c.connect_timeout_s, query_timeout_s=c.query_timeout_s
@@ -53,7 +53,7 @@ def run_bench(
     shard = store.config.open_shards[0][0]
     host = store.shard_map.master(shard)
     say = progress or (lambda _msg: None)
-    uncached = Store(replace(store.config, cache=CacheConfig()), engines=store.engines)
+    uncached = Store(replace(store.config, cache=CacheConfig()), engines=store.admin_context().engines)
     with _raw_connection(store, host, shard) as (raw, p):
         cur = raw.cursor()
         try:
@@ -77,7 +77,7 @@ def _object_cases(
     store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
 ) -> list[BenchResult]:
     pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
-    table = store.engines.backend(store.shard_map.master(shard)).table(shard, pin_type.table)
+    table = store.admin_context().engines.backend(store.shard_map.master(shard)).table(shard, pin_type.table)
     results: list[BenchResult] = []
     instagram = store.config.ids == "instagram"
     key = "id" if instagram else "local_id"
@@ -147,7 +147,7 @@ def _loaded_board(store: Store, cur: Any, p: str, shard: int, rel: str) -> Itera
     spec = store.config.relations[rel]
     board = store.create(spec.from_type, {"name": "bench board"}, shard=shard)
     to_type = store.config.types[spec.to_type].id
-    h = store.engines.shard(shard, store.shard_map.master(shard))
+    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
     table, counts = h.table(rel), h.table("relation_counts")
     # Straight into the table (reads need no inverse side), plus the count row the store keeps.
     if store.config.ids == "instagram":
@@ -174,7 +174,7 @@ def _relation_cases(
     store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
 ) -> list[BenchResult]:
     rel = "board_has_pins"
-    h = store.engines.shard(shard, store.shard_map.master(shard))
+    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
     table, counts = h.table(rel), h.table("relation_counts")
     keyed = f"SELECT sequence, to_id FROM {table} WHERE from_id = {p}"
     first_sql = f"{keyed} ORDER BY sequence, to_id LIMIT {p}"

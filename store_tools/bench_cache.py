@@ -31,7 +31,7 @@ def cache_cases(store: Store, shard: int, n: int, say: Callable[[str], None]) ->
     except ImportError:  # the floor needs pymemcache; the store does not
         say("pymemcache is not installed: skipping the warm-cache cases (pip install pymemcache)")
         return []
-    objects, lists = store.caches.objects, store.caches.lists
+    objects, lists = store.admin_context().caches.objects, store.admin_context().caches.lists
     assert objects is not None
     assert lists is not None
     mc = objects.store

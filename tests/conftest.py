@@ -178,7 +178,7 @@ def row_count(store: Store, table: str) -> int:
     total = 0
     for r in store.shard_map:
         for shard in r.shards():
-            h = store.engines.shard(shard, r.master)
+            h = store.admin_context().engines.shard(shard, r.master)
             with h.connect() as conn:
                 cur = conn.cursor()
                 cur.execute(f"SELECT COUNT(*) FROM {h.table(table)}")

@@ -102,7 +102,7 @@ def test_memcached_meta_leases_against_a_real_server(memcached_pair: list[str]) 
 
 
 def test_slow_reader_cannot_refill_an_object_a_writer_invalidated(store: Store) -> None:
-    cache = store.caches.objects
+    cache = store.admin_context().caches.objects
     assert isinstance(cache, ObjectCache)
     pin = store.create("pin", {"v": "old"})
     ran: list[bool] = []
@@ -126,7 +126,7 @@ def test_slow_reader_cannot_refill_an_object_a_writer_invalidated(store: Store) 
 
 
 def test_slow_reader_cannot_refill_a_list_a_writer_invalidated(store: Store) -> None:
-    lists = store.caches.lists
+    lists = store.admin_context().caches.lists
     assert lists is not None
     board = store.create("board", {})
     a, b = (store.create("pin", {"i": i}) for i in range(2))
@@ -157,7 +157,7 @@ def test_lists_longer_than_the_cached_head_fall_through(config: StoreConfig) -> 
         for i, p in enumerate(pins):
             store.link(BHP, board, p, sequence=i)
         assert store.links(BHP, board, limit=3) == pins[:3]  # fills the head of 5
-        hits = store.stats()[store.caches.lists.stats.name]["hits"]  # type: ignore[union-attr]
+        hits = store.stats()[store.admin_context().caches.lists.stats.name]["hits"]  # type: ignore[union-attr]
         assert store.links(BHP, board, limit=3, offset=2) == pins[2:5]  # inside the head
         assert store.links(BHP, board, limit=3, offset=4) == pins[4:7]  # beyond: the database
         assert store.links(BHP, board, limit=3, newest_first=True) == pins[::-1][:3]
@@ -165,7 +165,7 @@ def test_lists_longer_than_the_cached_head_fall_through(config: StoreConfig) -> 
         page2 = store.page(BHP, board, limit=4, cursor=page.next_cursor)
         assert page.ids + page2.ids == pins[:8]
         assert store.count(BHP, board) == 12
-        assert store.stats()[store.caches.lists.stats.name]["hits"] >= hits + 3  # type: ignore[union-attr]
+        assert store.stats()[store.admin_context().caches.lists.stats.name]["hits"] >= hits + 3  # type: ignore[union-attr]
 
 
 def test_stats_count_hits_misses_fills_and_invalidations(store: Store) -> None:
@@ -174,7 +174,7 @@ def test_stats_count_hits_misses_fills_and_invalidations(store: Store) -> None:
     store.get(pin)
     store.get(pin)
     store.update(pin, {"a": 2})
-    name = store.caches.objects.stats.name  # type: ignore[union-attr]
+    name = store.admin_context().caches.objects.stats.name  # type: ignore[union-attr]
     after = store.stats()[name]
     assert after["misses"] - before[name]["misses"] == 1
     assert after["hits"] - before[name]["hits"] == 1
@@ -185,7 +185,7 @@ def test_stats_count_hits_misses_fills_and_invalidations(store: Store) -> None:
 def test_get_many_reads_only_misses_from_the_database(store: Store) -> None:
     pins = [store.create("pin", {"i": i}) for i in range(10)]
     assert store.get_many(pins[:5]) == {p: {"i": i} for i, p in enumerate(pins[:5])}
-    name = store.caches.objects.stats.name  # type: ignore[union-attr]
+    name = store.admin_context().caches.objects.stats.name  # type: ignore[union-attr]
     before = store.stats()[name]
     assert store.get_many(pins) == {p: {"i": i} for i, p in enumerate(pins)}
     after = store.stats()[name]
@@ -320,7 +320,7 @@ def test_a_miss_is_cached_too_and_a_create_invalidates_it(config: StoreConfig) -
     with Store(config) as store:
         ghost = encode_pinterest(2, 1, 999_999)
         assert store.get(ghost) is None
-        name = store.caches.objects.stats.name  # type: ignore[union-attr]
+        name = store.admin_context().caches.objects.stats.name  # type: ignore[union-attr]
         hits = store.stats()[name]["hits"]
         assert store.get(ghost) is None  # a cached "no such object"
         assert store.stats()[name]["hits"] == hits + 1

@@ -143,7 +143,7 @@ def test_dead_or_hung_caches_give_right_answers_within_the_timeout(servers: Serv
 def check_caches_match_mariadb(store: Store, objects: list[int], boards: list[int]) -> int:
     """Every cached object and list equals MariaDB; returns how many cached entries were checked."""
     checked = 0
-    objects_cache, lists = store.caches.objects, store.caches.lists
+    objects_cache, lists = store.admin_context().caches.objects, store.admin_context().caches.lists
     assert objects_cache is not None
     assert lists is not None
     for oid in objects:
@@ -151,20 +151,21 @@ def check_caches_match_mariadb(store: Store, objects: list[int], boards: list[in
         cached = objects_cache.store.peek_many([key]).get(key)
         if not cached:  # nothing, or an empty item a reader holds the lease on
             continue
-        shard, spec, local_id, host = store.router.route(oid)
-        in_db = store._objects.get(store.engines.shard(shard, host), spec.table, local_id)
+        shard, spec, local_id, host = store.admin_context().router.route(oid)
+        ctx = store.admin_context()
+        in_db = ctx.objects.repo.get(ctx.engines.shard(shard, host), spec.table, local_id)
         assert cached[:1] == ENTRY_TAG
         text = cached[14:].decode() or None  # after the tag and the read time; empty: no object
         assert text == in_db, f"object {oid}: cache {cached!r} != MariaDB {in_db!r}"
         checked += 1
-    repo = store.relation_repository
+    repo = store.admin_context().relation_repository
     for board in boards:
-        read = lists.read(store.relation_service.list_key(BHP, board), ("rank", 0, -1, False))
+        read = lists.read(store.admin_context().relations.list_key(BHP, board), ("rank", 0, -1, False))
         assert read is not None
         if read.meta is None:
             continue
-        shard, _spec, _l, host = store.router.route(board)
-        h = store.engines.shard(shard, host)
+        shard, _spec, _l, host = store.admin_context().router.route(board)
+        h = store.admin_context().engines.shard(shard, host)
         n = repo.count(h, BHP, board)
         head = repo.page(h, BHP, board, lists.entries, None, False)
         assert read.meta == (n, len(head)), f"board {board}: cached meta {read.meta} != ({n}, {len(head)})"

@@ -111,15 +111,15 @@ def test_check_names_a_missing_table_a_drifted_count_and_a_lost_inverse(tmp_path
         for p in pins:
             store.link(BHP, board, p)
         assert check_store(store, full=True).ok
-        b1 = store.engines.shard(1, "A")
+        b1 = store.admin_context().engines.shard(1, "A")
         with b1.connect() as conn:
             conn.cursor().execute(f"UPDATE relation_counts SET n = 7 WHERE from_id = {board}")
-        b5 = store.engines.shard(5, "B")
+        b5 = store.admin_context().engines.shard(5, "B")
         with b5.connect() as conn:
             conn.cursor().execute(f"DELETE FROM {POB} WHERE from_id = {pins[0]}")
-        with store.engines.shard(6, "B").connect() as conn:
+        with store.admin_context().engines.shard(6, "B").connect() as conn:
             conn.cursor().execute("DROP TABLE users")
-        store.engines.dispose()
+        store.admin_context().engines.dispose()
         for full in (False, True):
             report = check_store(store, full=full)
             kinds = sorted((f.kind, f.shard) for f in report.problems)

@@ -60,7 +60,7 @@ def test_eight_threads_make_40000_distinct_ids_in_16_schemas(postgres_ready: Sto
             by_shard.setdefault(decode_instagram(i).shard_id, set()).add(i)
         assert len(by_shard) == 16
         for shard, ids in by_shard.items():
-            h = store.engines.shard(shard, store.shard_map.master(shard))
+            h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
             with h.connect() as conn:
                 cur = conn.cursor()
                 cur.execute(f"SELECT id FROM {h.table('pins')}")
@@ -88,7 +88,7 @@ $$ LANGUAGE plpgsql
 
 def test_a_burst_of_more_than_1024_ids_in_one_millisecond(postgres_ready: StoreConfig) -> None:
     with Store(postgres_ready) as store:
-        h = store.engines.shard(3, store.shard_map.master(3))
+        h = store.admin_context().engines.shard(3, store.shard_map.master(3))
         pins = h.table("pins")
         with h.connect() as conn:
             cur = conn.cursor()
@@ -118,7 +118,7 @@ def test_a_burst_of_more_than_1024_ids_in_one_millisecond(postgres_ready: StoreC
 
 def test_clock_stepping_back_keeps_ids_unique_and_increasing(postgres_ready: StoreConfig) -> None:
     with Store(postgres_ready) as store:
-        h = store.engines.shard(4, store.shard_map.master(4))
+        h = store.admin_context().engines.shard(4, store.shard_map.master(4))
         first = [store.create("pin", {"i": i}, shard=4) for i in range(50)]
         with h.connect() as conn:
             cur = conn.cursor()

@@ -100,7 +100,7 @@ def test_a_read_survives_a_killed_connection(mariadb_ready: StoreConfig) -> None
     with Store(mariadb_ready) as store:
         pin = store.create("pin", {"a": 1}, shard=0)
         assert store.get(pin) == {"a": 1}
-        pool = store.engines.shard(0, store.locate(pin).host).pool
+        pool = store.admin_context().engines.shard(0, store.locate(pin).host).pool
         victims = [c.thread_id() for c, _born in list(pool._idle)]
         assert victims
         conn = root()
@@ -134,7 +134,7 @@ def test_list_queries_use_the_sequence_index_without_filesort(
 ) -> None:
     with Store(mariadb_ready) as store:
         board = store.create("board", {}, shard=6)
-        h = store.engines.shard(6, store.shard_map.master(6))
+        h = store.admin_context().engines.shard(6, store.shard_map.master(6))
         table = h.table("board_has_pins")
         # This board and three others no test creates, 500 pins each; removed again below.
         froms = [board] + [encode_pinterest(6, 2, 10**9 + k) for k in range(3)]
@@ -145,9 +145,9 @@ def test_list_queries_use_the_sequence_index_without_filesort(
                 cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s)", rows)
                 cur.execute(f"ANALYZE TABLE {table}")
                 cur.fetchall()
-                sql = getattr(store.relation_repository.sql(h, "board_has_pins"), statement)
+                sql = getattr(store.admin_context().relation_repository.sql(h, "board_has_pins"), statement)
                 offset_paged = {"f": board, "lim": 50, "off": 150}
-                orders = store.relation_repository.statements(h, "board_has_pins").orders
+                orders = store.admin_context().relation_repository.statements(h, "board_has_pins").orders
                 params = {
                     "list_asc": tuple(offset_paged[p] for p in orders["list_asc"]),
                     "list_desc": tuple(offset_paged[p] for p in orders["list_desc"]),

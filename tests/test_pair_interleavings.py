@@ -127,7 +127,7 @@ def replay(initial: tuple[bool, int | None], names: list[str]) -> tuple[bool, in
 def run_one(store: Store, board: int, pin: int, names: list[str], choices: list[int]) -> Schedule:
     sched = Scheduler(len(names))
     out = Schedule()
-    writer = store.relation_service.pairs
+    writer = store.admin_context().relations.pairs
     writer.step = sched.hook
     try:
         threads = []
@@ -167,10 +167,10 @@ def run_one(store: Store, board: int, pin: int, names: list[str], choices: list[
 
 
 def read_pair(store: Store, board: int, pin: int) -> tuple[tuple[bool, int | None], tuple[bool, int | None]]:
-    repo = store.relation_repository
+    repo = store.admin_context().relation_repository
     loc_b, loc_p = store.locate(board, type_name="board"), store.locate(pin, type_name="pin")
-    primary = repo.sequence_of(store.engines.shard(loc_b.shard, loc_b.host), BHP, board, pin)
-    inverse = repo.sequence_of(store.engines.shard(loc_p.shard, loc_p.host), POB, pin, board)
+    primary = repo.sequence_of(store.admin_context().engines.shard(loc_b.shard, loc_b.host), BHP, board, pin)
+    inverse = repo.sequence_of(store.admin_context().engines.shard(loc_p.shard, loc_p.host), POB, pin, board)
     return (primary is not None, primary), (inverse is not None, inverse)
 
 

@@ -70,8 +70,8 @@ def test_relinking_with_a_sequence_moves_the_pair_on_both_sides(store: Store, bo
     assert store.link(BHP, board, a, sequence=500) is False
     assert store.links(BHP, board) == [b, c, a]
     assert store.count(BHP, board) == 3
-    h = store.engines.shard(store.locate(a).shard, store.locate(a).host)
-    assert store.relation_repository.sequence_of(h, POB, a, board) == 500
+    h = store.admin_context().engines.shard(store.locate(a).shard, store.locate(a).host)
+    assert store.admin_context().relation_repository.sequence_of(h, POB, a, board) == 500
 
 
 def test_unlink_removes_both_sides(store: Store, board: int) -> None:

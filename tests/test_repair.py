@@ -17,7 +17,7 @@ POB = "pin_owned_by_board"
 @contextmanager
 def table_missing(store: Store, shard: int, table: str) -> Iterator[None]:
     """Make ``table`` on ``shard`` unusable for real (renamed away), then put it back."""
-    h = store.engines.shard(shard, store.shard_map.master(shard))
+    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
     aside = f"{table}_aside"
     if h.backend.statement_schema(shard) is None:  # SQLite: one file per shard
         away, back = (
@@ -34,7 +34,7 @@ def table_missing(store: Store, shard: int, table: str) -> Iterator[None]:
     finally:
         with h.connect() as conn:
             conn.cursor().execute(back)
-        store.engines.dispose()  # SQLite caches prepared statements per connection
+        store.admin_context().engines.dispose()  # SQLite caches prepared statements per connection
 
 
 def setup(store: Store) -> tuple[int, list[int]]:
@@ -53,7 +53,7 @@ def dies_after_the_inverse_commit(store: Store) -> Iterator[None]:
         if name == "inverse committed":
             raise CrashError  # inside the primary side's open transaction: it rolls back
 
-    writer = store.relation_service.pairs
+    writer = store.admin_context().relations.pairs
     writer.step = step
     try:
         yield
@@ -116,7 +116,7 @@ def test_repair_restores_an_inverse_removed_by_an_unlink_that_died(store: Store)
 def test_repair_fixes_a_drifted_count(store: Store) -> None:
     board, (a, _b, _c) = setup(store)
     store.link(BHP, board, a)
-    h = store.engines.shard(1, store.shard_map.master(1))
+    h = store.admin_context().engines.shard(1, store.shard_map.master(1))
     with h.connect() as conn:
         conn.cursor().execute(f"UPDATE {h.table('relation_counts')} SET n = 42 WHERE from_id = {board}")
     assert store.count(BHP, board) == 42
@@ -137,7 +137,7 @@ def test_repair_reports_rows_it_cannot_route_and_changes_nothing(store: Store) -
 
     board, _pins = setup(store)
     stray = encode_pinterest(2, 9, 1)  # type id 9: no such type
-    h = store.engines.shard(1, store.shard_map.master(1))
+    h = store.admin_context().engines.shard(1, store.shard_map.master(1))
     p = h.backend.param
     with h.connect() as conn:
         conn.cursor().execute(

@@ -76,7 +76,7 @@ def test_get_many_batches_per_host_and_leaves_out_missing(
     }
     hosts = {store.locate(i).host for i in [*ids, *users]}
     shards = {store.locate(i).shard for i in [*ids, *users]}
-    if store.engines.backend(next(iter(hosts))).pool_per_shard:
+    if store.admin_context().engines.backend(next(iter(hosts))).pool_per_shard:
         assert len(calls) == len(shards)  # one query per shard file
     else:
         assert len(calls) == len(hosts)  # one UNION ALL query per host

@@ -33,7 +33,7 @@ from store.backends import backend_for
 from store.exceptions import StoreError
 from store.naming import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
 from store.specs import RelationSpec
-from store.store import Store
+from store.store import AdminContext, Store
 
 __all__ = ["CheckReport", "Finding", "check_store"]
 
@@ -120,15 +120,16 @@ def check_store(
     on_shard: Callable[[int], None] | None = None,
 ) -> CheckReport:
     """Check placement, tables, counts and inverses of every shard; change nothing."""
-    store.refresh_map(force=True)
-    placed = store.shard_map
-    config = store.config
+    ctx = store.admin_context()
+    ctx.refresh_map(force=True)
+    placed = ctx.shard_map
+    config = ctx.config
     report = CheckReport(map_version=placed.version, shards=placed.shards, full=full)
     servers: dict[str, list[str]] = {}
     for host, url in config.hosts.items():
         servers.setdefault(server_identity(url), []).append(host)
     label = {ident: "/".join(hosts) for ident, hosts in servers.items()}
-    inventories = {ident: _inventory(store, hosts[0]) for ident, hosts in servers.items()}
+    inventories = {ident: _inventory(ctx, hosts[0]) for ident, hosts in servers.items()}
     expected = {s: server_identity(config.hosts[placed.master(s)]) for s in range(placed.shards)}
     for ident, inv in inventories.items():
         for shard, copy in sorted(inv.copies.items()):
@@ -138,7 +139,7 @@ def check_store(
             report.note(
                 "archive", shard, label[ident], archive, "store move --cleanup drops it once you are sure"
             )
-    wanted = _tables(store)
+    wanted = _tables(ctx)
     rng = rng or random.Random()
     absent_where: dict[str, list[int]] = {}
     for shard in range(placed.shards):
@@ -152,7 +153,7 @@ def check_store(
                 init = f"store init --shards {shard}-{shard}"
                 report.problem("missing tables", shard, label[ident], ", ".join(missing), init)
             else:
-                _consistency(store, report, shard, label[ident], full, sample, rng)
+                _consistency(ctx, report, shard, label[ident], full, sample, rng)
         if on_shard is not None:
             on_shard(shard)
     for ident, shards in absent_where.items():
@@ -205,23 +206,23 @@ def _place(
         report.note("empty", shard, where, "an empty shard database: nothing to fence")
 
 
-def _inventory(store: Store, host: str) -> ServerInventory:
+def _inventory(ctx: AdminContext, host: str) -> ServerInventory:
     @contextmanager
     def open_cursor() -> Iterator[Any]:
         # Made only when the backend asks: a SQLite handle would make the shard's file.
-        with store.engines.shard(0, host).connect() as conn:
+        with ctx.engines.shard(0, host).connect() as conn:
             cur = conn.cursor()
             try:
                 yield cur
             finally:
                 cur.close()
 
-    found: ServerInventory = store.engines.backend(host).inventory(store.config.hosts[host], open_cursor)
+    found: ServerInventory = ctx.engines.backend(host).inventory(ctx.config.hosts[host], open_cursor)
     return found
 
 
-def _tables(store: Store) -> list[str]:
-    config = store.config
+def _tables(ctx: AdminContext) -> list[str]:
+    config = ctx.config
     out = [t.table for t in config.types.values()] + list(config.relations)
     if config.relations:
         out.append(COUNTS_TABLE)
@@ -229,17 +230,23 @@ def _tables(store: Store) -> list[str]:
 
 
 def _consistency(
-    store: Store, report: CheckReport, shard: int, where: str, full: bool, sample: int, rng: random.Random
+    ctx: AdminContext,
+    report: CheckReport,
+    shard: int,
+    where: str,
+    full: bool,
+    sample: int,
+    rng: random.Random,
 ) -> None:
-    repo = store.relation_repository
-    h = store.engines.shard(shard, store.shard_map.master(shard))
-    relations = store.config.relations
+    repo = ctx.relation_repository
+    h = ctx.engines.shard(shard, ctx.shard_map.master(shard))
+    relations = ctx.config.relations
     for spec in relations.values():
         if full:
             wrong = repo.count_mismatches(h, spec.name)
             report.lists_checked += _lists(h, spec.name)
         else:
-            wrong = _sampled_counts(store, h, spec, sample, rng, report)
+            wrong = _sampled_counts(ctx, h, spec, sample, rng, report)
         repair = f"store relations repair {spec.name} --shards {shard}-{shard}"
         for from_id, kept, actual in wrong:
             report.problem(
@@ -248,7 +255,7 @@ def _consistency(
         if spec.inverse is None:
             continue
         other = relations[spec.inverse]
-        for f, t in _unmatched(store, h, spec, other, None if full else sample, rng, report):
+        for f, t in _unmatched(ctx, h, spec, other, None if full else sample, rng, report):
             why = f"{spec.name} {f} -> {t} has no {other.name} {t} -> {f}"
             report.problem("inverse", shard, where, why, f"store relations repair {spec.name}")
 
@@ -263,7 +270,7 @@ def _lists(h: Any, relation: str) -> int:
 
 
 def _sampled_counts(
-    store: Store, h: Any, spec: RelationSpec, sample: int, rng: random.Random, report: CheckReport
+    ctx: AdminContext, h: Any, spec: RelationSpec, sample: int, rng: random.Random, report: CheckReport
 ) -> list[tuple[int, int, int]]:
     """(from_id, kept, actual) for lists whose kept count differs, among up to ``sample`` lists."""
     d = h.backend
@@ -296,7 +303,7 @@ def _sampled_counts(
 
 
 def _unmatched(
-    store: Store,
+    ctx: AdminContext,
     h: Any,
     spec: RelationSpec,
     other: RelationSpec,
@@ -305,7 +312,7 @@ def _unmatched(
     report: CheckReport,
 ) -> Iterable[tuple[int, int]]:
     """Pairs of ``spec`` on ``h``'s shard whose ``other`` row is missing (a sample, or all)."""
-    repo = store.relation_repository
+    repo = ctx.relation_repository
     after: tuple[int, int] | None = None if sample is None else (rng.randrange(1 << 62), 0)
     budget = sample
     while True:
@@ -319,12 +326,12 @@ def _unmatched(
         groups: dict[tuple[int, str], list[tuple[int, int]]] = {}
         for f, t, _seq in rows:
             try:
-                s, _t, _l, host = store.router.route(t, spec.to_type)
+                s, _t, _l, host = ctx.router.route(t, spec.to_type)
             except StoreError:
                 continue  # not routable: `store relations repair` reports these
             groups.setdefault((s, host), []).append((f, t))
         for (s, host), pairs in groups.items():
-            found = repo.present(store.engines.shard(s, host), other.name, [(t, f) for f, t in pairs])
+            found = repo.present(ctx.engines.shard(s, host), other.name, [(t, f) for f, t in pairs])
             yield from ((f, t) for f, t in pairs if (t, f) not in found)
         after = (rows[-1][0], rows[-1][1])
         if budget is not None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from store.exceptions import StoreError, UnknownRelationError
 from store.specs import RelationSpec
-from store.store import Store
+from store.store import AdminContext, Store
 
 __all__ = ["RepairReport", "repair_relations"]
 
@@ -66,7 +66,7 @@ def repair_relations(
     specs = _selected(config.relations, relation)
     wanted = sorted(set(range(config.shards) if shards is None else shards))
     report = RepairReport(dry_run=dry_run)
-    repair = _Repair(store, report)
+    repair = _Repair(store.admin_context(), report)
     for shard in wanted:
         for spec in specs:
             if spec.inverse is not None and spec.primary:
@@ -91,12 +91,12 @@ def _selected(relations: Mapping[str, RelationSpec], name: str | None) -> list[R
 
 
 class _Repair:
-    def __init__(self, store: Store, report: RepairReport) -> None:
-        self.store = store
+    def __init__(self, ctx: AdminContext, report: RepairReport) -> None:
+        self.store = ctx
         self.report = report
-        self.repo = store.relation_repository
-        self.service = store.relation_service
-        self.router = store.router
+        self.repo = ctx.relation_repository
+        self.service = ctx.relations
+        self.router = ctx.router
 
     def _chunks(self, shard: int, spec: RelationSpec) -> Iterable[list[Row]]:
         h = self.store.engines.shard(shard, self.store.shard_map.master(shard))

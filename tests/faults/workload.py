@@ -222,8 +222,8 @@ class Final:
 
 def final_state(store: Store, owned: list[Owned]) -> Final:
     """Everything the workload wrote, read back from the databases (``store`` must have no cache)."""
-    assert store.caches.objects is None
-    assert store.caches.lists is None
+    assert store.admin_context().caches.objects is None
+    assert store.admin_context().caches.lists is None
     registers: dict[Any, int | None] = {}
     primary: set[tuple[int, int]] = set()
     inverse: set[tuple[int, int]] = set()
