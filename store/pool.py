@@ -1,8 +1,10 @@
 """A small, fast DBAPI connection pool: one per host (one per shard file on SQLite).
 
-Why not SQLAlchemy's QueuePool: its checkout and checkin (events, fairy and
-record bookkeeping) measured 40-60 us per call here between network round
-trips, a third of a primary-key read. This pool is a deque of idle
+Why not SQLAlchemy's QueuePool: its checkout and checkin (a lock and a
+condition, events, fairy and record bookkeeping) measured 10 us per call on
+one thread and 335 us under 16 threads, against 1-2 us for this pool, and a
+primary-key read through it 1.15x to 1.47x slower (``scripts/bench_pool.py``,
+BENCHMARKS.md). This pool is a deque of idle
 connections (append and pop are atomic in CPython) and a semaphore that caps
 how many are open. It keeps the rules that matter:
 

@@ -98,6 +98,40 @@ def test_memcached_meta_leases_against_a_real_server(memcached_pair: list[str]) 
     mc.close()
 
 
+def test_a_reply_spanning_many_reads_is_read_whole(memcached_pair: list[str]) -> None:
+    """A 300-key batch of 2 KB values (a reply of 600 KB, many socket reads) comes back whole and in
+    order, values ending in "MN" included; the same client then serves a one-key batch."""
+    import uuid
+
+    mc = MemcachedLeaseStore(memcached_pair[:1], timeout_s=2, connect_timeout_s=1)
+    keys = [f"t:{uuid.uuid4().hex}" for _ in range(300)]
+    values = {k: (b"%04d" % i) * 500 + (b"MN" if i % 2 else b"") for i, k in enumerate(keys)}
+    leases = mc.lookup_many(keys, lease_ttl_s=10)
+    assert all(leases[k].won for k in keys)
+    assert mc.fill_many({k: (values[k], leases[k].cas) for k in keys}, 60) == len(keys)
+    got = mc.lookup_many(keys, lease_ttl_s=10)
+    assert [got[k].value for k in keys] == [values[k] for k in keys]
+    assert mc.peek_many(keys) == values
+    assert mc.lookup_many(keys[:1], lease_ttl_s=10)[keys[0]].value == values[keys[0]]
+    assert mc.stats.errors == 0
+    mc.close()
+
+
+def test_a_value_the_reply_framing_cannot_carry_is_refused(memcached_pair: list[str]) -> None:
+    """A value with CR or LF, or one that reads "MN", would break the framing of a pipelined reply:
+    refused with a ValueError before anything is sent."""
+    import uuid
+
+    mc = MemcachedLeaseStore(memcached_pair[:1], timeout_s=1, connect_timeout_s=1)
+    key = f"t:{uuid.uuid4().hex}"
+    cas = mc.lookup_many([key], lease_ttl_s=10)[key].cas
+    for bad in (b"a\r\nb", b"a\nb", b"MN"):
+        with pytest.raises(ValueError, match="CR, LF"):
+            mc.fill_many({key: (bad, cas)}, 60)
+    assert mc.peek_many([key]) == {key: b""}
+    mc.close()
+
+
 # -- the forced races: a slow reader must not fill after a writer's invalidation ---
 
 
