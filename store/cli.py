@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from store.backends import backend_names
+from store.backends import DEFAULT_BACKEND, backend_names
 from store.config import StoreConfig
 from store.defaults import embedded_config
 from store.exceptions import ConfigError, IdError, StoreError
@@ -212,7 +212,7 @@ def check(config_path: Path | None, full: bool, sample: int, as_json: bool) -> N
 @click.option(
     "--backend",
     type=click.Choice(backend_names()),
-    default="mysql",
+    default=DEFAULT_BACKEND,
     show_default=True,
     help="SQL dialect.",
 )
@@ -641,12 +641,15 @@ def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
     with _open(config_path) as store:
         results = run_bench(store, n=iterations, progress=say)
         stats = store.stats()
+        last_errors = store.admin_context().caches.last_errors()
     if as_json:
         _echo_json({"results": [r.as_dict() for r in results], "cache_stats": stats})
         return
     click.echo(format_results(results))
     for name, counters in stats.items():
         click.echo(f"cache {name}: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
+        if name in last_errors:
+            click.echo(f"cache {name} last error: {last_errors[name]}")
 
 
 if __name__ == "__main__":  # python -m store.cli

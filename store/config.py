@@ -46,13 +46,15 @@ DEFAULT_MAX_STALE_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_QUERY_TIMEOUT_S = 30.0
 DEFAULT_POOL_TIMEOUT_S = 30.0
+#: Connections older than this are replaced at checkout (below MariaDB's default wait_timeout of 8 h).
+DEFAULT_POOL_RECYCLE_S = 3600.0
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s"}
+     "pool_timeout_s", "pool_recycle_s"}
 )  # fmt: skip
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
@@ -156,6 +158,9 @@ class StoreConfig:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
     pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S
+    #: A pooled connection older than this is closed and replaced at checkout (set it below the
+    #: servers' ``wait_timeout`` and any proxy's idle cut-off).
+    pool_recycle_s: float = DEFAULT_POOL_RECYCLE_S
     tickets: TicketsConfig | None = None
     #: Where running stores read the live map: None (the map above), ("file", path),
     #: ("table", url) or ("zookeeper", hosts).
@@ -240,6 +245,7 @@ class StoreConfig:
             connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
             query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
+            pool_recycle_s=_seconds(raw, "pool_recycle_s", DEFAULT_POOL_RECYCLE_S, 365 * 86400.0),
             tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"]),
             map_source=map_source,
             map_poll_s=map_poll_s,

@@ -330,7 +330,12 @@ class Engines:
         )
         name = f"{host}/{backend.namespace(shard)}" if backend.pool_per_shard else host
         pool = ConnectionPool(
-            open_one, name=name, max_open=2 * c.pool_size, max_idle=c.pool_size, timeout_s=c.pool_timeout_s
+            open_one,
+            name=name,
+            max_open=2 * c.pool_size,
+            max_idle=c.pool_size,
+            timeout_s=c.pool_timeout_s,
+            recycle_s=c.pool_recycle_s,
         )
         if backend.made_on_first_use:
             conn, born = pool.checkout()

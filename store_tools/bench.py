@@ -20,6 +20,7 @@ import orjson
 from store.config import CacheConfig
 from store.cursors import encode_cursor
 from store.engines import DBAPIConnection
+from store.exceptions import ConnectionLostError
 from store.ids import encode_instagram, encode_pinterest
 from store.store import Store
 from store_tools.timing import PIN, BenchResult, pair
@@ -33,9 +34,19 @@ def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPI
     backend = store.admin_context().engines.backend(host)
     store.admin_context().engines.shard(shard, host)  # where shards are made on first use, this makes it
     c = store.config
-    conn: Any = backend.connector(
+    connect = backend.connector(
         c.hosts[host], shard=shard, connect_timeout_s=c.connect_timeout_s, query_timeout_s=c.query_timeout_s
-    )()
+    )
+    try:
+        conn: Any = connect()
+    except Exception as exc:
+        if not backend.is_driver_error(exc):
+            raise
+        raise ConnectionLostError(
+            f"bench cannot connect to shard {shard} on host {host}: {exc} "
+            "(is the server up, and has `store init` run for this config?)",
+            orig=exc,
+        ) from exc
     try:
         yield conn, backend.param
     finally:

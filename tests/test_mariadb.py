@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from typing import Any
 
 import pymysql
 import pytest
 
 from store import (
+    ConfigError,
     ConnectionLostError,
     ShardNotInitializedError,
     Store,
@@ -114,6 +116,28 @@ def test_a_read_survives_a_killed_connection(mariadb_ready: StoreConfig) -> None
         assert store.get(pin) == {"a": 1}  # retried once on a fresh connection
         assert pool.opened == opened + 1
         assert store.get_many([pin]) == {pin: {"a": 1}}
+
+
+def test_pool_recycle_s_replaces_old_connections(mariadb_ready: StoreConfig) -> None:
+    """Like SQLAlchemy's pool_recycle: a connection older than pool_recycle_s is closed and a new one
+    opened at checkout; a younger one is reused. The server sees a different connection id."""
+    raw = mariadb_config()
+    raw["pool_recycle_s"] = 0.5
+    with Store(StoreConfig.from_dict(raw)) as store:
+        pin = store.create("pin", {"a": 1}, shard=0)
+        pool = store.admin_context().engines.shard(0, store.locate(pin).host).pool
+        store.get(pin)
+        first = {c.thread_id() for c, _born in list(pool._idle)}
+        assert first
+        opened = pool.opened
+        store.get(pin)
+        assert pool.opened == opened  # young: reused
+        time.sleep(0.6)
+        assert store.get(pin) == {"a": 1}
+        assert pool.opened == opened + 1  # old: replaced
+        assert not first & {c.thread_id() for c, _born in list(pool._idle)}
+    with pytest.raises(ConfigError, match="pool_recycle_s must be a number of seconds"):
+        StoreConfig.from_dict({**raw, "pool_recycle_s": 0})
 
 
 def test_unreachable_host_is_a_connection_error() -> None:

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,8 +50,8 @@ from sqlalchemy.engine import URL
 
 from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
 from store.backends import backend_for
-from store.backends.mysql import MySQLBackend, leave_tombstones, mysql_connector
-from store.exceptions import ConfigError, MoveError
+from store.backends.mysql import MySQLBackend, dump_databases, leave_tombstones, load_dump, mysql_connector
+from store.exceptions import BackendError, ConfigError, MoveError
 from store.naming import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
@@ -161,12 +159,6 @@ class Mover:
                 databases,
             )
             return [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in cur.fetchall()]
-
-    def _client_args(self, host: str) -> tuple[list[str], dict[str, str]]:
-        url = self._url(host)
-        args = [f"-h{url.host or '127.0.0.1'}", f"-P{url.port or 3306}", f"-u{url.username or 'root'}"]
-        env = {**os.environ, "MYSQL_PWD": url.password or ""}
-        return args, env
 
     def _forget_replication(self, j: Journal) -> None:
         """Stop and remove the move's replication connection on the target (if any)."""
@@ -284,27 +276,14 @@ class Mover:
         t0 = time.monotonic()
         self.say(f"copy: dumping {len(dbs)} shard database(s) from {j.source}")
         self._drop_target_copy(j, dbs)
-        src_args, src_env = self._client_args(j.source)
-        dump = subprocess.run(
-            ["mariadb-dump", *src_args, "--single-transaction", "--gtid", "--master-data=2",
-             "--skip-lock-tables", "--databases", *dbs],
-            capture_output=True,
-            env=src_env,
-        )  # fmt: skip
-        if dump.returncode != 0:
-            raise MoveError(f"mariadb-dump failed: {dump.stderr.decode(errors='replace').strip()[:500]}")
-        found = re.search(rb"gtid_slave_pos\s*=\s*'([^']*)'", dump.stdout)
-        if found is None:
-            raise MoveError("mariadb-dump printed no GTID position: is the source's binlog on?")
-        self.say(f"copy: loading {len(dump.stdout) / 1e6:.1f} MB into {j.target}")
-        dst_args, dst_env = self._client_args(j.target)
-        load = subprocess.run(["mariadb", *dst_args], input=dump.stdout, capture_output=True, env=dst_env)
-        if load.returncode != 0:
-            raise MoveError(
-                f"loading into {j.target} failed: {load.stderr.decode(errors='replace').strip()[:500]}"
-            )
-        j.gtid = found.group(1).decode()
-        j.timings["copy_bytes"] = len(dump.stdout)
+        try:
+            dump, gtid = dump_databases(self._url(j.source), dbs)
+            self.say(f"copy: loading {len(dump) / 1e6:.1f} MB into {j.target}")
+            load_dump(self._url(j.target), dump)
+        except BackendError as exc:
+            raise MoveError(f"copying from {j.source} to {j.target}: {exc}") from exc
+        j.gtid = gtid
+        j.timings["copy_bytes"] = len(dump)
         self._phase(j, "catch_up", t0, "copy_s")
 
     def _start_replication(self, j: Journal, dbs: list[str]) -> None:

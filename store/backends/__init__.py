@@ -34,6 +34,7 @@ from store.exceptions import ConfigError
 from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
+    "DEFAULT_BACKEND",
     "SHARD",
     "Backend",
     "ErrorKind",
@@ -226,6 +227,8 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
+#: The backend the store is built around (MariaDB/MySQL), for defaults such as `store schema`'s.
+DEFAULT_BACKEND = "mysql"
 
 
 def _registry() -> dict[str, Backend]:

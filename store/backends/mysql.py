@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -38,6 +40,8 @@ __all__ = [
     "READ_TIMEOUT_S",
     "TOMBSTONE_ERRNO",
     "MySQLBackend",
+    "dump_databases",
+    "load_dump",
     "leave_tombstones",
     "mysql_connector",
     "mysql_driver_error",
@@ -488,3 +492,35 @@ def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version
     finally:
         cur.execute("SET SESSION sql_log_bin = 1")
     return len(columns)
+
+
+def _client(url: URL) -> tuple[list[str], dict[str, str]]:
+    """Arguments and environment for MariaDB's command-line clients (the password not on argv)."""
+    args = [f"-h{url.host or '127.0.0.1'}", f"-P{url.port or 3306}", f"-u{url.username or 'root'}"]
+    return args, {**os.environ, "MYSQL_PWD": url.password or ""}
+
+
+def dump_databases(url: URL, databases: Sequence[str]) -> tuple[bytes, str]:
+    """A consistent dump of ``databases`` (``mariadb-dump --single-transaction``) and the GTID
+    position it was taken at; `BackendError` if the dump fails or the server has no binlog."""
+    args, env = _client(url)
+    dump = subprocess.run(
+        ["mariadb-dump", *args, "--single-transaction", "--gtid", "--master-data=2",
+         "--skip-lock-tables", "--databases", *databases],
+        capture_output=True,
+        env=env,
+    )  # fmt: skip
+    if dump.returncode != 0:
+        raise BackendError(f"mariadb-dump failed: {dump.stderr.decode(errors='replace').strip()[:500]}")
+    found = re.search(rb"gtid_slave_pos\s*=\s*'([^']*)'", dump.stdout)
+    if found is None:
+        raise BackendError("mariadb-dump printed no GTID position: is the source's binlog on?")
+    return dump.stdout, found.group(1).decode()
+
+
+def load_dump(url: URL, dump: bytes) -> None:
+    """Run a dump made by `dump_databases` on the server at ``url``; `BackendError` if it fails."""
+    args, env = _client(url)
+    load = subprocess.run(["mariadb", *args], input=dump, capture_output=True, env=env)
+    if load.returncode != 0:
+        raise BackendError(f"loading failed: {load.stderr.decode(errors='replace').strip()[:500]}")

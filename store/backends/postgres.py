@@ -236,7 +236,15 @@ def postgres_connector(
         kwargs["password"] = url.password
 
     def connect() -> Any:
-        return psycopg.connect(**kwargs)
+        try:
+            return psycopg.connect(**kwargs)
+        except psycopg.OperationalError as exc:
+            if f'database "{url.database}" does not exist' in str(exc):
+                raise ConfigError(
+                    f"PostgreSQL has no database {url.database!r} at {kwargs['host']}:{kwargs['port']}: "
+                    f"create it (CREATE DATABASE {url.database}), then run store init"
+                ) from exc
+            raise
 
     return connect
 

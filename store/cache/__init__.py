@@ -45,6 +45,14 @@ class Caches:
                 out[cache.stats.name] = cache.stats.as_dict()
         return out
 
+    def last_errors(self) -> dict[str, str]:
+        """The latest error of each cache that had one, by name."""
+        return {
+            cache.stats.name: cache.stats.last_error
+            for cache in (self.objects, self.lists)
+            if cache is not None and cache.stats.last_error
+        }
+
     def close(self) -> None:
         """Release network connections."""
         for backend in (

@@ -1,8 +1,8 @@
 """A `LeaseStore` over one or more memcached servers: pymemcache clients speaking the meta protocol.
 
-Each server has a pymemcache `PooledClient`: its pool of connections, each
-made with explicit connect and read timeouts (pymemcache has none by
-default) and TCP_NODELAY. A batch sends its meta commands for a server as
+Each server keeps idle pymemcache `Client`s (one connection each, made with
+explicit connect and read timeouts, which pymemcache has none of by default,
+and TCP_NODELAY) in a deque that threads take from and give back to. A batch sends its meta commands for a server as
 one pipelined request closed by ``mn`` on one of those connections and reads
 the replies up to ``MN``: one round trip per server per batch. The replies
 are read here, not with `Client.raw_command`: pymemcache 4.0's segment reader
@@ -25,7 +25,8 @@ import socket
 import threading
 import zlib
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 from pymemcache.client.base import Client
@@ -97,6 +98,22 @@ class MemcachedServer:
         else:
             client.close()
 
+    @contextmanager
+    def borrow(self) -> Iterator[Client]:
+        """A pymemcache `Client` on one of this server's pooled connections, given back after.
+
+        For tools and benchmarks (the store's own calls go through `pipeline`):
+        a floor measured on the same connection is served by the same memcached
+        worker thread as the store's calls. A client that raised is closed.
+        """
+        client = self._take()
+        try:
+            yield client
+        except BaseException:
+            client.close()
+            raise
+        self._give_back(client)
+
     def pipeline(self, commands: Sequence[bytes], parse: Callable[[bytes], T]) -> T | None:
         """Send ``commands`` as one request closed by ``mn``; the parsed replies, or None if the server
         is unusable (down, cooling down, or dirty and not yet flushed)."""
@@ -153,7 +170,7 @@ class MemcachedServer:
             self.breaker.trip()
         else:
             self.breaker.failure()
-        self._stats.add(errors=1)
+        self._stats.error(self.address, exc)
 
     def _flush(self) -> bool:
         """Empty a server that may hold values whose invalidation was lost."""

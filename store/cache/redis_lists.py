@@ -103,7 +103,7 @@ class RedisListBackend:
             self.breaker.trip()  # a hung server already cost a whole timeout
         else:
             self.breaker.failure()
-        self.stats.add(errors=1)
+        self.stats.error("redis", exc)
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """Meta, version and selected members in one MULTI/EXEC; None on failure."""

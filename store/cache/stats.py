@@ -22,6 +22,8 @@ class CacheStats:
     errors: int = 0
     skipped: int = 0  # calls not made because the server was cooling down
     expired: int = 0  # entries older than max_stale_s: read again (counted in misses too)
+    #: What the latest error was (the server and the exception), for operators; "" if none yet.
+    last_error: str = ""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -29,6 +31,12 @@ class CacheStats:
         with self._lock:
             for name, n in counts.items():
                 setattr(self, name, getattr(self, name) + n)
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Count one error and remember it as the latest."""
+        with self._lock:
+            self.errors += 1
+            self.last_error = f"{where}: {type(exc).__name__}: {exc}"[:300]
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
