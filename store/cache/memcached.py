@@ -2,9 +2,10 @@
 
 Each server keeps idle pymemcache `Client`s (one connection each, made with
 explicit connect and read timeouts, which pymemcache has none of by default,
-and TCP_NODELAY) in a deque that threads take from and give back to. A batch sends its meta commands for a server as
-one pipelined request closed by ``mn`` on one of those connections and reads
-the replies up to ``MN``: one round trip per server per batch. The replies
+and TCP_NODELAY) in a deque that threads take from and give back to. A batch
+sends its meta commands for a server as one pipelined request closed by
+``mn`` on one of those connections and reads the replies up to ``MN``: one
+round trip per server per batch. The replies
 are read here, not with `Client.raw_command`: pymemcache 4.0's segment reader
 drops what arrived before the last read when a reply spans several reads,
 as a pipelined reply of 50 keys does. Deletes wait for their replies
