@@ -19,8 +19,13 @@ demo: $(STAMP)
 	$(BIN)/store demo
 
 ## test: start services if down, then format check, lint, type check, whole test suite
-test: $(STAMP) services lint typecheck
+test: $(STAMP) services $(VENV)/.mysqlclient lint typecheck
 	$(BIN)/pytest
+
+# mysqlclient compiles against MariaDB's client headers, which services.sh installs.
+$(VENV)/.mysqlclient: $(STAMP) | services
+	$(BIN)/pip install -q -e '.[mysqlclient]'
+	touch $@
 
 ## faults: the fault suite alone (servers killed, blackholed, restarted); prints its report table
 faults: $(STAMP) services

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Start the loopback services the test suite needs, if they are down:
 # MariaDB 3306, Redis 6379, PostgreSQL 5432, memcached 11211 (memcached and
-# ZooKeeper are installed from Debian's packages when missing). Safe to run
-# again: what runs is left alone.
+# ZooKeeper are installed from Debian's packages when missing, as are
+# pkg-config and libmariadb-dev, which building mysqlclient needs). Safe to
+# run again: what runs is left alone.
 set -euo pipefail
 
 up() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -36,6 +37,9 @@ command -v memcached >/dev/null 2>&1 || missing+=(memcached)
 # ZooKeeper is started by the tests themselves (one standalone server in a
 # temporary directory); only the package is needed.
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+# Building the mysqlclient driver (`make test` installs it) needs MariaDB's client headers.
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[ -f /usr/include/mariadb/mysql.h ] || missing+=(libmariadb-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "services: installing ${missing[*]}"
   as_root apt-get update -qq

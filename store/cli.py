@@ -629,12 +629,18 @@ def demo(config_path: Path | None) -> None:
         run_demo(store, say=click.echo)
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @_config_option
 @click.option("-n", "--iterations", default=2000, show_default=True, help="Calls per case.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
-    """Time store operations next to the raw driver doing the same work."""
+@click.pass_context
+def bench(ctx: click.Context, config_path: Path | None, iterations: int, as_json: bool) -> None:
+    """Time store operations next to the raw driver doing the same work.
+
+    `store bench mix` runs a mixed workload over threads instead.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from store_tools.bench import format_results, run_bench
 
     say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
@@ -650,6 +656,107 @@ def bench(config_path: Path | None, iterations: int, as_json: bool) -> None:
         click.echo(f"cache {name}: " + ", ".join(f"{k} {v}" for k, v in counters.items()))
         if name in last_errors:
             click.echo(f"cache {name} last error: {last_errors[name]}")
+
+
+def _thread_counts(text: str) -> list[int]:
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(not 1 <= c <= 256 for c in counts):
+        raise click.BadParameter(
+            f"give thread counts in 1..256 separated by commas, like 1,4,16; got {text!r}"
+        )
+    return counts
+
+
+@bench.command("mix")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="A Pinterest-ID MariaDB config with memcached and Redis (default: the mix's own, 64 shards "
+    "on 2 host names on 127.0.0.1:3306; STORE_MIX_URL, STORE_MIX_URL_A/B override).",
+)
+@click.option("--threads", "threads_text", default="1,4,16", show_default=True, help="Thread counts to run.")
+@click.option("--seconds", default=10.0, show_default=True, help="Length of each phase.")
+@click.option("--requests", type=int, default=None, help="Calls per thread per phase instead of --seconds.")
+@click.option(
+    "--rounds",
+    default=3,
+    show_default=True,
+    help="Slices of each warm phase, the systems taking turns (noise lands on all alike).",
+)
+@click.option("--shards", default=64, show_default=True, help="Shards the data set spreads over.")
+@click.option("--users", default=2000, show_default=True, help="Users (2 boards each; 20 pins per user).")
+@click.option(
+    "--systems",
+    default="floor,horizontal_shard,store",
+    show_default=True,
+    help="Which systems to run, in order.",
+)
+@click.option(
+    "--mysqldb",
+    "mysqldb_url",
+    default=None,
+    help="A mysql+mysqldb:// URL: also run the store on the mysqlclient driver.",
+)
+@click.option("--quick", is_flag=True, help="A small data set, threads 1,2, 2 s phases: under a minute.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("mix-results"),
+    show_default=True,
+    help="Where mix.json and the PNG charts go.",
+)
+@click.option("--keep", is_flag=True, help="Keep the loaded data sets (removed by default).")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON instead of the tables.")
+def bench_mix(
+    config_path: Path | None,
+    threads_text: str,
+    seconds: float,
+    requests: int | None,
+    rounds: int,
+    shards: int,
+    users: int,
+    systems: str,
+    mysqldb_url: str | None,
+    quick: bool,
+    out: Path,
+    keep: bool,
+    as_json: bool,
+) -> None:
+    """A LinkBench-style mix over threads: the store, a hand-written floor, SQLAlchemy's horizontal_shard.
+
+    Each system loads its own copy of the same data set and replays the
+    same request streams, cold and warm, at each thread count; afterwards its
+    answers are checked against the databases and its round trips counted.
+    """
+    from store_tools.mix.bench import QUICK_SHAPE, MixOptions, data_set_summary, run_mix
+    from store_tools.mix.workload import Shape, make_data_set
+
+    shape = QUICK_SHAPE if quick else Shape(users=users, pins=20 * users)
+    options = MixOptions(
+        config=None if config_path is None else _load_config(config_path),
+        shards=shards,
+        shape=shape,
+        threads=[1, 2] if quick else _thread_counts(threads_text),
+        seconds=2.0 if quick else seconds,
+        requests=requests,
+        rounds=rounds,
+        systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+        mysqldb_url=mysqldb_url,
+        trips=100 if quick else 400,
+        out=out,
+        keep=keep,
+    )
+    click.echo(f"data set: {data_set_summary(make_data_set(shape))}", err=True)
+    doc = run_mix(options, say=lambda msg: click.echo(msg, err=True))
+    if as_json:
+        _echo_json(doc)
+        return
+    click.echo(doc["report"])
+    click.echo(f"\nraw numbers: {out / 'mix.json'}; charts: {', '.join(doc['charts'])}")
 
 
 if __name__ == "__main__":  # python -m store.cli

@@ -62,6 +62,11 @@ class ObjectRepository:
         """Deserialise stored JSON text."""
         return self._serde.loads(text)
 
+    @property
+    def decoder(self) -> Callable[[str | bytes], dict[str, Any]]:
+        """The serde's own decode function (one call less per object in a batch)."""
+        return self._serde.loads
+
     def encode(self, data: dict[str, Any]) -> str:
         """Validate and serialise ``data``; raises `DataError` before any I/O."""
         return self._serde.dumps(data)
@@ -266,9 +271,22 @@ class ObjectService:
     def get_many(self, ids: Iterable[int], *, type_name: str | None) -> dict[int, dict[str, Any]]:
         """Live objects by ID, absent and deleted ones left out."""
         route = self._router.route
-        routed = {id_: route(id_, type_name) for id_ in ids}
-        decode = self.repo.decode
+        decode = self.repo.decoder
         cache = self._cache
+        if cache is not None and not self._instagram:
+            # The hot path (a page's objects): Pinterest IDs name their cache
+            # keys, so only the misses are routed in full.
+            wanted = ids if isinstance(ids, list) else list(ids)
+            self._router.check_ids(wanted, type_name)
+            p = self._prefix + "o:"
+            by_key = {f"{p}{id_}": id_ for id_ in wanted}
+
+            def load_ids(missing: list[str]) -> dict[str, bytes]:
+                routed = {by_key[k]: route(by_key[k], type_name) for k in missing}
+                return {f"{p}{i}": text.encode() for i, text in self._read_texts(routed).items()}
+
+            return {by_key[k]: decode(v) for k, v in cache.get_many(list(by_key), load_ids).items()}
+        routed = {id_: route(id_, type_name) for id_ in ids}
         if cache is None:
             return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
         keys = {self.key(id_, r[1]): id_ for id_, r in routed.items()}

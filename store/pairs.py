@@ -98,31 +98,90 @@ class PairWriter:
 
     # -- the three writes --------------------------------------------------------
 
-    def link(self, primary: Side, inverse: Side | None, sequence: int, *, move: bool) -> bool:
-        """Add the pair (or move it to ``sequence`` if ``move``); True if it is new."""
+    def link(
+        self,
+        primary: Side,
+        inverse: Side | None,
+        sequence: int,
+        *,
+        move: bool,
+        touched: list[Side] | None = None,
+    ) -> bool:
+        """Add the pair (or move it to ``sequence`` if ``move``); True if it is new.
+
+        ``touched`` gets the sides whose rows changed (a re-link of a pair
+        that is in place on both sides changes none), for the caller's cache.
+
+        The usual cases take one statement a side: a new pair is inserted
+        by a statement that also reads the object in share mode
+        (``insert_live``), and a move of an existing pair is one UPDATE (no
+        object read: the pair exists, so a delete's sweep removes it, or
+        has, and then the move finds nothing and takes the slow way). The
+        slow way reads the object first, as every link once did.
+        """
         new = False
+        moved = False
+        inverse_changed = False
 
         def first(cur: Cursor) -> State:
-            nonlocal new
-            self._check_live(cur, primary)
+            nonlocal new, moved, inverse_changed
+            new = moved = inverse_changed = False  # (again after a deadlock)
             self._lock_key(cur, primary)
+            if move and self.repo.move_in(cur, primary, sequence):
+                moved = True
+                return True, sequence
+            if not move and primary.guard is not None and self.repo.insert_live_in(cur, primary, sequence):
+                new = True
+                return True, sequence
+            self._check_live(cur, primary)
             new, settled = self.repo.add_in(cur, primary, sequence, move=move)
             return True, settled
 
-        self._run(primary, inverse, first, self._match(inverse, check_live=True))
+        def second(cur: Cursor, state: State) -> None:
+            nonlocal inverse_changed
+            assert inverse is not None
+            _present, settled = state
+            if new and inverse.guard is not None and self.repo.insert_live_in(cur, inverse, settled):
+                inverse_changed = True
+                return
+            if moved and self.repo.move_in(cur, inverse, settled):
+                inverse_changed = True
+                return
+            self._check_live(cur, inverse)
+            inverse_changed = self.repo.set_in(cur, inverse, state)
+
+        self._run(primary, inverse, first, second)
+        if touched is not None:
+            # A move asked for by the slow way may or may not have changed the row: count it.
+            if new or moved or move:
+                touched.append(primary)
+            if inverse is not None and inverse_changed:
+                touched.append(inverse)
         return new
 
-    def unlink(self, primary: Side, inverse: Side | None) -> bool:
-        """Remove the pair; True if it was there."""
+    def unlink(self, primary: Side, inverse: Side | None, *, touched: list[Side] | None = None) -> bool:
+        """Remove the pair; True if it was there. ``touched`` gets the sides whose rows changed."""
         gone = False
+        inverse_changed = False
 
         def first(cur: Cursor) -> State:
-            nonlocal gone
+            nonlocal gone, inverse_changed
+            inverse_changed = False
             self._lock_key(cur, primary)
             gone = self.repo.remove_in(cur, primary)
             return False, 0
 
-        self._run(primary, inverse, first, self._match(inverse, check_live=False))
+        def second(cur: Cursor, state: State) -> None:
+            nonlocal inverse_changed
+            assert inverse is not None
+            inverse_changed = self.repo.set_in(cur, inverse, state)
+
+        self._run(primary, inverse, first, second)
+        if touched is not None:
+            if gone:
+                touched.append(primary)
+            if inverse is not None and inverse_changed:
+                touched.append(inverse)
         return gone
 
     def sync(self, primary: Side, inverse: Side) -> bool:
@@ -142,15 +201,6 @@ class PairWriter:
         return changed
 
     # -- the protocol -------------------------------------------------------------
-
-    def _match(self, inverse: Side | None, *, check_live: bool) -> Callable[[Cursor, State], None]:
-        def second(cur: Cursor, state: State) -> None:
-            assert inverse is not None
-            if check_live and state[0]:
-                self._check_live(cur, inverse)
-            self.repo.set_in(cur, inverse, state)
-
-        return second
 
     def _run(
         self,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from store.backends.statements import RelationStatements
+from store.backends.statements import GuardedInsertStatements, RelationStatements
 from store.cache.lists import ListCache, decode_member, encode_member
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
@@ -36,6 +36,10 @@ from store.specs import RelationSpec
 __all__ = ["Page", "RelationRepository", "RelationService"]
 
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
+#: A list fill reads at least this many entries (up to ``cache.list_entries``), or four
+#: times what the read asked for: a first page's fill serves the next pages too, and a
+#: fill never reads a thousand rows to answer for fifty.
+MIN_FILL = 200
 #: Pairs of a deleted object's list read (and removed) per round.
 REMOVE_CHUNK = 200
 
@@ -59,6 +63,7 @@ class RelationRepository:
     def __init__(self) -> None:
         self._stmts: dict[tuple[str, str], RelationStatements] = {}
         self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
+        self._guarded: dict[tuple[str, int, str, str, str], str] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -94,6 +99,33 @@ class RelationRepository:
         cur.execute(sql.exists, (side.from_id, side.to_id))
         row = cur.fetchone()
         return False, sequence if row is None else int(row[0])
+
+    def insert_live_in(self, cur: Cursor, side: Side, sequence: int) -> bool:
+        """Insert the pair if it is absent and its guard's object is live, in one statement; True if it did.
+
+        False says only that nothing was inserted: the pair exists, or the
+        object is not live (the caller asks which, the slow way).
+        """
+        g = side.guard
+        assert g is not None
+        h = side.h
+        key = (h.backend.name, h.shard, side.relation, g.table, g.key)
+        sql = self._guarded.get(key)
+        if sql is None:
+            ids = "instagram" if g.key == "id" else "pinterest"
+            stmts = GuardedInsertStatements(h.backend, side.relation, g.table, ids=ids)
+            sql = self._guarded[key] = stmts.for_shard(h.shard)["insert_live"]
+        cur.execute(sql, (side.from_id, side.to_id, sequence, g.value))
+        if cur.rowcount != 1:
+            return False
+        cur.execute(self.sql(h, side.relation).count_up, (side.relation, side.from_id, 1))
+        return True
+
+    def move_in(self, cur: Cursor, side: Side, sequence: int) -> bool:
+        """Move an existing pair to ``sequence``; True if it existed at another sequence (and moved)."""
+        sql = self.sql(side.h, side.relation)
+        cur.execute(sql.move_if_other, (sequence, side.from_id, side.to_id, sequence))
+        return cur.rowcount == 1
 
     def remove_in(self, cur: Cursor, side: Side) -> bool:
         """Delete the pair (and count it out); True if it was there."""
@@ -277,20 +309,33 @@ class RelationService:
             raise DataError(f"sequence must be a 64-bit signed int, got {sequence!r}")
         primary, inverse = self._sides(spec, from_id, to_id, guarded=True)
         seq = self._clock_us() if sequence is None else sequence
+        touched: list[Side] = []
         try:
-            return self.pairs.link(primary, inverse, seq, move=sequence is not None)
-        finally:
-            # Commit first, then invalidate; also after a failure, since a
-            # side may have committed before it.
+            new = self.pairs.link(primary, inverse, seq, move=sequence is not None, touched=touched)
+        except BaseException:
+            # A side may have committed before the failure: drop both lists.
             self._invalidate_sides(primary, inverse)
+            raise
+        # Commit first, then invalidate, only the lists that changed (a
+        # re-link of a pair in place leaves the cached lists alone).
+        self.invalidate([(s.relation, s.from_id) for s in touched])
+        return new
 
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
         primary, inverse = self._sides(self._router.relation(relation), from_id, to_id, guarded=False)
+        return self._unlink(primary, inverse)
+
+    def _unlink(self, primary: Side, inverse: Side | None) -> bool:
+        """Unlink, then drop the lists that changed (both after a failure)."""
+        touched: list[Side] = []
         try:
-            return self.pairs.unlink(primary, inverse)
-        finally:
+            gone = self.pairs.unlink(primary, inverse, touched=touched)
+        except BaseException:
             self._invalidate_sides(primary, inverse)
+            raise
+        self.invalidate([(s.relation, s.from_id) for s in touched])
+        return gone
 
     def sync(self, relation: str, from_id: int, to_id: int) -> bool:
         """Make the inverse row of a pair match its primary row (the repair job's fix); True if it changed."""
@@ -320,10 +365,7 @@ class RelationService:
                 rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, after, False)
                 for _seq, to_id in rows:
                     primary, inverse = self._sides(spec, obj, to_id, guarded=False)
-                    try:
-                        removed += self.pairs.unlink(primary, inverse)
-                    finally:
-                        self._invalidate_sides(primary, inverse)
+                    removed += self._unlink(primary, inverse)
                 if len(rows) < REMOVE_CHUNK:
                     break
                 after = rows[-1]
@@ -413,6 +455,12 @@ class RelationService:
             rows = self.repo.page(h, relation, from_id, limit + 1, after, newest_first)
         return rows[:limit], len(rows) > limit
 
+    def has_link(self, relation: str, from_id: int, to_id: int) -> bool:
+        """Whether the pair exists: one primary-key read on ``from_id``'s shard."""
+        spec = self._router.relation(relation)
+        h = self._side(spec, from_id, to_id)
+        return self.repo.sequence_of(h, relation, from_id, to_id) is not None
+
     def count(self, relation: str, from_id: int) -> int:
         """How many pairs start at ``from_id`` (kept exact, no scan)."""
         spec = self._router.relation(relation)
@@ -424,7 +472,7 @@ class RelationService:
                 return read.meta[0]
             if read is not None:
                 self.lists.stats.add(misses=1)
-                return self._fill(h, relation, from_id, read.version)[0]
+                return self._fill(h, relation, from_id, read.version, 0)[0]
         return self.repo.count(h, relation, from_id)
 
     # -- the list cache --------------------------------------------------------
@@ -461,7 +509,7 @@ class RelationService:
             stats.add(misses=1)
             return None  # beyond the cached head
         stats.add(misses=1)
-        n, head = self._fill(h, relation, from_id, read.version)
+        n, head = self._fill(h, relation, from_id, read.version, want)
         complete = len(head) == n
         if op[0] == "rank":
             start, stop = int(op[1]), int(op[2])  # type: ignore[call-overload]
@@ -480,12 +528,17 @@ class RelationService:
         return rows if complete or len(rows) >= want else None
 
     def _fill(
-        self, h: ShardHandle, relation: str, from_id: int, version: bytes | None
+        self, h: ShardHandle, relation: str, from_id: int, version: bytes | None, want: int
     ) -> tuple[int, list[tuple[int, int]]]:
-        """Read the head and the count from the database and cache them (if still current)."""
+        """Read the head and the kept count from the database and cache them (if still current).
+
+        The head is ``4 * want`` entries, at least `MIN_FILL`, at most
+        ``list_entries``.
+        """
         assert self.lists is not None
+        size = min(self.lists.entries, max(MIN_FILL, 4 * want))
         read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
-        head = self.repo.page(h, relation, from_id, self.lists.entries, None, False)
+        head = self.repo.page(h, relation, from_id, size, None, False)
         n = self.repo.count(h, relation, from_id)
         self.lists.fill(self.list_key(relation, from_id), version, n, head, read_ms)
         return n, head

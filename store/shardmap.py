@@ -40,7 +40,7 @@ class ShardRange:
 class ShardMap:
     """Immutable map of every shard to its host pair, with a version number."""
 
-    __slots__ = ("_ends", "_starts", "ranges", "shards", "version")
+    __slots__ = ("_ends", "_masters", "_starts", "ranges", "shards", "version")
 
     def __init__(self, ranges: Iterable[ShardRange], *, shards: int, version: int = 1) -> None:
         ordered = tuple(sorted(ranges, key=lambda r: r.start))
@@ -80,8 +80,12 @@ class ShardMap:
         init(self, "version", version)
         init(self, "_starts", tuple(r.start for r in ordered))
         init(self, "_ends", tuple(r.end for r in ordered))
+        # shard -> master, filled as shards are routed (the map never changes; a dict read is cheaper
+        # than a bisection on every call, and concurrent fills write the same value)
+        init(self, "_masters", {})
 
     ranges: tuple[ShardRange, ...]
+    _masters: dict[int, str]
     shards: int
     version: int
     _starts: tuple[int, ...]
@@ -102,9 +106,10 @@ class ShardMap:
 
     def master(self, shard: int) -> str:
         """Name of the host that serves reads and writes for ``shard``."""
-        if len(self.ranges) == 1 and 0 <= shard < self.shards:
-            return self.ranges[0].master
-        return self.range_for(shard).master
+        host = self._masters.get(shard)
+        if host is None:
+            host = self._masters[shard] = self.range_for(shard).master
+        return host
 
     def hosts(self) -> list[str]:
         """Every host name the map mentions, masters and slaves, in first-seen order."""

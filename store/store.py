@@ -254,6 +254,11 @@ class Store:
         return self._relations.page(relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first)
 
     @_rerouted
+    def has_link(self, relation: str, from_id: int, to_id: int) -> bool:
+        """Whether ``to_id`` is in ``from_id``'s list: one primary-key read, no list read."""
+        return self._relations.has_link(relation, from_id, to_id)
+
+    @_rerouted
     def count(self, relation: str, from_id: int) -> int:
         """How many entries ``from_id``'s list has: one key read of a count kept exact."""
         return self._relations.count(relation, from_id)

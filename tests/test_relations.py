@@ -63,6 +63,36 @@ def test_link_is_idempotent_and_keeps_its_position(store: Store, board: int) -> 
     assert store.count(POB, a) == 1
 
 
+def test_has_link_answers_for_each_pair_and_checks_types(store: Store, board: int) -> None:
+    from store import WrongTypeError
+
+    a, b = pins(store, 2)
+    store.link(BHP, board, a)
+    assert store.has_link(BHP, board, a) is True
+    assert store.has_link(BHP, board, b) is False
+    assert store.has_link(POB, a, board) is True  # the inverse side
+    store.unlink(BHP, board, a)
+    assert store.has_link(BHP, board, a) is False
+    with pytest.raises(WrongTypeError):
+        store.has_link(BHP, a, board)
+
+
+def test_relinking_a_pair_in_place_keeps_the_cached_lists(store: Store, board: int) -> None:
+    lists = store.admin_context().caches.lists
+    a, b = pins(store, 2)
+    store.link(BHP, board, a)
+    store.link(BHP, board, b)
+    assert store.links(BHP, board) == [a, b]  # cached now, where a list cache is configured
+    before = None if lists is None else lists.stats.as_dict()["invalidations"]
+    assert store.link(BHP, board, a) is False  # both sides in place: nothing changes
+    if lists is not None:
+        assert lists.stats.as_dict()["invalidations"] == before
+    assert store.links(BHP, board) == [a, b]
+    store.link(BHP, board, a, sequence=1 << 62)  # a move changes both sides: dropped and read again
+    assert store.links(BHP, board) == [b, a]
+    assert store.links(POB, a) == [board]
+
+
 def test_relinking_with_a_sequence_moves_the_pair_on_both_sides(store: Store, board: int) -> None:
     a, b, c = pins(store, 3)
     for i, p in enumerate((a, b, c)):

@@ -65,7 +65,8 @@ _DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
 # Transactions rolled back whole, safe to run again: deadlock (1213), lock wait timeout (1205).
 _RETRY = frozenset({1205, 1213})
 _DUPLICATE = frozenset({1062})
-_DRIVERS = {"pymysql": "pymysql", "mysqldb": "MySQLdb"}
+# URL driver name -> (module to import, the package that provides it).
+_DRIVERS = {"pymysql": ("pymysql", "pymysql"), "mysqldb": ("MySQLdb", "mysqlclient")}
 
 
 def _code(exc: BaseException) -> int | None:
@@ -114,12 +115,16 @@ class MySQLBackend(Backend):
         return database_name(shard)
 
     def check_url(self, host: str, url: URL, base: Path) -> URL:
-        """A MariaDB host names no database: each shard is its own."""
+        """A MariaDB host names no database (each shard is its own), and its driver is installed."""
         if url.database:
             raise ConfigError(
                 f"hosts.{host} names database {url.database!r}; leave it out: "
                 "each shard is its own database (db00000, db00001, ...)"
             )
+        try:
+            _mysql_driver(url)
+        except ConfigError as exc:
+            raise ConfigError(f"hosts.{host}: {exc}") from None
         return url
 
     def server_identity(self, url: URL) -> str:
@@ -283,10 +288,18 @@ class MySQLBackend(Backend):
 
 
 def _mysql_driver(url: URL) -> tuple[str, Any]:
+    """(driver name, its imported module); `ConfigError` if the driver is unknown or not installed."""
     driver = url.get_driver_name() if "+" in url.drivername else "pymysql"
     if driver not in _DRIVERS:
-        raise BackendError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
-    return driver, importlib.import_module(_DRIVERS[driver])
+        raise ConfigError(f"unsupported MariaDB driver {driver!r}; use mysql+pymysql or mysql+mysqldb")
+    module, package = _DRIVERS[driver]
+    try:
+        return driver, importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"{url.drivername}:// URLs need the {module} module, which cannot be imported ({exc}): "
+            f"pip install {package}"
+        ) from None
 
 
 def mysql_driver_error(url: URL) -> type[Exception]:
@@ -306,7 +319,11 @@ def mysql_connector(
 
     Opening it waits at most ``connect_timeout_s``; each read or write of a
     reply at most ``query_timeout_s`` (then the connection is lost to the
-    caller). ``setup`` is a statement run on every new connection.
+    caller). ``setup`` is a statement run on every new connection. Both
+    drivers are opened alike: neither sets CLIENT.FOUND_ROWS, so ``rowcount``
+    counts changed rows on both (a no-op ``ON DUPLICATE KEY UPDATE`` reports
+    0), and neither allows several statements in one ``execute``.
+    `ConfigError` if the URL's driver is not installed.
     """
     driver, module = _mysql_driver(url)
 
@@ -329,6 +346,11 @@ def mysql_connector(
     }
     if "unix_socket" in url.query:
         kwargs["unix_socket"] = url.query["unix_socket"]
+    if driver == "mysqldb":
+        # mysqlclient turns on CLIENT.MULTI_STATEMENTS, and libmariadb LOAD DATA LOCAL,
+        # by default; PyMySQL does neither.
+        kwargs["multi_statements"] = False
+        kwargs["local_infile"] = 0
 
     def connect() -> Any:
         conn = module.connect(**kwargs)

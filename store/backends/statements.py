@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause
 from store.backends import Backend
 from store.backends.tables import SHARD, counts_table, object_table, relation_table
 
-__all__ = ["ObjectStatements", "RelationStatements", "Statements"]
+__all__ = ["GuardedInsertStatements", "ObjectStatements", "RelationStatements", "Statements"]
 
 _ONE: ColumnClause[Any] = literal_column("1")
 _ZERO: ColumnClause[Any] = literal_column("0")
@@ -189,3 +189,30 @@ class RelationStatements(Statements):
         back = keyed.where(seq <= s1, or_(seq < s2, to < tk)).order_by(*desc).limit(lim).offset(_ZERO)
         self._add("page_asc_after", fwd, ["f", "s1", "s2", "tk", "lim"])
         self._add("page_desc_after", back, ["f", "s1", "s2", "tk", "lim"])
+
+
+class GuardedInsertStatements(Statements):
+    """A pair's insert that reads its ``from`` object's row in the same statement.
+
+    - insert_live (from, to, seq, key): inserts the pair only if the object
+      row ``key`` of ``table`` is live, reading it in share mode (a delete of
+      the object waits for this transaction, as with ``live_shared``), and
+      skips a pair that exists. Rowcount 1: the pair is new and the object
+      live; 0: the pair exists, or the object is not live (ask which).
+
+    One round trip where a link otherwise reads the object first.
+    """
+
+    def __init__(self, backend: Backend, relation: str, table: str, *, ids: str) -> None:
+        super().__init__(backend)
+        md = MetaData()
+        types = backend.column_types()
+        rel = relation_table(md, relation, types, schema=self.schema)
+        obj = object_table(md, table, types, ids=ids, schema=self.schema, shard=0)
+        key = obj.c["id" if ids == "instagram" else "local_id"]
+        f, t, s = (bindparam(n, type_=c.type) for n, c in zip("fts", rel.c, strict=True))
+        source = select(f, t, s).where(key == bindparam("k", type_=key.type), obj.c.active == _ONE)
+        stmt = backend.upsert_skip(rel).from_select(
+            ["from_id", "to_id", "sequence"], source.with_for_update(read=True)
+        )
+        self._add("insert_live", stmt, ["f", "t", "s", "k"])

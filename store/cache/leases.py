@@ -19,8 +19,10 @@ the read.
 
 Bounded staleness: an entry carries the time of the database read that
 filled it (taken before the read), and is trusted for ``max_stale_s`` after
-that; an older entry is a miss, read again and replaced (deleted and leased
-anew in one more round trip). So when a writer's invalidation is lost (the
+that; an older entry is a miss, read again and replaced with a
+compare-and-set on the cas token the lookup returned with it (``ms ...
+C<cas>``), so a writer's delete in between makes the replacement fail, as
+it makes a leased fill fail. So when a writer's invalidation is lost (the
 cache unreachable from the writer only, the writer killed between its
 commit and its delete, a cache restarted), no process serves a value older
 than the last acknowledged write for longer than ``max_stale_s``. Without
@@ -128,7 +130,8 @@ class ObjectCache:
     ) -> dict[str, bytes]:
         """Cached values of ``keys``, misses read through ``load`` (only those it returns exist)."""
         found = self.store.lookup_many(keys, lease_ttl_s=self._lease_ttl_s)
-        oldest = self._clock_ms() - self._max_stale_ms
+        # Read times are 13 zero-padded digits: their bytes compare as the numbers do.
+        oldest = b"%013d" % max(0, self._clock_ms() - self._max_stale_ms)
         hits: dict[str, bytes] = {}
         known_absent = 0
         leased: dict[str, int] = {}
@@ -141,13 +144,17 @@ class ObjectCache:
                 continue
             value = got.value
             if value:
-                if value[:1] == ENTRY_TAG and len(value) >= _HEAD and int(value[1:_HEAD]) >= oldest:
+                if value[:1] == ENTRY_TAG and len(value) >= _HEAD and value[1:_HEAD] >= oldest:
                     if len(value) > _HEAD:
                         hits[key] = value[_HEAD:]
                     else:
                         known_absent += 1
                     continue
-                expired.append(key)  # too old to trust, or not an entry this version wrote
+                # Too old to trust, or not an entry this version wrote: read it
+                # again and replace it only if it is still the entry seen here
+                # (its cas), so a writer's delete meanwhile wins.
+                expired.append(key)
+                leased[key] = got.cas
             elif got.won:
                 leased[key] = got.cas
             missing.append(key)  # (an empty item won by another: read, do not fill)
@@ -155,9 +162,6 @@ class ObjectCache:
             self.stats.add(hits=len(hits) + known_absent)
             return hits
         self.stats.add(hits=len(hits) + known_absent, misses=len(missing), expired=len(expired))
-        if expired:  # lease each over its old entry: one more round trip, only when entries aged
-            again = self.store.lookup_many(expired, lease_ttl_s=self._lease_ttl_s, drop=expired)
-            leased.update({k: got.cas for k, got in again.items() if got.won})
         read_ms = self._clock_ms()  # before the database read
         loaded = load(missing)
         if self.after_load is not None:

@@ -2,8 +2,8 @@
 
 All members have score 0 and sort by their bytes (`encode_member`), so one
 ``ZRANGE ... BYLEX`` serves a cursor page and one ``ZRANGE`` by rank serves an
-offset page. A read is one MULTI/EXEC round trip (meta, version, members), so
-it never sees a list half dropped. A fill is one Lua script that checks the
+offset page. A read is one Lua call (meta, version, members: one command, one
+reply to parse), so it never sees a list half dropped. A fill is one Lua script that checks the
 version and replaces the list; an invalidation is one MULTI/EXEC that bumps
 the version and drops the list.
 
@@ -50,6 +50,29 @@ redis.call('SET', KEYS[2], ARGV[2] .. ':' .. (#ARGV - 4) .. ':' .. ARGV[4], 'EX'
 return 1
 """
 
+# KEYS: list, meta, version. ARGV: kind (rank, after, meta), then for rank: start, stop, desc;
+# for after: member, limit, desc. Returns {meta, version, members}.
+_READ = """
+local meta = redis.call('GET', KEYS[2])
+local ver = redis.call('GET', KEYS[3])
+local members = {}
+local kind = ARGV[1]
+if kind == 'rank' then
+  if ARGV[4] == '1' then
+    members = redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3], 'REV')
+  else
+    members = redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3])
+  end
+elseif kind == 'after' then
+  if ARGV[4] == '1' then
+    members = redis.call('ZRANGE', KEYS[1], '(' .. ARGV[2], '-', 'BYLEX', 'REV', 'LIMIT', 0, ARGV[3])
+  else
+    members = redis.call('ZRANGE', KEYS[1], '(' .. ARGV[2], '+', 'BYLEX', 'LIMIT', 0, ARGV[3])
+  end
+end
+return {meta or false, ver or false, members}
+"""
+
 #: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
 VERSION_TTL_S = 86_400
 
@@ -79,6 +102,7 @@ class RedisListBackend:
             health_check_interval=0,
         )
         self._fill = self.client.register_script(_FILL)
+        self._read = self.client.register_script(_READ)
         self._clean_lock = threading.Lock()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
@@ -106,16 +130,11 @@ class RedisListBackend:
         self.stats.error("redis", exc)
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
-        """Meta, version and selected members in one MULTI/EXEC; None on failure."""
+        """Meta, version and selected members in one Lua call; None on failure."""
         if not self._guard():
             return None
-        lkey, mkey, vkey = self._keys(key)
         try:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.get(mkey)
-            pipe.get(vkey)
-            _queue_select(pipe, lkey, op)
-            meta_raw, version, members = pipe.execute()
+            meta_raw, version, members = self._read(keys=self._keys(key), args=_read_args(op))
         except redis.RedisError as exc:
             self._failed(exc)
             return None
@@ -188,18 +207,10 @@ class RedisListBackend:
         self.client.close()
 
 
-def _queue_select(pipe: Any, lkey: str, op: tuple[object, ...]) -> None:
+def _read_args(op: tuple[object, ...]) -> list[Any]:
+    """The read script's arguments for ``op`` (see `ListBackend.read`)."""
     kind = op[0]
     if kind == "meta":
-        pipe.exists(lkey)  # a placeholder result, ignored by callers of ("meta",)
-        return
-    if kind == "rank":
-        _k, start, stop, desc = op
-        pipe.zrange(lkey, start, stop, desc=bool(desc))
-        return
-    _k, member, limit, desc = op
-    assert isinstance(member, bytes)
-    if desc:
-        pipe.zrange(lkey, b"(" + member, b"-", desc=True, bylex=True, offset=0, num=limit)
-    else:
-        pipe.zrange(lkey, b"(" + member, b"+", bylex=True, offset=0, num=limit)
+        return ["meta"]
+    _k, a, b, desc = op
+    return [kind, a, b, "1" if desc else "0"]

@@ -1,0 +1,284 @@
+"""`store bench mix`: load, run every system phase by phase, check, count round trips, report."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from store.admin import init_shards
+from store.config import StoreConfig
+from store.exceptions import ConfigError
+from store.store import Store
+from store_tools.mix.dataset_db import (
+    Copy,
+    default_config,
+    load_copy,
+    mix_schema,
+    raw_connection,
+    remove_copy,
+    truth,
+)
+from store_tools.mix.report import as_json, charts, machine, tables
+from store_tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
+from store_tools.mix.store_system import StoreSystem
+from store_tools.mix.system import MixSchema, System
+from store_tools.mix.workload import DataSet, Shape, make_data_set
+
+__all__ = ["MixOptions", "QUICK_SHAPE", "run_mix"]
+
+#: ``--quick``: a data set small enough that the whole run takes well under a minute.
+QUICK_SHAPE = Shape(users=200, boards_per_user=2, pins=3000, likes_per_user=5)
+SYSTEMS = ("floor", "horizontal_shard", "store")
+
+
+@dataclass
+class MixOptions:
+    """What `store bench mix` was asked for."""
+
+    config: StoreConfig | None = None
+    shards: int = 64
+    shape: Shape = field(default_factory=Shape)
+    threads: list[int] = field(default_factory=lambda: [1, 4, 16])
+    seconds: float = 10.0
+    requests: int | None = None
+    systems: tuple[str, ...] = SYSTEMS
+    #: A ``mysql+mysqldb://`` URL: the store also runs on mysqlclient, on the same server(s).
+    mysqldb_url: str | None = None
+    seed: int = 7
+    #: The warm phase runs in this many slices, the systems taking turns, so that
+    #: a burst of machine noise lands on all of them alike.
+    rounds: int = 3
+    trips: int = 400
+    out: Path = Path("mix-results")
+    keep: bool = False
+
+
+def _config(options: MixOptions) -> StoreConfig:
+    if options.config is not None:
+        return options.config
+    url = os.environ.get("STORE_MIX_URL", "mysql+pymysql://root@127.0.0.1:3306")
+    return StoreConfig.from_dict(
+        default_config(
+            os.environ.get("STORE_MIX_URL_A", url),
+            os.environ.get("STORE_MIX_URL_B", url),
+            shards=options.shards,
+        )
+    )
+
+
+def _flush_memcached(servers: tuple[str, ...]) -> None:
+    from pymemcache.client.base import Client
+
+    for s in servers:
+        host, port = s.rsplit(":", 1)
+        c = Client((host, int(port)), connect_timeout=1, timeout=2)
+        try:
+            c.flush_all(noreply=False)
+        finally:
+            c.close()
+
+
+def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
+    out: dict[str, str] = {}
+    conn = raw_connection(next(iter(schema.hosts.values())))
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT VERSION()")
+        out["database"] = str(cur.fetchone()[0])
+    finally:
+        conn.close()
+    if config.cache.redis:
+        import redis
+
+        r = redis.Redis.from_url(config.cache.redis)
+        out["redis"] = str(r.info("server").get("redis_version"))
+        r.close()
+    if config.cache.memcached:
+        from pymemcache.client.base import Client
+
+        host, port = config.cache.memcached[0].rsplit(":", 1)
+        c = Client((host, int(port)), connect_timeout=1, timeout=1)
+        out["memcached"] = c.version().decode()
+        c.close()
+    import pymysql
+    import sqlalchemy
+
+    out["drivers"] = f"PyMySQL {pymysql.__version__}, SQLAlchemy {sqlalchemy.__version__}"
+    return out
+
+
+def _check_connections(schema: MixSchema, names: list[str], threads: int) -> None:
+    """Refuse to start when the server would run out of connections half way (error 1040)."""
+    # Per host name: the floor one per thread, the store's and the peer's pools up to two.
+    per_host = {"floor": 1, "horizontal_shard": 2, "store": 2, "store-mysqldb": 2}
+    need = len(set(schema.masters.values())) * threads * sum(per_host.get(n, 2) for n in names) + 10
+    conn = raw_connection(next(iter(schema.hosts.values())))
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT @@max_connections")
+        allowed = int(cur.fetchone()[0])
+        cur.execute("SHOW STATUS LIKE 'Threads_connected'")
+        used = int(cur.fetchone()[1])
+    finally:
+        conn.close()
+    if allowed - used < need:
+        raise ConfigError(
+            f"the mix at {threads} threads may open about {need} connections, and the server allows "
+            f"{allowed} with {used} in use: raise it (SET GLOBAL max_connections = {need + used + 50}) "
+            "or run fewer threads or systems"
+        )
+
+
+def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
+    pool = max(options.threads)
+    if name == "floor":
+        from store_tools.mix.floor import Floor
+
+        return Floor(schema, memcached=list(config.cache.memcached), redis_url=str(config.cache.redis))
+    if name == "horizontal_shard":
+        from store_tools.mix.peer import ShardedPeer
+
+        return ShardedPeer(schema, pool_size=pool)
+    if name == "store":
+        return StoreSystem(Store(replace(config, pool_size=max(config.pool_size, pool))))
+    if name == "store-mysqldb":
+        if options.config is not None or options.mysqldb_url is None:
+            raise ConfigError("--mysqldb URL runs on the mix's own config: leave out --config")
+        url = options.mysqldb_url
+        cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
+        return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name="store-mysqldb")
+    raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, 'store-mysqldb'))}")
+
+
+def _timed(
+    system: System,
+    data: DataSet,
+    copy: Copy,
+    options: MixOptions,
+    threads: int,
+    temperature: str,
+    seconds: float,
+    part: int,
+) -> Phase:
+    """One slice of a phase, with a progress bar; every system replays the same streams for it."""
+    label = f"{system.name}: {threads} thread(s), {temperature}"
+    with click.progressbar(length=1000, label=label, file=sys.stderr) as bar:
+        done = [0]
+
+        def tick(frac: float) -> None:
+            step = int(frac * 1000) - done[0]
+            if step > 0:
+                bar.update(step)
+                done[0] += step
+
+        return run_phase(
+            system,
+            data,
+            copy,
+            threads=threads,
+            temperature=temperature,
+            seconds=seconds,
+            requests_per_thread=options.requests,
+            seed=options.seed * 100_000 + threads * 100 + part,
+            tick=tick,
+        )
+
+
+def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
+    """Run the whole benchmark; write the JSON and charts into ``options.out``; the JSON document."""
+    config = _config(options)
+    if not (config.cache.memcached and config.cache.redis):
+        raise ConfigError(
+            "the mix needs memcached and Redis in the config's cache: section (the floor uses both)"
+        )
+    if config.ids != "pinterest":
+        raise ConfigError("the mix runs on Pinterest IDs (ids: pinterest)")
+    first, last = config.open_shards[0]
+    shards = list(range(first, min(last + 1, first + options.shards)))
+    say(f"init: shards {shards[0]}-{shards[-1]} (idempotent)")
+    init_shards(config, shards=shards)
+    schema = mix_schema(config, shards)
+    data = make_data_set(options.shape)
+    names = list(options.systems)
+    if options.mysqldb_url and "store-mysqldb" not in names:
+        names.append("store-mysqldb")
+    _check_connections(schema, names, max(options.threads))
+    systems = {n: _system(n, config, schema, options) for n in names}
+    copies: dict[str, Copy] = {}
+    rows = (
+        data.shape.users
+        + data.shape.boards
+        + 3 * data.shape.pins
+        + 2 * data.shape.users * data.shape.likes_per_user
+    )
+    phases: list[Phase] = []
+    checks: list[Check] = []
+    trips: dict[str, dict[str, float]] = {}
+    try:
+        for n in names:
+            with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
+                copies[n] = load_copy(schema, data, shards, progress=bar.update)
+        rounds = max(1, options.rounds)
+        for threads in options.threads:
+            # Cold: each system from empty caches, one after the other.
+            for n in names:
+                systems[n].flush()
+                _flush_memcached(config.cache.memcached)
+                phases.append(
+                    _timed(systems[n], data, copies[n], options, threads, "cold", options.seconds, 0)
+                )
+            # Warm: in slices, the systems taking turns (each starts the round in turn).
+            slices: dict[str, list[Phase]] = {n: [] for n in names}
+            for r in range(rounds):
+                for n in names[r % len(names) :] + names[: r % len(names)]:
+                    part = _timed(
+                        systems[n], data, copies[n], options, threads, "warm", options.seconds / rounds, r + 1
+                    )
+                    slices[n].append(part)
+            phases += [merge(slices[n]) for n in names]
+        t = truth(schema)
+        try:
+            for n in names:
+                say(f"check: {n}'s answers against the databases")
+                checks.append(check_system(systems[n], t, data, copies[n], seed=options.seed))
+        finally:
+            t.close()
+        for n in names:
+            say(f"round trips: {n}, {options.trips} calls on one thread")
+            trips[n] = count_round_trips(systems[n], data, copies[n], n=options.trips, seed=options.seed + 1)
+    finally:
+        for n, system in systems.items():
+            system.close()
+            if n in copies and not options.keep:
+                remove_copy(schema, copies[n])
+    meta = {
+        "machine": machine(_versions(schema, config)),
+        "shape": data.shape.__dict__,
+        "shards": len(shards),
+        "hosts": sorted(set(schema.masters.values())),
+        "threads": options.threads,
+        "seconds": options.seconds,
+        "requests_per_thread": options.requests,
+    }
+    doc = as_json(phases, checks, trips, meta)
+    doc["report"] = tables(phases, checks, trips)
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / "mix.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    doc["charts"] = [str(p) for p in charts(phases, options.out)]
+    return doc
+
+
+def data_set_summary(data: DataSet) -> str:
+    """One line about the data set's shape."""
+    biggest = len(data.board_pins[data.boards_by_size[0]])
+    s = data.shape
+    likes = s.users * s.likes_per_user
+    pins = f"{s.pins:,} pins (biggest board {biggest:,})"
+    return f"{s.users:,} users, {s.boards:,} boards, {pins}, {likes:,} likes"

@@ -1,0 +1,230 @@
+"""The mix's report: tables for the terminal, the raw numbers as JSON, and PNG charts."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from store_tools.mix.runner import Check, OpSamples, Phase
+from store_tools.mix.workload import MIX
+
+__all__ = ["as_json", "charts", "machine", "tables"]
+
+
+def _pct(values: Sequence[int], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return float(s[min(len(s) - 1, int(q * len(s)))])
+
+
+def _all(phase: Phase) -> list[int]:
+    out: list[int] = []
+    for s in phase.ops.values():
+        out += s.wall_ns
+    return out
+
+
+def summary(phase: Phase) -> dict[str, Any]:
+    """ops/s, overall percentiles (ms) and CPU per call (us) of a phase."""
+    walls = _all(phase)
+    calls = max(1, phase.calls)
+    return {
+        "system": phase.system,
+        "threads": phase.threads,
+        "temperature": phase.temperature,
+        "seconds": round(phase.seconds, 3),
+        "calls": phase.calls,
+        "errors": phase.errors,
+        "ops_per_s": round(phase.ops_per_s, 1),
+        "p50_ms": _pct(walls, 0.5) / 1e6,
+        "p99_ms": _pct(walls, 0.99) / 1e6,
+        "p999_ms": _pct(walls, 0.999) / 1e6,
+        "process_cpu_us_per_call": 1e6 * phase.cpu_s / calls,
+    }
+
+
+def per_op(s: OpSamples) -> dict[str, Any]:
+    """One operation's figures in a phase."""
+    return {
+        "calls": len(s.wall_ns),
+        "errors": s.errors,
+        "first_error": s.first_error,
+        "p50_ms": _pct(s.wall_ns, 0.5) / 1e6,
+        "p99_ms": _pct(s.wall_ns, 0.99) / 1e6,
+        "p999_ms": _pct(s.wall_ns, 0.999) / 1e6,
+        "cpu_p50_us": _pct(s.cpu_ns, 0.5) / 1e3,
+    }
+
+
+def machine(servers: dict[str, str]) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / (1 << 20):.1f} GiB"
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory": mem,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **servers,
+    }
+
+
+def tables(
+    phases: list[Phase], checks: list[Check], trips: dict[str, dict[str, float]], floor: str = "floor"
+) -> str:
+    """The report for the terminal: throughput per phase with ratios, then per operation."""
+    lines: list[str] = []
+    by = {(p.system, p.threads, p.temperature): p for p in phases}
+    systems = list(dict.fromkeys(p.system for p in phases))
+    keys = list(dict.fromkeys((p.threads, p.temperature) for p in phases))
+    head = (
+        f"{'':<22}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'cpu us':>9}{'errors':>8}  vs floor"
+    )
+    for threads, temp in keys:
+        lines.append(f"\n{threads} thread(s), {temp}")
+        lines.append(head)
+        base = by.get((floor, threads, temp))
+        for name in systems:
+            p = by.get((name, threads, temp))
+            if p is None:
+                continue
+            s = summary(p)
+            ratio = ""
+            if base is not None and name != floor and base.ops_per_s:
+                b = summary(base)
+                speed = s["ops_per_s"] / b["ops_per_s"]
+                ratio = f"  {speed:.2f}x ops/s, p99 {s['p99_ms'] / max(b['p99_ms'], 1e-9):.2f}x"
+            lines.append(
+                f"{name:<22}{s['ops_per_s']:>9,.0f}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}{s['p999_ms']:>10.2f}"
+                f"{s['process_cpu_us_per_call']:>9.0f}{s['errors']:>8}{ratio}"
+            )
+    if keys:
+        threads, temp = max(k[0] for k in keys), "warm"
+        lines.append(f"\nper operation, {threads} thread(s), {temp}: p50 / p99 ms, CPU us (p50), round trips")
+        lines.append(f"{'':<14}" + "".join(f"{n:>34}" for n in systems))
+        for op in MIX:
+            cells = []
+            for name in systems:
+                p = by.get((name, threads, temp))
+                if p is None:
+                    cells.append(f"{'-':>34}")
+                    continue
+                o = per_op(p.ops[op])
+                rt = trips.get(name, {}).get(op)
+                rts = "-" if rt is None else f"{rt:.1f}"
+                cells.append(f"{o['p50_ms']:>9.2f} /{o['p99_ms']:>7.2f}{o['cpu_p50_us']:>8.0f}{rts:>8}")
+            lines.append(f"{op:<14}" + "".join(cells))
+    lines.append("")
+    for c in checks:
+        verdict = "all answers match the database" if not c.mismatches else f"{len(c.mismatches)} MISMATCHES"
+        lines.append(f"check {c.system}: {c.checked} answers compared, {verdict}")
+        lines += [f"  {m}" for m in c.mismatches[:10]]
+    errs = [(p, op, bad) for p in phases for op, bad in p.ops.items() if bad.errors]
+    for p, op, bad in errs[:10]:
+        lines.append(
+            f"errors: {p.system} {p.threads}t {p.temperature} {op}: {bad.errors} ({bad.first_error})"
+        )
+    return "\n".join(lines)
+
+
+def as_json(
+    phases: list[Phase],
+    checks: list[Check],
+    trips: dict[str, dict[str, float]],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Every figure of the run, raw percentiles per operation included."""
+    return {
+        **meta,
+        "phases": [{**summary(p), "operations": {op: per_op(s) for op, s in p.ops.items()}} for p in phases],
+        "round_trips": trips,
+        "checks": [{"system": c.system, "checked": c.checked, "mismatches": c.mismatches} for c in checks],
+    }
+
+
+def charts(phases: list[Phase], out: Path) -> list[Path]:
+    """Latency per operation per system (the most threads, warm) and throughput against threads."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made: list[Path] = []
+    systems = list(dict.fromkeys(p.system for p in phases))
+    threads = sorted({p.threads for p in phases})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in systems:
+        for temp, style in (("cold", "--"), ("warm", "-")):
+            xs = [
+                t
+                for t in threads
+                if any(p.system == name and p.threads == t and p.temperature == temp for p in phases)
+            ]
+            ys = [
+                next(
+                    p.ops_per_s
+                    for p in phases
+                    if p.system == name and p.threads == t and p.temperature == temp
+                )
+                for t in xs
+            ]
+            if xs:
+                ax.plot(xs, ys, style, marker="o", label=f"{name} ({temp})")
+    ax.set_xlabel("threads")
+    ax.set_ylabel("operations per second")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(threads, [str(t) for t in threads])
+    ax.set_title("Mix throughput against threads")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    path = out / "mix-throughput.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    made.append(path)
+
+    top = max(threads)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ops = list(MIX)
+    width = 0.8 / max(1, len(systems))
+    for i, name in enumerate(systems):
+        p = next(
+            (p for p in phases if p.system == name and p.threads == top and p.temperature == "warm"), None
+        )
+        if p is None:
+            continue
+        p50 = [_pct(p.ops[o].wall_ns, 0.5) / 1e6 for o in ops]
+        p99 = [_pct(p.ops[o].wall_ns, 0.99) / 1e6 for o in ops]
+        pos = [j + i * width for j in range(len(ops))]
+        ax.bar(pos, p99, width, alpha=0.35, label=f"{name} p99")
+        ax.bar(pos, p50, width, label=f"{name} p50")
+    ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(ops))], ops, rotation=30, ha="right")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.set_title(f"Latency per operation, {top} threads, warm")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = out / "mix-latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    made.append(path)
+    return made

@@ -1,0 +1,287 @@
+"""Running the mix: phases over threads, round trips counted, answers checked against the database.
+
+A phase is one system, one thread count, cold (caches emptied first) or
+warm (right after the cold one): every thread replays its own request
+stream for ``seconds`` or ``requests`` calls. Each call is timed in wall
+time (``perf_counter_ns``) and in the CPU time of its thread
+(``thread_time_ns``); the phase's process CPU time is kept as well.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from store_tools.mix.dataset_db import Copy, Truth
+from store_tools.mix.system import System
+from store_tools.mix.workload import MIX, PAGE, DataSet, Request, requests
+
+__all__ = ["Check", "OpSamples", "Phase", "check_system", "count_round_trips", "merge", "run_phase"]
+
+
+@dataclass
+class OpSamples:
+    """One operation's calls in a phase: wall and CPU nanoseconds per call, errors."""
+
+    wall_ns: list[int] = field(default_factory=list)
+    cpu_ns: list[int] = field(default_factory=list)
+    errors: int = 0
+    first_error: str = ""
+
+
+@dataclass
+class Phase:
+    """One system, one thread count, cold or warm."""
+
+    system: str
+    threads: int
+    temperature: str
+    seconds: float
+    cpu_s: float
+    ops: dict[str, OpSamples]
+
+    @property
+    def calls(self) -> int:
+        """Calls made, errors included."""
+        return sum(len(s.wall_ns) for s in self.ops.values())
+
+    @property
+    def ops_per_s(self) -> float:
+        """Calls per second of wall time."""
+        return self.calls / self.seconds if self.seconds else 0.0
+
+    @property
+    def errors(self) -> int:
+        """Calls that raised."""
+        return sum(s.errors for s in self.ops.values())
+
+
+def merge(parts: list[Phase]) -> Phase:
+    """Slices of one system's phase, run apart, as one phase (times and samples summed)."""
+    first = parts[0]
+    ops = {op: OpSamples() for op in MIX}
+    for part in parts:
+        for op, s in part.ops.items():
+            m = ops[op]
+            m.wall_ns += s.wall_ns
+            m.cpu_ns += s.cpu_ns
+            m.errors += s.errors
+            m.first_error = m.first_error or s.first_error
+    seconds = sum(p.seconds for p in parts)
+    cpu_s = sum(p.cpu_s for p in parts)
+    return Phase(first.system, first.threads, first.temperature, seconds, cpu_s, ops)
+
+
+def _call(system: System, data: DataSet, copy: Copy, r: Request) -> Callable[[], Any]:
+    """The system call for request ``r`` (made before the clock starts)."""
+    op, kind = r.op, r.kind
+    if op == "board_page":
+        return lambda: system.board_page(copy.boards[r.a], PAGE)
+    if op == "likes_page":
+        return lambda: system.link_ids(kind, copy.users[r.a], PAGE)
+    if op == "count_link":
+        return lambda: system.count_links(kind, copy.boards[r.a])
+    if op == "get_node":
+        return lambda: system.get_node(copy.pins[r.a])
+    if op == "update_node":
+        return lambda: system.update_node(copy.pins[r.a], {"n": r.value})
+    if op == "delete_node":
+        return lambda: system.delete_node(copy.pins[r.a])
+    if op == "add_node":
+        board = copy.boards[r.a]
+        obj = data.pin_data(r.a % data.shape.pins)
+        return lambda: copy.created.append(system.add_node("pin", obj, board))
+    from_id = copy.users[r.a] if kind == "users_likes_pins" else copy.boards[r.a]
+    to_id = copy.pins[r.b]
+    if op == "add_link":
+        return lambda: system.add_link(kind, from_id, to_id, time.time_ns() // 1000)
+    if op == "update_link":
+        return lambda: system.update_link(kind, from_id, to_id, time.time_ns() // 1000)
+    if op == "delete_link":
+        return lambda: system.delete_link(kind, from_id, to_id)
+    if op == "get_link":
+        return lambda: system.has_link(kind, from_id, to_id)
+    raise ValueError(f"unknown operation {op!r}")
+
+
+def run_phase(
+    system: System,
+    data: DataSet,
+    copy: Copy,
+    *,
+    threads: int,
+    temperature: str,
+    seconds: float,
+    requests_per_thread: int | None,
+    seed: int,
+    tick: Callable[[float], None] | None = None,
+) -> Phase:
+    """Run one phase; ``tick`` is told the elapsed fraction now and then (for a progress bar)."""
+    stop = threading.Event()
+    ready = threading.Barrier(threads + 1)
+    results: list[dict[str, OpSamples]] = [{} for _ in range(threads)]
+    limit = requests_per_thread if requests_per_thread is not None else 1 << 62
+
+    def worker(t: int) -> None:
+        stream = requests(data, seed, t)
+        mine = results[t] = {op: OpSamples() for op in MIX}
+        ready.wait()
+        n = 0
+        clock, cpu = time.perf_counter_ns, time.thread_time_ns
+        while n < limit and not stop.is_set():
+            r = next(stream)
+            call = _call(system, data, copy, r)
+            c0, w0 = cpu(), clock()
+            try:
+                call()
+            except Exception as exc:
+                s = mine[r.op]
+                s.errors += 1
+                if not s.first_error:
+                    s.first_error = f"{type(exc).__name__}: {exc}"[:300]
+            w1, c1 = clock(), cpu()
+            s = mine[r.op]
+            s.wall_ns.append(w1 - w0)
+            s.cpu_ns.append(c1 - c0)
+            n += 1
+
+    pool = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(threads)]
+    for th in pool:
+        th.start()
+    ready.wait()
+    started, cpu0 = time.perf_counter(), time.process_time()
+    if requests_per_thread is None:
+        while (elapsed := time.perf_counter() - started) < seconds:
+            if tick is not None:
+                tick(elapsed / seconds)
+            time.sleep(min(0.25, max(0.0, seconds - elapsed)))
+        stop.set()
+    for th in pool:
+        th.join()
+    took, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
+    if tick is not None:
+        tick(1.0)
+    merged = {op: OpSamples() for op in MIX}
+    for part in results:
+        for op, s in part.items():
+            m = merged[op]
+            m.wall_ns += s.wall_ns
+            m.cpu_ns += s.cpu_ns
+            m.errors += s.errors
+            m.first_error = m.first_error or s.first_error
+    return Phase(system.name, threads, temperature, took, cpu_s, merged)
+
+
+# -- round trips ------------------------------------------------------------------
+
+_counts = threading.local()
+
+
+@contextmanager
+def _counting_sends() -> Iterator[None]:
+    """Count every ``sendall``/``send`` on Python sockets (PyMySQL, pymemcache and redis-py use them).
+
+    A request is one send on all three (a pipeline's commands go out
+    together), so sends are round trips. A C driver's sockets (mysqlclient)
+    are not seen.
+    """
+    cls: Any = socket.socket
+    orig_sendall, orig_send = cls.sendall, cls.send
+
+    def sendall(self: socket.socket, data: Any, *args: Any) -> Any:
+        _counts.n = getattr(_counts, "n", 0) + 1
+        return orig_sendall(self, data, *args)
+
+    def send(self: socket.socket, data: Any, *args: Any) -> Any:
+        _counts.n = getattr(_counts, "n", 0) + 1
+        return orig_send(self, data, *args)
+
+    cls.sendall, cls.send = sendall, send
+    try:
+        yield
+    finally:
+        cls.sendall, cls.send = orig_sendall, orig_send
+
+
+def count_round_trips(system: System, data: DataSet, copy: Copy, *, n: int, seed: int) -> dict[str, float]:
+    """Mean round trips per call of each operation, over ``n`` calls on one thread."""
+    sends: dict[str, list[int]] = {op: [] for op in MIX}
+    stream = requests(data, seed, 0)
+    with _counting_sends():
+        for _ in range(n):
+            r = next(stream)
+            call = _call(system, data, copy, r)
+            _counts.n = 0
+            try:
+                call()
+            except Exception:
+                continue
+            sends[r.op].append(_counts.n)
+    return {op: sum(v) / len(v) for op, v in sends.items() if v}
+
+
+# -- the after-run check -----------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """What a system answered that the database does not hold."""
+
+    system: str
+    checked: int = 0
+    mismatches: list[str] = field(default_factory=list)
+
+
+def check_system(system: System, truth: Truth, data: DataSet, copy: Copy, *, seed: int) -> Check:
+    """Compare the system's answers (through its caches) with the databases, on a sample.
+
+    The 10 biggest boards and 30 others (page and count), 30 users' likes,
+    100 pins: every answer must be what the database holds now.
+    """
+    rng = random.Random(seed)
+    out = Check(system.name)
+    fills = bool(getattr(system, "fills_pages", False))
+    boards = data.boards_by_size[:10] + rng.sample(range(data.shape.boards), min(30, data.shape.boards))
+    for b in boards:
+        board = copy.boards[b]
+        rows = truth.rows("board_has_pins", board)
+        if fills:
+            want: list[int] = []
+            for i in range(0, len(rows), 200):
+                live = truth.live(rows[i : i + 200])
+                want += [r for r in rows[i : i + 200] if r in live]
+                if len(want) >= PAGE:
+                    break
+            want = want[:PAGE]
+        else:
+            live = truth.live(rows[:PAGE])
+            want = [r for r in rows[:PAGE] if r in live]
+        got = system.board_page(board, PAGE)
+        objs = truth.live(want)
+        out.checked += 2
+        if [i for i, _o in got] != want:
+            out.mismatches.append(f"board {board} page: {len(got)} ids, the database has {len(want)}")
+        elif any(objs.get(i) != o for i, o in got):
+            out.mismatches.append(f"board {board} page: an object differs from its row")
+        n = system.count_links("board_has_pins", board)
+        if n != len(rows):
+            out.mismatches.append(f"board {board} count {n}, the database has {len(rows)}")
+    for u in rng.sample(range(data.shape.users), min(30, data.shape.users)):
+        user = copy.users[u]
+        want = truth.rows("users_likes_pins", user)[:PAGE]
+        got_ids = system.link_ids("users_likes_pins", user, PAGE)
+        out.checked += 1
+        if got_ids != want:
+            out.mismatches.append(f"user {user} likes: {got_ids[:3]}..., the database has {want[:3]}...")
+    for p in rng.sample(range(data.shape.pins), min(100, data.shape.pins)):
+        pin = copy.pins[p]
+        out.checked += 1
+        if system.get_node(pin) != truth.node(pin):
+            out.mismatches.append(f"pin {pin}: the object differs from its row")
+    return out
