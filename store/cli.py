@@ -756,7 +756,9 @@ def bench_mix(
         _echo_json(doc)
         return
     click.echo(doc["report"])
-    click.echo(f"\nraw numbers: {out / 'mix.json'}; charts: {', '.join(doc['charts'])}")
+    click.echo(
+        f"\nraw numbers: {out / 'mix.json'}; tables: {out / 'mix.md'}; charts: {', '.join(doc['charts'])}"
+    )
 
 
 if __name__ == "__main__":  # python -m store.cli

@@ -7,7 +7,10 @@ pool of its own, its tables made on first use. What differs by server is
 the host's `store.backends.Backend`: this module never asks which it is.
 
 Connections run in autocommit mode: a read is one round trip and never
-leaves a snapshot open; writes that need a transaction say BEGIN.
+leaves a snapshot open; writes that need a transaction say BEGIN. Where the
+backend's connections take several statements per request (MariaDB), the
+BEGIN goes with the transaction's first statement and statements whose
+results are not read go with the next one or with the COMMIT (`_Txn`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -34,14 +38,22 @@ _TXN_ATTEMPTS = 4
 class Cursor(Protocol):
     """The part of a DBAPI cursor that `store` uses."""
 
-    lastrowid: int | None
-    rowcount: int
+    @property
+    def lastrowid(self) -> int | None:
+        """The id the last INSERT made."""
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed (or returned)."""
 
     def execute(self, sql: str, params: Any = ..., /) -> Any:
         """Run one statement."""
 
     def executemany(self, sql: str, params: Any, /) -> Any:
         """Run one statement for many parameter sets."""
+
+    def defer(self, sql: str, params: Sequence[Any], /) -> None:
+        """Run a statement whose result is not read (in a transaction: possibly with the next request)."""
 
     def fetchone(self) -> Any:
         """The next row or None."""
@@ -61,6 +73,106 @@ class DBAPIConnection(Protocol):
 
     def close(self) -> Any:
         """Close the connection."""
+
+
+class _Txn:
+    """A transaction's cursor: fewer round trips where the backend takes several statements a request.
+
+    There (`Backend.begin_with_first_statement`), ``BEGIN`` goes out with the
+    first statement, and statements whose results the transaction does not
+    read (`defer`: the count updates) go out with the next statement or with
+    ``COMMIT``, in order. Elsewhere every statement is its own request.
+    """
+
+    __slots__ = ("_batch", "_begin", "_c", "_deferred")
+
+    def __init__(self, cursor: Any, backend: Backend) -> None:
+        self._c = cursor
+        self._batch = backend.begin_with_first_statement
+        self._begin: str | None = backend.begin
+        self._deferred: list[tuple[str, Sequence[Any]]] = []
+        if not self._batch:
+            cursor.execute(backend.begin)
+            self._begin = None
+
+    def _send(self, sql: str | None, params: Any) -> None:
+        parts: list[str] = []
+        args: list[Any] = []
+        if self._begin is not None:
+            parts.append(self._begin)
+            self._begin = None
+        for text, given in self._deferred:
+            parts.append(text)
+            args.extend(given)
+        self._deferred.clear()
+        if sql is not None:
+            parts.append(sql)
+            if params is not None:
+                args.extend(params)
+        if len(parts) == 1:
+            self._c.execute(parts[0], params)
+            return
+        if args:  # the driver interpolates the whole text: a literal % must be doubled
+            parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]
+        self._c.execute("; ".join(parts), tuple(args) if args else None)
+        for _ in range(len(parts) - 1):
+            self._c.nextset()  # on to the last statement's result; an error of any of them raises here
+
+    def execute(self, sql: str, params: Any = None, /) -> Any:
+        """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
+        if not self._batch:
+            return self._c.execute(sql, params)
+        self._send(sql, params)
+        return None
+
+    def defer(self, sql: str, params: Sequence[Any], /) -> None:
+        """Run ``sql`` whose result is not read: with the next request where the backend can, else now."""
+        if self._batch:
+            self._deferred.append((sql, params))
+        else:
+            self._c.execute(sql, params)
+
+    def executemany(self, sql: str, params: Any, /) -> Any:
+        """Run ``sql`` for each parameter set (after BEGIN and anything deferred)."""
+        if self._begin is not None or self._deferred:
+            self._send(None, None)
+        return self._c.executemany(sql, params)
+
+    def commit(self) -> None:
+        """Send what is deferred, then COMMIT, in one request (nothing if nothing was ever sent)."""
+        if self._begin is not None and not self._deferred:
+            self._begin = None  # the transaction never began
+            return
+        self._send("COMMIT", None)
+
+    def rollback(self) -> None:
+        """Drop what is deferred; ROLLBACK if the transaction began."""
+        self._deferred.clear()
+        if self._begin is None:
+            self._c.execute("ROLLBACK")
+        self._begin = None
+
+    def fetchone(self) -> Any:
+        """The next row of the last statement, or None."""
+        return self._c.fetchone()
+
+    def fetchall(self) -> Any:
+        """Every remaining row of the last statement."""
+        return self._c.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed (or returned)."""
+        return int(self._c.rowcount)
+
+    @property
+    def lastrowid(self) -> int | None:
+        """The id the last INSERT made."""
+        return self._c.lastrowid  # type: ignore[no-any-return]
+
+    def close(self) -> Any:
+        """Release the cursor."""
+        return self._c.close()
 
 
 class _Checkout:
@@ -180,16 +292,15 @@ class ShardHandle:
 
         def attempt() -> T:
             with self.connect() as conn:
-                cur = conn.cursor()
-                cur.execute(self.backend.begin)
+                cur = _Txn(conn.cursor(), self.backend)
                 try:
                     result = body(cur)
-                    cur.execute("COMMIT")
+                    cur.commit()
                 except BaseException:
                     # The connection is discarded on the way out anyway; the
                     # ROLLBACK releases the locks now rather than at disconnect.
                     with suppress(Exception):
-                        cur.execute("ROLLBACK")
+                        cur.rollback()
                     raise
                 finally:
                     cur.close()
@@ -221,35 +332,37 @@ def transaction_pair(
 
     def attempt() -> T:
         with a.connect() as ca, b.connect() as cb:
-            c1, c2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
-            open_: list[Cursor] = []
+            r1, r2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
+            open_: list[_Txn] = []
+            t1: _Txn | None = None
+            t2: _Txn | None = None
             try:
                 if first.backend.locks_whole_shard:
-                    for h, c in sorted(((first, c1), (second, c2)), key=lambda hc: hc[0].shard):
-                        c.execute(h.backend.begin)
-                        open_.append(c)
+                    for h, r in sorted(((first, r1), (second, r2)), key=lambda hr: hr[0].shard):
+                        open_.append(_Txn(r, h.backend))
+                    t1, t2 = (open_[0], open_[1]) if open_[0]._c is r1 else (open_[1], open_[0])
                 else:
-                    c1.execute(first.backend.begin)
-                    open_.append(c1)
-                result = body_first(c1)
+                    t1 = _Txn(r1, first.backend)
+                    open_.append(t1)
+                result = body_first(t1)
                 say("primary written")
-                if c2 not in open_:
-                    c2.execute(second.backend.begin)
-                    open_.append(c2)
-                body_second(c2, result)
-                c2.execute("COMMIT")
-                open_.remove(c2)
+                if t2 is None:
+                    t2 = _Txn(r2, second.backend)
+                    open_.append(t2)
+                body_second(t2, result)
+                t2.commit()
+                open_.remove(t2)
                 say("inverse committed")
-                c1.execute("COMMIT")
-                open_.remove(c1)
+                t1.commit()
+                open_.remove(t1)
             except BaseException:
-                for c in open_:  # the connections are discarded anyway; this frees the locks now
+                for t in open_:  # the connections are discarded anyway; this frees the locks now
                     with suppress(Exception):
-                        c.execute("ROLLBACK")
+                        t.rollback()
                 raise
             finally:
-                c1.close()
-                c2.close()
+                r1.close()
+                r2.close()
         return result
 
     return _retrying(attempt)
@@ -287,12 +400,18 @@ def _wrap(exc: Exception, h: ShardHandle) -> BackendError | ShardMovedError:
     return err
 
 
+#: Threads that run a call's queries beside the calling thread's own: at most FANOUT_WORKERS + 1
+#: queries of one call run at once (a batch that spans more hosts waits for a turn).
+FANOUT_WORKERS = 8
+
+
 class Engines:
     """One pool per host (per shard file where the backend wants one), created lazily, shared by threads."""
 
     def __init__(self, config: StoreConfig) -> None:
         self._config = config
         self._lock = threading.Lock()
+        self._fanout: ThreadPoolExecutor | None = None
         self._pools: dict[tuple[str, int], ConnectionPool] = {}
         self._handles: dict[tuple[str, int], ShardHandle] = {}
         self._backends = {name: backend_for(url) for name, url in config.hosts.items()}
@@ -350,9 +469,47 @@ class Engines:
             pool.checkin(conn, born)
         return pool
 
+    def run_all(self, jobs: Sequence[Callable[[], T]]) -> list[T]:
+        """Run ``jobs`` (one query each, on different hosts) at once; their results in order.
+
+        The first runs on the calling thread, the others on a small shared
+        pool of `FANOUT_WORKERS` threads, so a batch over four hosts costs
+        about one host's round trip. Every job finishes before the first
+        error is raised (no query is left running on a connection).
+        """
+        if len(jobs) <= 1:
+            return [job() for job in jobs]
+        pool = self._fanout
+        if pool is None:
+            with self._lock:
+                pool = self._fanout
+                if pool is None:
+                    pool = self._fanout = ThreadPoolExecutor(
+                        FANOUT_WORKERS, thread_name_prefix="store-fanout"
+                    )
+        futures = [pool.submit(job) for job in jobs[1:]]
+        first: list[T] = []
+        error: BaseException | None = None
+        try:
+            first.append(jobs[0]())
+        except BaseException as exc:
+            error = exc
+        rest: list[T] = []
+        for f in futures:
+            try:
+                rest.append(f.result())
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return first + rest
+
     def dispose(self) -> None:
         """Close every idle pooled connection and forget the pools."""
         with self._lock:
+            if self._fanout is not None:
+                self._fanout.shutdown(wait=True)
+                self._fanout = None
             for pool in self._pools.values():
                 pool.clear()
             self._pools.clear()

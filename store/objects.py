@@ -10,6 +10,7 @@ look-up, not a statement build.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from store.backends.statements import ObjectStatements
@@ -145,7 +146,7 @@ class ObjectRepository:
                     )
             else:
                 new = {**old, **changes}
-            cur.execute(sql["update"], (self._serde.dumps(new), local_id))
+            cur.defer(sql["update"], (self._serde.dumps(new), local_id))  # goes with the COMMIT
             return new
 
         return h.transaction(txn)
@@ -310,7 +311,7 @@ class ObjectService:
                 group = groups[(shard, spec.table)] = []
             group.append(local_id)
             keys[(shard, spec.table, local_id)] = id_
-        out: dict[int, str] = {}
+        jobs: list[Callable[[], list[tuple[int, str, int, str]]]] = []
         for host, groups in by_host.items():
             parts = [(shard, table, local_ids) for (shard, table), local_ids in groups.items()]
             # A server host answers for all its shards in one query; where
@@ -324,8 +325,12 @@ class ObjectService:
                 batches = [parts]
             for batch in batches:
                 h = self._engines.shard(batch[0][0], host)
-                for shard, table, local_id, text in self.repo.get_many(h, batch):
-                    out[keys[(shard, table, local_id)]] = text
+                jobs.append(partial(self.repo.get_many, h, batch))
+        out: dict[int, str] = {}
+        # Several hosts (or shard files) are asked at once, not one after another.
+        for rows in self._engines.run_all(jobs):
+            for shard, table, local_id, text in rows:
+                out[keys[(shard, table, local_id)]] = text
         return out
 
     # -- cache keys ------------------------------------------------------------------

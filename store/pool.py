@@ -57,6 +57,9 @@ class _ReusedCursor:
     def fetchall(self) -> Any:
         return self._c.fetchall()
 
+    def nextset(self) -> Any:
+        return self._c.nextset()
+
     @property
     def rowcount(self) -> int:
         return int(self._c.rowcount)

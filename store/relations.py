@@ -91,7 +91,7 @@ class RelationRepository:
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
         if cur.rowcount == 1:
-            cur.execute(sql.count_up, (side.relation, side.from_id, 1))
+            cur.defer(sql.count_up, (side.relation, side.from_id, 1))
             return True, sequence
         if move:
             cur.execute(sql.move, (sequence, side.from_id, side.to_id))
@@ -118,7 +118,7 @@ class RelationRepository:
         cur.execute(sql, (side.from_id, side.to_id, sequence, g.value))
         if cur.rowcount != 1:
             return False
-        cur.execute(self.sql(h, side.relation).count_up, (side.relation, side.from_id, 1))
+        cur.defer(self.sql(h, side.relation).count_up, (side.relation, side.from_id, 1))
         return True
 
     def move_in(self, cur: Cursor, side: Side, sequence: int) -> bool:
@@ -132,7 +132,7 @@ class RelationRepository:
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.delete, (side.from_id, side.to_id))
         if cur.rowcount:
-            cur.execute(sql.count_down, (side.relation, side.from_id))
+            cur.defer(sql.count_down, (side.relation, side.from_id))
             return True
         return False
 
@@ -144,7 +144,7 @@ class RelationRepository:
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
         if cur.rowcount == 1:
-            cur.execute(sql.count_up, (side.relation, side.from_id, 1))
+            cur.defer(sql.count_up, (side.relation, side.from_id, 1))
             return True
         cur.execute(sql.move_if_other, (sequence, side.from_id, side.to_id, sequence))
         return bool(cur.rowcount)

@@ -89,3 +89,4 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     assert (out / "mix-throughput.png").stat().st_size > 1000
     assert (out / "mix-latency.png").stat().st_size > 1000
     assert "vs floor" in doc["report"]
+    assert "| 2 | warm | store |" in (out / "mix.md").read_text()

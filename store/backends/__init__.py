@@ -65,6 +65,9 @@ class Backend:
     param: ClassVar[str] = "%s"
     #: Statement that opens a write transaction.
     begin: ClassVar[str] = "BEGIN"
+    #: True where ``begin`` can go out with the transaction's first statement, in one round trip
+    #: (the shards' connections accept several statements in one request).
+    begin_with_first_statement: ClassVar[bool] = False
     #: True where a write transaction locks the whole shard (SQLite's BEGIN IMMEDIATE):
     #: two such shards are locked in shard order, so two writers never wait in a circle.
     locks_whole_shard: ClassVar[bool] = False

@@ -83,6 +83,7 @@ class MySQLBackend(Backend):
     serves_ids = frozenset({"pinterest", "instagram"})
     can_move = True
     can_hold_tickets = True
+    begin_with_first_statement = True
 
     def _sa_dialect(self) -> Dialect:
         return mysql_pymysql.dialect(paramstyle="format")
@@ -135,8 +136,16 @@ class MySQLBackend(Backend):
     def connector(
         self, url: URL, *, shard: int, connect_timeout_s: float, query_timeout_s: float
     ) -> Callable[[], Any]:
-        """PyMySQL or mysqlclient, autocommit, utf8mb4, REPEATABLE READ, with the timeouts."""
-        return mysql_connector(url, connect_timeout_s=connect_timeout_s, query_timeout_s=query_timeout_s)
+        """PyMySQL or mysqlclient, autocommit, utf8mb4, REPEATABLE READ, with the timeouts.
+
+        Shard connections accept several statements in one request, so a
+        transaction's BEGIN goes out with its first statement
+        (`Backend.begin_with_first_statement`); every statement the store
+        sends is compiled, its values passed as parameters.
+        """
+        return mysql_connector(
+            url, connect_timeout_s=connect_timeout_s, query_timeout_s=query_timeout_s, multi_statements=True
+        )
 
     def classify(self, exc: BaseException) -> ErrorKind | None:
         """By MariaDB error number."""
@@ -314,6 +323,7 @@ def mysql_connector(
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
     query_timeout_s: float = READ_TIMEOUT_S,
     setup: str | None = None,
+    multi_statements: bool = False,
 ) -> Callable[[], Any]:
     """A function that opens an autocommit, utf8mb4 DBAPI connection to ``url``.
 
@@ -322,7 +332,8 @@ def mysql_connector(
     caller). ``setup`` is a statement run on every new connection. Both
     drivers are opened alike: neither sets CLIENT.FOUND_ROWS, so ``rowcount``
     counts changed rows on both (a no-op ``ON DUPLICATE KEY UPDATE`` reports
-    0), and neither allows several statements in one ``execute``.
+    0), and neither allows several statements in one ``execute`` unless
+    ``multi_statements``.
     `ConfigError` if the URL's driver is not installed.
     """
     driver, module = _mysql_driver(url)
@@ -349,8 +360,12 @@ def mysql_connector(
     if driver == "mysqldb":
         # mysqlclient turns on CLIENT.MULTI_STATEMENTS, and libmariadb LOAD DATA LOCAL,
         # by default; PyMySQL does neither.
-        kwargs["multi_statements"] = False
+        kwargs["multi_statements"] = multi_statements
         kwargs["local_infile"] = 0
+    elif multi_statements:
+        from pymysql.constants import CLIENT
+
+        kwargs["client_flag"] = CLIENT.MULTI_STATEMENTS
 
     def connect() -> Any:
         conn = module.connect(**kwargs)

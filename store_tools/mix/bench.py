@@ -25,7 +25,7 @@ from store_tools.mix.dataset_db import (
     remove_copy,
     truth,
 )
-from store_tools.mix.report import as_json, charts, machine, tables
+from store_tools.mix.report import as_json, charts, machine, markdown, tables
 from store_tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
 from store_tools.mix.store_system import StoreSystem
 from store_tools.mix.system import MixSchema, System
@@ -114,6 +114,10 @@ def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
     return out
 
 
+#: Cache settings a ``store:KEY=VALUE`` system may change, and their types.
+_CACHE_KNOBS: dict[str, Callable[[str], Any]] = {"max_stale_s": float, "list_entries": int, "ttl_s": int}
+
+
 def _check_connections(schema: MixSchema, names: list[str], threads: int) -> None:
     """Refuse to start when the server would run out of connections half way (error 1040)."""
     # Per host name: the floor one per thread, the store's and the peer's pools up to two.
@@ -148,6 +152,18 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
         return ShardedPeer(schema, pool_size=pool)
     if name == "store":
         return StoreSystem(Store(replace(config, pool_size=max(config.pool_size, pool))))
+    if name.startswith("store:"):
+        # A variant of the store's cache settings, e.g. store:max_stale_s=3600 (named as given).
+        changes: dict[str, Any] = {}
+        for item in name[len("store:") :].split(","):
+            key, _, value = item.partition("=")
+            if key not in _CACHE_KNOBS or not value:
+                raise ConfigError(
+                    f"system {name!r}: give store:KEY=VALUE with KEY one of {', '.join(_CACHE_KNOBS)}"
+                )
+            changes[key] = _CACHE_KNOBS[key](value)
+        cfg = replace(config, cache=replace(config.cache, **changes), pool_size=max(config.pool_size, pool))
+        return StoreSystem(Store(cfg), name=name)
     if name == "store-mysqldb":
         if options.config is not None or options.mysqldb_url is None:
             raise ConfigError("--mysqldb URL runs on the mix's own config: leave out --config")
@@ -271,6 +287,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     doc["report"] = tables(phases, checks, trips)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "mix.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    (options.out / "mix.md").write_text(markdown(doc))
     doc["charts"] = [str(p) for p in charts(phases, options.out)]
     return doc
 

@@ -11,7 +11,7 @@ from typing import Any
 from store_tools.mix.runner import Check, OpSamples, Phase
 from store_tools.mix.workload import MIX
 
-__all__ = ["as_json", "charts", "machine", "tables"]
+__all__ = ["as_json", "charts", "machine", "markdown", "tables"]
 
 
 def _pct(values: Sequence[int], q: float) -> float:
@@ -228,3 +228,53 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
     plt.close(fig)
     made.append(path)
     return made
+
+
+def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
+    """The run's tables as Markdown (what BENCHMARKS.md shows), from the JSON document."""
+    phases = doc["phases"]
+    systems = list(dict.fromkeys(p["system"] for p in phases))
+    keys = list(dict.fromkeys((p["threads"], p["temperature"]) for p in phases))
+    by = {(p["system"], p["threads"], p["temperature"]): p for p in phases}
+    out = [
+        "| threads | caches | system | ops/s | p50 ms | p99 ms | p99.9 ms | CPU us/call "
+        "| ops/s vs floor | p99 vs floor |"
+    ]
+    out.append("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for threads, temp in keys:
+        base = by.get((floor, threads, temp))
+        for name in systems:
+            p = by.get((name, threads, temp))
+            if p is None:
+                continue
+            ratio = p99 = ""
+            if base is not None and name != floor and base["ops_per_s"]:
+                ratio = f"{p['ops_per_s'] / base['ops_per_s']:.2f}x"
+                p99 = f"{p['p99_ms'] / max(base['p99_ms'], 1e-9):.2f}x"
+            times = f"{p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['p999_ms']:.2f}"
+            cpu = f"{p['process_cpu_us_per_call']:.0f}"
+            out.append(
+                f"| {threads} | {temp} | {name} | {p['ops_per_s']:,.0f} | {times} | {cpu} | {ratio} | {p99} |"
+            )
+    if keys:
+        top = max(k[0] for k in keys)
+        out += ["", f"Per operation, {top} threads, warm: p50 ms / p99 ms / CPU us (p50) / round trips", ""]
+        out.append("| operation | " + " | ".join(systems) + " |")
+        out.append("|---|" + "---:|" * len(systems))
+        for op in MIX:
+            cells = []
+            for name in systems:
+                p = by.get((name, top, "warm"))
+                if p is None:
+                    cells.append("-")
+                    continue
+                o = p["operations"][op]
+                rt = doc.get("round_trips", {}).get(name, {}).get(op)
+                rts = "-" if rt is None else f"{rt:.1f}"
+                cells.append(f"{o['p50_ms']:.2f} / {o['p99_ms']:.1f} / {o['cpu_p50_us']:.0f} / {rts}")
+            out.append(f"| {op} | " + " | ".join(cells) + " |")
+    out.append("")
+    for c in doc.get("checks", []):
+        verdict = "all match the database" if not c["mismatches"] else f"{len(c['mismatches'])} mismatches"
+        out.append(f"- check {c['system']}: {c['checked']} answers compared, {verdict}")
+    return "\n".join(out) + "\n"

@@ -22,7 +22,17 @@ from store_tools.mix.dataset_db import Copy, Truth
 from store_tools.mix.system import System
 from store_tools.mix.workload import MIX, PAGE, DataSet, Request, requests
 
-__all__ = ["Check", "OpSamples", "Phase", "check_system", "count_round_trips", "merge", "run_phase"]
+__all__ = [
+    "Check",
+    "OpSamples",
+    "Phase",
+    "check_system",
+    "count_round_trips",
+    "counting_sends",
+    "merge",
+    "run_phase",
+    "sends",
+]
 
 
 @dataclass
@@ -183,8 +193,18 @@ def run_phase(
 _counts = threading.local()
 
 
+def sends() -> int:
+    """Sends counted on this thread since `counting_sends` began or this was last reset to 0."""
+    return int(getattr(_counts, "n", 0))
+
+
+def reset_sends() -> None:
+    """Start this thread's count again from 0."""
+    _counts.n = 0
+
+
 @contextmanager
-def _counting_sends() -> Iterator[None]:
+def counting_sends() -> Iterator[None]:
     """Count every ``sendall``/``send`` on Python sockets (PyMySQL, pymemcache and redis-py use them).
 
     A request is one send on all three (a pipeline's commands go out
@@ -213,7 +233,7 @@ def count_round_trips(system: System, data: DataSet, copy: Copy, *, n: int, seed
     """Mean round trips per call of each operation, over ``n`` calls on one thread."""
     sends: dict[str, list[int]] = {op: [] for op in MIX}
     stream = requests(data, seed, 0)
-    with _counting_sends():
+    with counting_sends():
         for _ in range(n):
             r = next(stream)
             call = _call(system, data, copy, r)
