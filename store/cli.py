@@ -756,9 +756,8 @@ def bench_mix(
         _echo_json(doc)
         return
     click.echo(doc["report"])
-    click.echo(
-        f"\nraw numbers: {out / 'mix.json'}; tables: {out / 'mix.md'}; charts: {', '.join(doc['charts'])}"
-    )
+    charts = ", ".join(doc["charts"]) or "none"
+    click.echo(f"\nraw numbers: {out / 'mix.json'}; tables: {out / 'mix.md'}; charts: {charts}")
 
 
 if __name__ == "__main__":  # python -m store.cli

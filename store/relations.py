@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from store.backends.statements import GuardedInsertStatements, RelationStatements
-from store.cache.lists import ListCache, decode_member, encode_member
+from store.cache.lists import ListCache, decode_members, encode_member
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
 from store.exceptions import DataError, LimitError
@@ -502,7 +502,7 @@ class RelationService:
         if read.meta is not None:
             n, cached = read.meta
             complete = cached == n
-            rows = [decode_member(m) for m in read.members]
+            rows = decode_members(read.members)
             if complete or (not newest_first and (len(rows) >= want if op[0] == "after" else want <= cached)):
                 stats.add(hits=1)
                 return rows

@@ -280,7 +280,8 @@ class Store:
         want = limit
         while True:
             rows, more = self._relations.rows_after(relation, board_id, after, want)
-            found = self.get_many([t for _s, t in rows], type_name=pin_type)
+            # The service, not the public get_many: this call already runs through the live map.
+            found = self._objects.get_many([t for _s, t in rows], type_name=pin_type)
             for i, (seq, to_id) in enumerate(rows):
                 after = (seq, to_id)
                 if to_id in found:

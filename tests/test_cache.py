@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from store import Store, StoreConfig
 from store.cache import Breaker, MemoryLeaseStore, ObjectCache
 from store.cache.leases import Lookup
-from store.cache.lists import decode_member, encode_member
+from store.cache.lists import decode_member, decode_members, encode_member
 from store.cache.memcached import MemcachedLeaseStore
 from tests.conftest import cached_mariadb_config, run_cli
 
@@ -36,6 +36,13 @@ def backend(request: pytest.FixtureRequest) -> str:
 def test_members_sort_like_sequence_then_to_id(a: tuple[int, int], b: tuple[int, int]) -> None:
     assert decode_member(encode_member(*a)) == a
     assert (encode_member(*a) < encode_member(*b)) == (a < b)
+
+
+@given(
+    st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1), st.integers(0, (1 << 63) - 1)), max_size=60)
+)
+def test_members_decode_in_one_pass(rows: list[tuple[int, int]]) -> None:
+    assert decode_members([encode_member(*r) for r in rows]) == rows
 
 
 def test_breaker_opens_after_failures_and_closes_after_cooldown() -> None:

@@ -33,7 +33,15 @@ from typing import Protocol
 from store.cache.leases import wall_ms
 from store.cache.stats import CacheStats
 
-__all__ = ["ListBackend", "ListCache", "ListRead", "MemoryListBackend", "decode_member", "encode_member"]
+__all__ = [
+    "ListBackend",
+    "ListCache",
+    "ListRead",
+    "MemoryListBackend",
+    "decode_member",
+    "decode_members",
+    "encode_member",
+]
 
 _PACK = struct.Struct(">QQ")
 _OFFSET = 1 << 63
@@ -48,6 +56,12 @@ def decode_member(member: bytes) -> tuple[int, int]:
     """``(sequence, to_id)`` of a member."""
     s, t = _PACK.unpack(member)
     return s - _OFFSET, t
+
+
+def decode_members(members: Sequence[bytes]) -> list[tuple[int, int]]:
+    """``(sequence, to_id)`` of each member, unpacked in one pass."""
+    off = _OFFSET
+    return [(s - off, t) for s, t in _PACK.iter_unpack(b"".join(members))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,7 +288,11 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "mix.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (options.out / "mix.md").write_text(markdown(doc))
-    doc["charts"] = [str(p) for p in charts(phases, options.out)]
+    try:
+        doc["charts"] = [str(p) for p in charts(phases, options.out)]
+    except ImportError:
+        say("charts: matplotlib is not installed (pip install 'store[bench]'); tables and JSON only")
+        doc["charts"] = []
     return doc
 
 
