@@ -18,9 +18,13 @@ from tests.conftest import MARIADB_URL, base_config, require_port
 
 pytestmark = pytest.mark.mariadb
 
+#: The peer's shards: four of their own (it keeps no counts table, so shards other tests
+#: check for count drift must not hold its rows). Shard i of the tests below is BASE + i.
+BASE = 3000
+
 SCHEMA = MixSchema(
     hosts={"A": MARIADB_URL, "B": MARIADB_URL},
-    masters={0: "A", 1: "A", 2: "B", 3: "B"},
+    masters={BASE: "A", BASE + 1: "A", BASE + 2: "B", BASE + 3: "B"},
     types={"pin": (1, "pins"), "board": (2, "boards"), "user": (3, "users")},
     relations={
         "board_has_pins": ("board", "pin", "pin_owned_by_board"),
@@ -32,22 +36,23 @@ SCHEMA = MixSchema(
 
 
 def near(shard: int) -> int:
-    """An ID on ``shard`` (what ``add_node`` places the new object beside)."""
-    return make_id(shard, 0, 0)
+    """An ID on the test's shard ``shard`` (what ``add_node`` places the new object beside)."""
+    return make_id(BASE + shard, 0, 0)
 
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[ShardedPeer]:
-    """The peer on shards 0-3 (0-1 under host name A, 2-3 under B), created by `init_shards` if missing."""
+    """The peer on shards BASE..BASE+3 (two under host name A, two under B), made by `init_shards` if missing."""
     require_port("MariaDB", 3306)
     init_shards(
         StoreConfig.from_dict(
             base_config(
-                shards=4,
+                shards=4096,
                 hosts=SCHEMA.hosts,
-                map=[{"range": [0, 1], "master": "A"}, {"range": [2, 3], "master": "B"}],
+                map=[{"range": [0, BASE + 1], "master": "A"}, {"range": [BASE + 2, 4095], "master": "B"}],
             )
-        )
+        ),
+        shards=range(BASE, BASE + 4),
     )
     p = ShardedPeer(SCHEMA, pool_size=4)
     try:
@@ -96,8 +101,8 @@ def test_peer_is_a_system(peer: ShardedPeer) -> None:
 def test_objects_live_where_their_ids_say_on_both_host_names(peer: ShardedPeer) -> None:
     board = peer.add_node("board", {"name": "kitchen", "é": "ü"}, near(1))  # host A
     pin = peer.add_node("pin", {"title": "granite", "n": 1}, near(3))  # host B
-    assert (shard_of(board), type_of(board)) == (1, 2)
-    assert (shard_of(pin), type_of(pin)) == (3, 1)
+    assert (shard_of(board), type_of(board)) == (BASE + 1, 2)
+    assert (shard_of(pin), type_of(pin)) == (BASE + 3, 1)
     assert object_row(board) == ({"name": "kitchen", "é": "ü"}, 1)
     assert object_row(pin) == ({"title": "granite", "n": 1}, 1)
     assert peer.get_node(board) == {"name": "kitchen", "é": "ü"}
@@ -113,7 +118,7 @@ def test_objects_live_where_their_ids_say_on_both_host_names(peer: ShardedPeer) 
     peer.update_node(pin, {"n": 3})  # deleted: a no-op
     assert object_row(pin) == ({"title": "granite", "n": 2, "extra": [1, 2]}, 0)
 
-    absent = make_id(2, 1, (1 << 36) - 1)
+    absent = make_id(BASE + 2, 1, (1 << 36) - 1)
     assert peer.get_node(absent) is None
     peer.update_node(absent, {"n": 1})
     peer.delete_node(absent)
