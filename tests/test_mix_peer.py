@@ -42,7 +42,7 @@ def near(shard: int) -> int:
 
 @pytest.fixture(scope="module")
 def peer() -> Iterator[ShardedPeer]:
-    """The peer on shards BASE..BASE+3 (two under host name A, two under B), made by `init_shards` if missing."""
+    """The peer on shards BASE..BASE+3 (two under host name A, two under B), made if missing."""
     require_port("MariaDB", 3306)
     init_shards(
         StoreConfig.from_dict(
