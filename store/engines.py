@@ -110,7 +110,7 @@ class _Txn:
             if params is not None:
                 args.extend(params)
         if len(parts) == 1:
-            self._c.execute(parts[0], params)
+            self._c.execute(parts[0], tuple(args) if args else None)
             return
         if args:  # the driver interpolates the whole text: a literal % must be doubled
             parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]

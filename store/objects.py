@@ -39,6 +39,8 @@ class ObjectRepository:
 
     def __init__(self, *, serde: Serde, ids: str = "pinterest") -> None:
         self._serde = serde
+        #: Deserialise stored JSON text (the serde's own function: no wrapper call per object).
+        self.decode: Callable[[str | bytes], dict[str, Any]] = serde.loads
         self._ids = ids
         self._stmts: dict[tuple[str, str], ObjectStatements] = {}
         self._sql: dict[tuple[str, int, str], dict[str, str]] = {}
@@ -58,15 +60,6 @@ class ObjectRepository:
         if sql is None:
             sql = self._sql[key] = self.statements(h, table).for_shard(h.shard)
         return sql
-
-    def decode(self, text: str | bytes) -> dict[str, Any]:
-        """Deserialise stored JSON text."""
-        return self._serde.loads(text)
-
-    @property
-    def decoder(self) -> Callable[[str | bytes], dict[str, Any]]:
-        """The serde's own decode function (one call less per object in a batch)."""
-        return self._serde.loads
 
     def encode(self, data: dict[str, Any]) -> str:
         """Validate and serialise ``data``; raises `DataError` before any I/O."""
@@ -190,6 +183,7 @@ class ObjectService:
         self._cache = cache
         self._prefix = prefix
         self._instagram = config.ids == "instagram"
+        self._object_prefix = prefix + "o:"
 
     # -- writes ----------------------------------------------------------------
 
@@ -272,14 +266,14 @@ class ObjectService:
     def get_many(self, ids: Iterable[int], *, type_name: str | None) -> dict[int, dict[str, Any]]:
         """Live objects by ID, absent and deleted ones left out."""
         route = self._router.route
-        decode = self.repo.decoder
+        decode = self.repo.decode
         cache = self._cache
         if cache is not None and not self._instagram:
             # The hot path (a page's objects): Pinterest IDs name their cache
             # keys, so only the misses are routed in full.
             wanted = ids if isinstance(ids, list) else list(ids)
             self._router.check_ids(wanted, type_name)
-            p = self._prefix + "o:"
+            p = self._object_prefix
             by_key = {f"{p}{id_}": id_ for id_ in wanted}
 
             def load_ids(missing: list[str]) -> dict[str, bytes]:
@@ -340,8 +334,8 @@ class ObjectService:
         # A Pinterest ID carries its type; an Instagram ID does not, so its key
         # names the type: a board is never answered for a pin with its ID.
         if self._instagram:
-            return f"{self._prefix}o:{spec.id}:{id}"
-        return f"{self._prefix}o:{id}"
+            return f"{self._object_prefix}{spec.id}:{id}"
+        return f"{self._object_prefix}{id}"
 
     def _invalidate(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
         if self._cache is not None:

@@ -309,17 +309,12 @@ class RelationService:
             raise DataError(f"sequence must be a 64-bit signed int, got {sequence!r}")
         primary, inverse = self._sides(spec, from_id, to_id, guarded=True)
         seq = self._clock_us() if sequence is None else sequence
-        touched: list[Side] = []
-        try:
-            new = self.pairs.link(primary, inverse, seq, move=sequence is not None, touched=touched)
-        except BaseException:
-            # A side may have committed before the failure: drop both lists.
-            self._invalidate_sides(primary, inverse)
-            raise
-        # Commit first, then invalidate, only the lists that changed (a
-        # re-link of a pair in place leaves the cached lists alone).
-        self.invalidate([(s.relation, s.from_id) for s in touched])
-        return new
+        move = sequence is not None
+        return self._written(
+            primary,
+            inverse,
+            lambda touched: self.pairs.link(primary, inverse, seq, move=move, touched=touched),
+        )
 
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
@@ -327,15 +322,25 @@ class RelationService:
         return self._unlink(primary, inverse)
 
     def _unlink(self, primary: Side, inverse: Side | None) -> bool:
-        """Unlink, then drop the lists that changed (both after a failure)."""
+        return self._written(
+            primary, inverse, lambda touched: self.pairs.unlink(primary, inverse, touched=touched)
+        )
+
+    def _written(self, primary: Side, inverse: Side | None, write: Callable[[list[Side]], bool]) -> bool:
+        """Run a pair write, then drop the cached lists whose rows it changed.
+
+        Commit first, then invalidate, only what changed (a re-link of a pair
+        in place leaves the cached lists alone); after a failure both, since
+        a side may have committed before it.
+        """
         touched: list[Side] = []
         try:
-            gone = self.pairs.unlink(primary, inverse, touched=touched)
+            result = write(touched)
         except BaseException:
             self._invalidate_sides(primary, inverse)
             raise
         self.invalidate([(s.relation, s.from_id) for s in touched])
-        return gone
+        return result
 
     def sync(self, relation: str, from_id: int, to_id: int) -> bool:
         """Make the inverse row of a pair match its primary row (the repair job's fix); True if it changed."""

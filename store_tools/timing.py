@@ -60,26 +60,27 @@ def pair(
     a: list[float] = []
     b: list[float] = []
     clock = time.perf_counter_ns
+
+    def back_to_back(
+        first: Callable[[int], object], second: Callable[[int], object], i: int
+    ) -> tuple[float, float]:
+        t0 = clock()
+        first(i)
+        t1 = clock()
+        second(i)
+        t2 = clock()
+        return (t1 - t0) / 1000, (t2 - t1) / 1000
+
     for i in range(n):
         # Which side goes first alternates: the second of two back-to-back calls
         # finds the server (and the CPU it runs on) already awake, and on a
         # loopback round trip of 40-100 us that alone can halve its time.
         if i % 2 == 0:
-            t0 = clock()
-            store_op(i)
-            t1 = clock()
-            raw_op(i)
-            t2 = clock()
-            a.append((t1 - t0) / 1000)
-            b.append((t2 - t1) / 1000)
+            store_us, raw_us = back_to_back(store_op, raw_op, i)
         else:
-            t0 = clock()
-            raw_op(i)
-            t1 = clock()
-            store_op(i)
-            t2 = clock()
-            b.append((t1 - t0) / 1000)
-            a.append((t2 - t1) / 1000)
+            raw_us, store_us = back_to_back(raw_op, store_op, i)
+        a.append(store_us)
+        b.append(raw_us)
     return BenchResult(
         case,
         statistics.median(a),

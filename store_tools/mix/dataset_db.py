@@ -8,6 +8,7 @@ there is touched), and removed again after the run unless kept.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ import pymysql
 from sqlalchemy.engine import make_url
 
 from store.config import StoreConfig
+from store.defaults import EMBEDDED
 from store.exceptions import ConfigError
 from store.ids import encode_pinterest
 from store_tools.mix.system import MixSchema
@@ -53,15 +55,9 @@ def default_config(url_a: str, url_b: str, *, shards: int = 64, cache: bool = Tr
             {"range": [0, first + half - 1], "master": "MixA"},
             {"range": [first + half, 4095], "master": "MixB"},
         ],
-        "types": {
-            "pin": {"id": 1, "table": "pins"},
-            "board": {"id": 2, "table": "boards"},
-            "user": {"id": 3, "table": "users"},
-        },
-        "relations": {
-            "board_has_pins": {"from": "board", "to": "pin", "inverse": "pin_owned_by_board"},
-            "users_likes_pins": {"from": "user", "to": "pin", "inverse": "pin_liked_by_user"},
-        },
+        # The embedded default's types, and its relations that have an inverse.
+        "types": copy.deepcopy(EMBEDDED["types"]),
+        "relations": {name: dict(rel) for name, rel in EMBEDDED["relations"].items() if "inverse" in rel},
         "pool_size": 16,
     }
     if cache:

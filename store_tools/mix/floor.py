@@ -103,7 +103,7 @@ class Floor:
         key = (what, shard, name)
         sql = self._sql.get(key)
         if sql is None:
-            t = f"`db{shard:05d}`.`{name}`"
+            t = f"`{MixSchema.database(shard)}`.`{name}`"
             sql = self._sql[key] = {
                 "get": f"SELECT data FROM {t} WHERE local_id = %s AND active = 1",
                 "lock": f"SELECT data FROM {t} WHERE local_id = %s AND active = 1 FOR UPDATE",

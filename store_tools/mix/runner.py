@@ -13,7 +13,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,20 +72,27 @@ class Phase:
         return sum(s.errors for s in self.ops.values())
 
 
-def merge(parts: list[Phase]) -> Phase:
-    """Slices of one system's phase, run apart, as one phase (times and samples summed)."""
-    first = parts[0]
+def _combined(parts: Iterable[dict[str, OpSamples]]) -> dict[str, OpSamples]:
+    """Samples of several threads or slices, per operation, as one."""
     ops = {op: OpSamples() for op in MIX}
     for part in parts:
-        for op, s in part.ops.items():
+        for op, s in part.items():
             m = ops[op]
             m.wall_ns += s.wall_ns
             m.cpu_ns += s.cpu_ns
             m.errors += s.errors
             m.first_error = m.first_error or s.first_error
+    return ops
+
+
+def merge(parts: list[Phase]) -> Phase:
+    """Slices of one system's phase, run apart, as one phase (times and samples summed)."""
+    first = parts[0]
     seconds = sum(p.seconds for p in parts)
     cpu_s = sum(p.cpu_s for p in parts)
-    return Phase(first.system, first.threads, first.temperature, seconds, cpu_s, ops)
+    return Phase(
+        first.system, first.threads, first.temperature, seconds, cpu_s, _combined(p.ops for p in parts)
+    )
 
 
 def _call(system: System, data: DataSet, copy: Copy, r: Request) -> Callable[[], Any]:
@@ -177,15 +184,7 @@ def run_phase(
     took, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
     if tick is not None:
         tick(1.0)
-    merged = {op: OpSamples() for op in MIX}
-    for part in results:
-        for op, s in part.items():
-            m = merged[op]
-            m.wall_ns += s.wall_ns
-            m.cpu_ns += s.cpu_ns
-            m.errors += s.errors
-            m.first_error = m.first_error or s.first_error
-    return Phase(system.name, threads, temperature, took, cpu_s, merged)
+    return Phase(system.name, threads, temperature, took, cpu_s, _combined(results))
 
 
 # -- round trips ------------------------------------------------------------------

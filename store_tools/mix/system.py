@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import redis
 
+from store.naming import database_name
+
 __all__ = ["MixSchema", "PageRows", "System", "flush_redis"]
 
 #: (pin ID, pin object) for each live pin of a board page, in list order.
@@ -37,7 +39,7 @@ class MixSchema:
     @staticmethod
     def database(shard: int) -> str:
         """The database of ``shard`` on its host: ``db00042``."""
-        return f"db{shard:05d}"
+        return database_name(shard)
 
 
 class System(Protocol):
