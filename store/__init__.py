@@ -8,9 +8,11 @@ from store.config import CacheConfig, RelationSpec, StoreConfig, TypeSpec
 from store.exceptions import (
     BackendError,
     ConfigError,
+    ConflictError,
     ConnectionLostError,
     CursorError,
     DataError,
+    DuplicateKeyError,
     IdError,
     LimitError,
     MoveError,
@@ -38,6 +40,7 @@ from store.ids import (
     encode_pinterest,
     instagram_datetime,
 )
+from store.objects import Versioned
 from store.relations import Page
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap, ShardRange
@@ -50,9 +53,11 @@ __all__ = [
     "BackendError",
     "CacheConfig",
     "ConfigError",
+    "ConflictError",
     "ConnectionLostError",
     "CursorError",
     "DataError",
+    "DuplicateKeyError",
     "IdError",
     "InstagramId",
     "JsonSerde",
@@ -81,6 +86,7 @@ __all__ = [
     "TypeSpec",
     "UnknownRelationError",
     "UnknownTypeError",
+    "Versioned",
     "WrongTypeError",
     "__version__",
     "decode_instagram",

@@ -460,7 +460,8 @@ class Engines:
             conn, born = pool.checkout()
             try:
                 cur = conn.cursor()
-                for _what, stmt in backend.shard_statements(shard, c.types.values(), c.relations.values()):
+                made = backend.shard_statements(shard, c.types.values(), c.relations.values())
+                for _what, stmt in backend.missing(made, backend.existing(cur), ""):
                     cur.execute(stmt)
                 cur.close()
             except BaseException:

@@ -17,6 +17,8 @@ The tree::
     ├── LimitError             (also ValueError)  a page limit or offset out of range
     ├── CursorError            (also ValueError)  a page cursor that is not for this list
     ├── NotFound               (also LookupError) no live object with that ID
+    ├── ConflictError                             the object changed since the version given
+    ├── DuplicateKeyError      (also ValueError)  a unique key another object holds
     ├── ShardFullError                            a shard table ran out of local ids
     ├── BackendError                              a database failed; `.orig` is the driver error
     │   ├── ConnectionLostError                   the connection broke (reads retry once)
@@ -34,9 +36,11 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "ConfigError",
+    "ConflictError",
     "ConnectionLostError",
     "CursorError",
     "DataError",
+    "DuplicateKeyError",
     "IdError",
     "LimitError",
     "MoveError",
@@ -142,6 +146,34 @@ class CursorError(StoreError, ValueError):
 
 class NotFound(StoreError, LookupError):  # noqa: N818 - the name the API promises
     """No live (not deleted) object has this ID."""
+
+
+class ConflictError(StoreError):
+    """``update(..., if_version=V)`` found the object at another version: it changed since V.
+
+    Nothing was written. ``.expected`` is V, ``.actual`` the version now:
+    read the object again (`Store.get_with_version`) and decide.
+    """
+
+    def __init__(self, message: str, *, expected: int, actual: int) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.actual = actual
+
+
+class DuplicateKeyError(StoreError, ValueError):
+    """A unique key (config ``unique:``) that another live object holds; nothing was written.
+
+    ``.key`` is the unique key's name, ``.value`` the value asked for and
+    ``.owner`` the ID of the object that holds it (0 while its create is
+    still under way).
+    """
+
+    def __init__(self, message: str, *, key: str, value: str, owner: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.value = value
+        self.owner = owner
 
 
 class ShardFullError(StoreError):

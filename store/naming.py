@@ -12,6 +12,7 @@ __all__ = [
     "COUNTS_TABLE",
     "DATABASE_PREFIX",
     "NEXT_ID",
+    "ADDED_VERSION",
     "SCHEMA_PREFIX",
     "TOMBSTONE_TABLE",
     "database_name",
@@ -29,6 +30,8 @@ COUNTS_TABLE = "relation_counts"
 TOMBSTONE_TABLE = "store_tombstone"
 #: The suffix of what `store init` calls the ID machinery of Instagram IDs (a trigger, next_id()).
 NEXT_ID = "#next_id"
+#: What `store init` names the version column it adds to an object table made before versions.
+ADDED_VERSION = "#version"
 
 
 def database_name(shard: int) -> str:

@@ -11,20 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from store.backends.statements import ObjectStatements
 from store.cache.leases import ObjectCache
 from store.config import StoreConfig
 from store.engines import Cursor, Engines, ShardHandle
-from store.exceptions import BackendError, DataError, IdError, NotFound, NotSerializableError, ShardFullError
+from store.exceptions import (
+    BackendError,
+    ConflictError,
+    DataError,
+    IdError,
+    NotFound,
+    NotSerializableError,
+    ShardFullError,
+)
 from store.ids import encode_pinterest
 from store.relations import RelationService
 from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
 from store.specs import TypeSpec
 
-__all__ = ["ObjectRepository", "ObjectService", "Updater"]
+__all__ = ["ObjectRepository", "ObjectService", "Updater", "Versioned"]
 
 #: ``update`` takes either a dict of changes merged into the object, or a
 #: function from the old object to the new one.
@@ -32,6 +40,13 @@ Updater = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 
 
 _INSERT_ATTEMPTS = 5
+
+
+class Versioned(NamedTuple):
+    """An object and its version (`Store.get_with_version`): 1 when created, one more at each update."""
+
+    data: dict[str, Any]
+    version: int
 
 
 class ObjectRepository:
@@ -118,10 +133,26 @@ class ObjectRepository:
         rows = h.read(query, params, one=False)
         return [(*labels[part], local_id, text) for part, local_id, text in rows]
 
+    def get_with_version(self, h: ShardHandle, table: str, local_id: int) -> tuple[str, int] | None:
+        """The JSON text and version of the live object with ``local_id``, or None."""
+        row = h.read(self.sql(h, table)["select_version"], (local_id,), one=True)
+        return None if row is None else (str(row[0]), int(row[1]))
+
     def update(
-        self, h: ShardHandle, table: str, local_id: int, changes: Updater, *, what: str
+        self,
+        h: ShardHandle,
+        table: str,
+        local_id: int,
+        changes: Updater,
+        *,
+        what: str,
+        if_version: int | None = None,
     ) -> dict[str, Any]:
-        """Read-modify-write one object under a row lock, in one transaction."""
+        """Read-modify-write one object under a row lock, in one transaction.
+
+        With ``if_version``, the object must be at that version when locked
+        (else `ConflictError`, nothing written).
+        """
         sql = self.sql(h, table)
 
         def txn(cur: Cursor) -> dict[str, Any]:
@@ -129,6 +160,13 @@ class ObjectRepository:
             row = cur.fetchone()
             if row is None or not row[1]:
                 raise NotFound(f"no live object {what}")
+            if if_version is not None and int(row[2]) != if_version:
+                raise ConflictError(
+                    f"object {what} is at version {row[2]}, not {if_version}: it changed since it was "
+                    "read; read it again (get_with_version) and retry",
+                    expected=if_version,
+                    actual=int(row[2]),
+                )
             old = self._serde.loads(row[0])
             if callable(changes):
                 new = changes(old)
@@ -221,14 +259,30 @@ class ObjectService:
         )
         return new
 
-    def update(self, id: int, changes: Updater, *, type_name: str | None) -> dict[str, Any]:  # noqa: A002
+    def update(
+        self,
+        id: int,  # noqa: A002
+        changes: Updater,
+        *,
+        type_name: str | None,
+        if_version: int | None = None,
+    ) -> dict[str, Any]:
         """Merge ``changes`` into the object under a row lock, in one transaction; the new object."""
         if not callable(changes) and not isinstance(changes, dict):
             raise DataError(f"changes must be a dict or a function old -> new, got {type(changes).__name__}")
+        if if_version is not None and (type(if_version) is not int or if_version < 1):
+            raise DataError(
+                f"if_version must be a version from get_with_version (an int >= 1), got {if_version!r}"
+            )
         shard, spec, local_id, host = self._router.route(id, type_name)
         try:
             return self.repo.update(
-                self._engines.shard(shard, host), spec.table, local_id, changes, what=str(id)
+                self._engines.shard(shard, host),
+                spec.table,
+                local_id,
+                changes,
+                what=str(id),
+                if_version=if_version,
             )
         finally:
             # Also after a failure: the commit may have happened before the
@@ -262,6 +316,12 @@ class ObjectService:
 
         value = cache.get_many([key], load).get(key)
         return None if value is None else self.repo.decode(value)
+
+    def get_with_version(self, id: int, *, type_name: str | None) -> Versioned | None:  # noqa: A002
+        """The live object with ``id`` and its version, read from its master (never a cache), or None."""
+        shard, spec, local_id, host = self._router.route(id, type_name)
+        got = self.repo.get_with_version(self._engines.shard(shard, host), spec.table, local_id)
+        return None if got is None else Versioned(self.repo.decode(got[0]), got[1])
 
     def get_many(self, ids: Iterable[int], *, type_name: str | None) -> dict[int, dict[str, Any]]:
         """Live objects by ID, absent and deleted ones left out."""

@@ -61,9 +61,14 @@ def shard_ddl(
     ids: str = "pinterest",
     epoch_ms: int = 0,
 ) -> list[str]:
-    """Idempotent statements that create shard ``shard`` on a ``backend`` host."""
+    """Idempotent statements that create shard ``shard`` on a ``backend`` host.
+
+    A new shard's tables are made with every column, so the columns `store
+    init` adds to tables of older versions are left out.
+    """
+    b = backend_named(backend)
     pairs = shard_statements(backend, shard, types, relations, ids=ids, epoch_ms=epoch_ms)
-    return [stmt for _what, stmt in pairs]
+    return [stmt for _what, stmt in b.missing(pairs, set(), b.namespace(shard))]
 
 
 def render_shard_sql(backend: str, shard: int, config: StoreConfig) -> str:

@@ -25,7 +25,7 @@ from store.engines import Engines
 from store.exceptions import NotFound
 from store.livemap import LiveMap
 from store.mapsource import MapSource
-from store.objects import ObjectRepository, ObjectService, Updater
+from store.objects import ObjectRepository, ObjectService, Updater, Versioned
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import Location, Router
 from store.serde import JsonSerde, Serde
@@ -182,14 +182,36 @@ class Store:
         return self._objects.get_many(ids, type_name=type_name)
 
     @_rerouted
-    def update(self, id: int, changes: Updater, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
+    def get_with_version(self, id: int, *, type_name: str | None = None) -> Versioned | None:  # noqa: A002
+        """The object with ``id`` and its version, or None if it does not exist or was deleted.
+
+        ``(data, version)``: the version is 1 when the object is created and
+        one more at each update. Pass it to ``update(..., if_version=)`` to
+        write only if nobody changed the object since (as an HTTP ETag is
+        used). Read from the object's master, never from a cache.
+        """
+        return self._objects.get_with_version(id, type_name=type_name)
+
+    @_rerouted
+    def update(
+        self,
+        id: int,  # noqa: A002
+        changes: Updater,
+        *,
+        type_name: str | None = None,
+        if_version: int | None = None,
+    ) -> dict[str, Any]:
         """Merge ``changes`` (a dict, or a function old -> new) into the object atomically.
 
         Runs SELECT ... FOR UPDATE, the change and the write in one
         transaction, so concurrent updates of one object lose nothing.
         Raises `NotFound` if the object does not exist or was deleted.
+
+        ``if_version=V`` (from `get_with_version`): write only if the object
+        is still at version V, else raise `ConflictError` and write nothing;
+        after the write it is at version V + 1.
         """
-        return self._objects.update(id, changes, type_name=type_name)
+        return self._objects.update(id, changes, type_name=type_name, if_version=if_version)
 
     @_rerouted
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002

@@ -5,21 +5,24 @@ CREATE TABLE IF NOT EXISTS pins (
   local_id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
   data TEXT NOT NULL,
   active INTEGER DEFAULT 1 NOT NULL,
-  ts TEXT DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')) NOT NULL
+  ts TEXT DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')) NOT NULL,
+  version INTEGER DEFAULT 1 NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS boards (
   local_id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
   data TEXT NOT NULL,
   active INTEGER DEFAULT 1 NOT NULL,
-  ts TEXT DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')) NOT NULL
+  ts TEXT DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')) NOT NULL,
+  version INTEGER DEFAULT 1 NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS users (
   local_id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
   data TEXT NOT NULL,
   active INTEGER DEFAULT 1 NOT NULL,
-  ts TEXT DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')) NOT NULL
+  ts TEXT DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')) NOT NULL,
+  version INTEGER DEFAULT 1 NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS board_has_pins (

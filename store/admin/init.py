@@ -24,7 +24,7 @@ from store.config import StoreConfig
 from store.engines import Engines
 from store.exceptions import RoutingError, ShardMovedError
 from store.mapsource import live_map
-from store.naming import TOMBSTONE_TABLE
+from store.naming import ADDED_VERSION, TOMBSTONE_TABLE
 from store.shardmap import ShardMap
 
 __all__ = ["InitReport", "init_shards"]
@@ -149,13 +149,11 @@ def _init_host(
 
     def work(s: int) -> tuple[int, int]:
         ns = backend.namespace(s)
-        todo = [
-            (what, stmt)
-            for what, stmt in backend.shard_statements(
-                s, types, relations, ids=config.ids, epoch_ms=config.instagram_epoch_ms
-            )
-            if (ns, what) not in existing
-        ]
+        todo = backend.missing(
+            backend.shard_statements(s, types, relations, ids=config.ids, epoch_ms=config.instagram_epoch_ms),
+            existing,
+            ns,
+        )
         if todo:
             with engines.shard(s, host).connect() as conn:
                 cur = conn.cursor()
@@ -176,7 +174,8 @@ def _init_host(
                 cur.close()
         tick(s)
         ns_created = int((ns, "") not in existing)
-        return ns_created, len({what for what, _stmt in todo} - {""})
+        tables = {what for what, _stmt in todo if not what.endswith(ADDED_VERSION)} - {""}
+        return ns_created, len(tables)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(work, shards))

@@ -29,8 +29,9 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
 
-from store.backends.tables import SHARD, ColumnTypes, shard_tables
+from store.backends.tables import SHARD, VERSION_COLUMN, ColumnTypes, shard_tables
 from store.exceptions import ConfigError
+from store.naming import ADDED_VERSION
 from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
@@ -83,6 +84,8 @@ class Backend:
     #: True if `store move` can move its shards; True if it can be a ticket server or a map table.
     can_move: ClassVar[bool] = False
     can_hold_tickets: ClassVar[bool] = False
+    #: ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` is understood (MariaDB, PostgreSQL; not SQLite).
+    add_column_if_not_exists: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.sa_dialect = self._sa_dialect()
@@ -213,11 +216,41 @@ class Backend:
         before, after = self.extra_statements(shard, types, ids=ids, epoch_ms=epoch_ms)
         out = list(before)
         schema = self.statement_schema(shard)
+        object_tables = {t.table for t in types}
         for t in shard_tables(self.column_types(), types, relations, ids=ids, schema=schema, shard=shard):
             out.append((t.name, self._ddl(CreateTable(t, if_not_exists=True))))
             for index in sorted(t.indexes, key=lambda i: str(i.name)):
                 out.append((t.name, self._ddl(CreateIndex(index, if_not_exists=True))))
+            if t.name in object_tables:
+                # Tables made before objects carried versions get the column.
+                out.append((t.name + ADDED_VERSION, self._add_column(t, t.c[VERSION_COLUMN])))
         return out + after
+
+    @staticmethod
+    def missing(
+        statements: Iterable[tuple[str, str]], existing: set[tuple[str, str]], namespace: str
+    ) -> list[tuple[str, str]]:
+        """The statements of `shard_statements` whose object does not exist yet in ``namespace``.
+
+        A column added to an older table is skipped when its table is made
+        now: the new table has it already.
+        """
+        todo = [(what, stmt) for what, stmt in statements if (namespace, what) not in existing]
+        made = {what for what, _stmt in todo}
+        return [
+            (what, stmt)
+            for what, stmt in todo
+            if not (what.endswith(ADDED_VERSION) and what[: -len(ADDED_VERSION)] in made)
+        ]
+
+    def _add_column(self, table: Any, column: Any) -> str:
+        prep = self.sa_dialect.identifier_preparer
+        kind = column.type.compile(dialect=self.sa_dialect)
+        guard = "IF NOT EXISTS " if self.add_column_if_not_exists else ""
+        return (
+            f"ALTER TABLE {prep.format_table(table)} ADD COLUMN {guard}{prep.quote(column.name)} {kind} "
+            f"NOT NULL DEFAULT {column.server_default.arg.text}"
+        )
 
     def _ddl(self, element: ClauseElement) -> str:
         text = str(element.compile(dialect=self.sa_dialect)).strip()

@@ -24,9 +24,10 @@ from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.engine import URL, Dialect
 
 from store.backends import Backend, ErrorKind
-from store.backends.tables import ColumnTypes
+from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
 from store.naming import (
+    ADDED_VERSION,
     ARCHIVE_PREFIX,
     DATABASE_PREFIX,
     NEXT_ID,
@@ -201,6 +202,12 @@ class MySQLBackend(Backend):
             (like,),
         )
         out |= {(str(row[0]), str(row[1]) + NEXT_ID) for row in cur.fetchall()}
+        cur.execute(
+            "SELECT table_schema, table_name FROM information_schema.columns "
+            "WHERE table_schema LIKE %s AND column_name = %s",
+            (like, VERSION_COLUMN),
+        )
+        out |= {(str(row[0]), str(row[1]) + ADDED_VERSION) for row in cur.fetchall()}
         return out
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:

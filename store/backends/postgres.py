@@ -21,9 +21,9 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends import Backend, ErrorKind
-from store.backends.tables import ColumnTypes
+from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
-from store.naming import NEXT_ID, SCHEMA_PREFIX, schema_name
+from store.naming import ADDED_VERSION, NEXT_ID, SCHEMA_PREFIX, schema_name
 from store.specs import TypeSpec
 
 __all__ = ["PG_LOCK_BASE", "PostgresBackend", "postgres_connector"]
@@ -138,7 +138,13 @@ class PostgresBackend(Backend):
             "WHERE routine_schema LIKE %s AND routine_name = 'next_id'",
             (like,),
         )
-        return out | {(str(row[0]), NEXT_ID) for row in cur.fetchall()}
+        out |= {(str(row[0]), NEXT_ID) for row in cur.fetchall()}
+        cur.execute(
+            "SELECT table_schema, table_name FROM information_schema.columns "
+            "WHERE table_schema LIKE %s AND column_name = %s",
+            (like, VERSION_COLUMN),
+        )
+        return out | {(str(row[0]), str(row[1]) + ADDED_VERSION) for row in cur.fetchall()}
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
         """Shard schemas, live or empty."""

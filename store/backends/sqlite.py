@@ -21,9 +21,9 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends import Backend, ErrorKind
-from store.backends.tables import ColumnTypes
+from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import ConfigError
-from store.naming import database_name
+from store.naming import ADDED_VERSION, database_name
 
 __all__ = ["BUSY_TIMEOUT_S", "SQLiteBackend", "sqlite_connector"]
 
@@ -110,9 +110,22 @@ class SQLiteBackend(Backend):
         """sqlite3's errors."""
         return isinstance(exc, sqlite3.Error)
 
+    add_column_if_not_exists = False
+
     def existing(self, cur: Any) -> set[tuple[str, str]]:
-        """Nothing to look up: a shard's file and tables are made on first use."""
-        return set()
+        """The tables (and added version columns) of the shard file ``cur`` is on, as ``("", name)``.
+
+        A shard's file and tables are made on first use; this lets that use
+        skip what exists, as `store init` does on a server.
+        """
+        cur.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        tables = [str(row[0]) for row in cur.fetchall()]
+        out = {("", name) for name in tables}
+        for name in tables:
+            cur.execute("SELECT 1 FROM pragma_table_info(?) WHERE name = ?", (name, VERSION_COLUMN))
+            if cur.fetchone() is not None:
+                out.add(("", name + ADDED_VERSION))
+        return out
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
         """The shard files in the host's folder, opened read-only (a look never creates a shard)."""

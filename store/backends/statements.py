@@ -74,8 +74,10 @@ class Statements:
 class ObjectStatements(Statements):
     """The statements of one object table (``key`` is ``local_id``, or ``id`` for Instagram IDs).
 
-    - insert (data) [RETURNING id]; select (key); lock (key) FOR UPDATE;
-    - update (data, key); delete: soft, (key); remove: hard, (key); live_shared (key);
+    - insert (data) [RETURNING id]; select (key); select_version (key): data, version;
+      lock (key) FOR UPDATE: data, active, version;
+    - update (data, key): the new data, one more version;
+    - delete: soft, (key); remove: hard, (key); live_shared (key);
     - `select_many` (key, ...) for n keys, labelled with a part number.
     """
 
@@ -90,9 +92,11 @@ class ObjectStatements(Statements):
         ins = insert(t).values(data=_p("data"))
         self._add("insert", ins.returning(key) if ids == "instagram" else ins, ["data"])
         self._add("select", select(t.c.data).where(key == k, t.c.active == _ONE), ["k"])
-        self._add("lock", select(t.c.data, t.c.active).where(key == k).with_for_update(), ["k"])
+        self._add("select_version", select(t.c.data, t.c.version).where(key == k, t.c.active == _ONE), ["k"])
+        self._add("lock", select(t.c.data, t.c.active, t.c.version).where(key == k).with_for_update(), ["k"])
         touch = {} if backend.ts_now() is None else {"ts": backend.ts_now()}
-        self._add("update", update(t).where(key == k).values(data=_p("data"), **touch), ["data", "k"])
+        bump = update(t).where(key == k).values(data=_p("data"), version=t.c.version + _ONE, **touch)
+        self._add("update", bump, ["data", "k"])
         soft = update(t).where(key == k, t.c.active == _ONE).values(active=_ZERO, **touch)
         self._add("delete", soft, ["k"])
         self._add("remove", delete(t).where(key == k), ["k"])

@@ -4,7 +4,8 @@ Every shard holds:
 
 * one object table per type: the key (``local_id``, an auto-increment local
   id, for Pinterest IDs; ``id``, the whole ID made by the database, for
-  Instagram IDs), ``data`` (the JSON), ``active`` (soft delete) and ``ts``;
+  Instagram IDs), ``data`` (the JSON), ``active`` (soft delete), ``ts`` and
+  ``version`` (1 at create, one more at each update: compare-and-set);
 * one table per relation, keyed ``(from_id, to_id)``, with an index
   ``(from_id, sequence, to_id)`` that serves ``ORDER BY sequence`` (the
   article's ``(board_id, pin_id, sequence)`` cannot);
@@ -33,12 +34,16 @@ from store.specs import RelationSpec, TypeSpec
 __all__ = [
     "COUNTS_TABLE",
     "SHARD",
+    "VERSION_COLUMN",
     "ColumnTypes",
     "counts_table",
     "object_table",
     "relation_table",
     "shard_tables",
 ]
+
+#: An object's version: 1 at create, one more at each update (added by `store init` to older tables).
+VERSION_COLUMN = "version"
 
 #: The schema name compiled into statements, replaced by each shard's namespace.
 SHARD = "__shard__"
@@ -85,6 +90,7 @@ def object_table(
         Column("data", types.data, nullable=False),
         Column("active", types.flag, nullable=False, server_default=text("1")),
         Column("ts", types.timestamp, nullable=False, server_default=text(types.timestamp_default)),
+        Column(VERSION_COLUMN, types.count, nullable=False, server_default=text("1")),
         schema=schema,
         **(types.object_options if ids != "instagram" else _no_autoincrement(types.object_options)),
     )
