@@ -17,7 +17,7 @@ import click
 from store.backends import DEFAULT_BACKEND, backend_names
 from store.config import StoreConfig
 from store.defaults import embedded_config
-from store.exceptions import ConfigError, IdError, StoreError
+from store.exceptions import ConfigError, IdError, LimitError, StoreError
 from store.ids import (
     INSTAGRAM_EPOCH_MS,
     decode_instagram,
@@ -385,6 +385,25 @@ def get(id_text: str, config_path: Path | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("name")
+@click.argument("value")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the key, value and ID (null if free).")
+def lookup(name: str, value: str, config_path: Path | None, as_json: bool) -> None:
+    """Print the ID whose unique key NAME (config unique:) is VALUE (exit 1 if none holds it)."""
+    with _open(config_path) as store:
+        found = store.lookup(name, value)
+    if as_json:
+        _echo_json({"key": name, "value": value, "id": found})
+    elif found is not None:
+        click.echo(found)
+    if found is None:
+        if not as_json:
+            click.echo(f"no live object holds {name} {value!r}", err=True)
+        sys.exit(1)
+
+
+@main.command()
 @click.argument("type_name", metavar="TYPE")
 @click.argument("data_text", metavar="JSON")
 @_config_option
@@ -435,6 +454,8 @@ def delete(id_text: str, config_path: Path | None, yes: bool) -> None:
 @click.option("--cursor", help="Continue after this cursor (printed by the previous page).")
 @click.option("--offset", type=int, help="Use LIMIT/OFFSET paging instead of a cursor.")
 @click.option("--newest-first", is_flag=True, help="Highest sequence first.")
+@click.option("--since", type=int, help="Only entries with sequence >= SINCE (microseconds by default).")
+@click.option("--until", type=int, help="Only entries with sequence < UNTIL (exclusive).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: {ids, next_cursor}.")
 def links(
     relation: str,
@@ -444,18 +465,34 @@ def links(
     cursor: str | None,
     offset: int | None,
     newest_first: bool,
+    since: int | None,
+    until: int | None,
     as_json: bool,
 ) -> None:
-    """List the IDs FROM_ID links to through RELATION, in sequence order."""
+    """List the IDs FROM_ID links to through RELATION, in sequence order.
+
+    --since/--until keep to a sequence range (since inclusive, until
+    exclusive); a --cursor from such a page needs the same range.
+    """
     from_id = _parse_id(from_text)
     with _open(config_path) as store:
         if offset is not None:
             if cursor is not None:
                 raise IdError("give --cursor or --offset, not both")
+            if since is not None or until is not None:
+                raise LimitError("--since/--until page by cursor: leave out --offset")
             ids = store.links(relation, from_id, limit=limit, offset=offset, newest_first=newest_first)
             next_cursor = None
         else:
-            page = store.page(relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first)
+            page = store.page(
+                relation,
+                from_id,
+                limit=limit,
+                cursor=cursor,
+                newest_first=newest_first,
+                since=since,
+                until=until,
+            )
             ids, next_cursor = page.ids, page.next_cursor
     if as_json:
         _echo_json({"ids": ids, "next_cursor": next_cursor})
@@ -464,6 +501,19 @@ def links(
         click.echo(i)
     if next_cursor is not None:
         click.echo(f"next page: --cursor {next_cursor}", err=True)
+
+
+@main.command("has-link")
+@click.argument("relation")
+@click.argument("from_text", metavar="FROM_ID")
+@click.argument("to_text", metavar="TO_ID")
+@_config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as a JSON boolean.")
+def has_link(relation: str, from_text: str, to_text: str, config_path: Path | None, as_json: bool) -> None:
+    """Print true if TO_ID is in FROM_ID's RELATION list, else false (exit 0 either way)."""
+    with _open(config_path) as store:
+        linked = store.has_link(relation, _parse_id(from_text), _parse_id(to_text))
+    click.echo(json.dumps(linked) if as_json else ("true" if linked else "false"))
 
 
 @main.command()
@@ -543,6 +593,24 @@ def relations_repair(
     for name, f, t, why in report.unroutable:
         click.echo(f"cannot check {name} {f} -> {t}: {why}")
     click.echo(f"{report.rows_scanned} rows scanned on {len(wanted)} shard(s): {report.changes} fix(es)")
+    if relation is None and store.config.unique:
+        _repair_unique(config_path, dry_run)
+
+
+def _repair_unique(config_path: Path | None, dry_run: bool) -> None:
+    from store.admin.repair import repair_unique
+
+    with _open(config_path) as store:
+        found = repair_unique(store, dry_run=dry_run)
+    verb = "would " if dry_run else ""
+    for what, counts in (("remove", found.removed), ("add", found.added), ("repoint", found.repointed)):
+        for name, n in counts.items():
+            click.echo(f"unique key {name}: {verb}{what} {n} row(s)")
+    for name, value, ids in found.conflicts:
+        click.echo(
+            f"unique key {name}: {value!r} is held by {len(ids)} live objects {ids}; change all but one"
+        )
+    click.echo(f"unique keys: {found.checked} row(s) checked")
 
 
 # -- tickets -------------------------------------------------------------------

@@ -24,7 +24,7 @@ from store.backends import backend_for, backend_named, backend_names
 from store.exceptions import ConfigError
 from store.ids import INSTAGRAM_EPOCH_MS
 from store.shardmap import ShardMap, ShardRange
-from store.specs import RelationSpec, TypeSpec
+from store.specs import RelationSpec, TypeSpec, UniqueSpec
 
 __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
@@ -54,11 +54,15 @@ _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s"}
+     "pool_timeout_s", "pool_recycle_s", "unique"}
 )  # fmt: skip
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
-RESERVED_TABLES = {"relation_counts": "relation counts", "store_tombstone": "the tombstone of a moved shard"}
+RESERVED_TABLES = {
+    "relation_counts": "relation counts",
+    "store_tombstone": "the tombstone of a moved shard",
+    "unique_keys": "unique keys (config unique:)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,14 @@ class CacheConfig:
     #: writer's invalidation was lost (cache unreachable from the writer, writer killed after its
     #: commit, cache restarted).
     max_stale_s: float = 5.0  # DEFAULT_MAX_STALE_S
+    #: Follow the servers' invalidation logs (`store.cache.follower`): while the follower is
+    #: current, entries are trusted at any age, staleness still bounded by ``max_stale_s``.
+    #: Every process writing to the same databases must have the same setting. Off by default: a
+    #: write made behind the store's back (plain SQL) is not in the log, so with it on such a write
+    #: is never seen by cached readers.
+    follow: bool = False
+    #: How often the follower reads the logs (must be well under ``max_stale_s``).
+    follow_poll_s: float = 0.5
 
     @property
     def enabled(self) -> bool:
@@ -167,6 +179,8 @@ class StoreConfig:
     map_source: tuple[str, str] | None = None
     map_poll_s: float = 1.0
     base_dir: Path = field(default_factory=Path.cwd)
+    #: Unique keys by name (config ``unique:``).
+    unique: Mapping[str, UniqueSpec] = field(default_factory=dict)
 
     @property
     def shards(self) -> int:
@@ -217,6 +231,7 @@ class StoreConfig:
         _check_backends(ids, hosts)
         types = _types(raw.get("types"), ids)
         relations = _relations(raw.get("relations"), types)
+        unique = _unique(raw.get("unique"), types)
         open_shards = _open_shards(raw.get("open_shards"), shards)
         map_source, map_poll_s = _map_source(raw.get("map_source"), base)
         limits = raw.get("limits") or {}
@@ -250,6 +265,7 @@ class StoreConfig:
             map_source=map_source,
             map_poll_s=map_poll_s,
             base_dir=base,
+            unique=unique,
         )
 
     def type_by_name(self, name: str) -> TypeSpec:
@@ -476,6 +492,40 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
     return out
 
 
+def _unique(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, UniqueSpec]:
+    shape = (
+        "unique must map key names to {type: TYPE, field: FIELD}, "
+        "e.g. user_by_username: {type: user, field: username}"
+    )
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(shape)
+    out: dict[str, UniqueSpec] = {}
+    seen: dict[tuple[str, str], str] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not _IDENT.match(name):
+            raise ConfigError(
+                f"unique key name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+            )
+        if not isinstance(spec, Mapping) or set(spec) != {"type", "field"}:
+            raise ConfigError(f"unique.{name} must be {{type: TYPE, field: FIELD}}")
+        if spec["type"] not in types:
+            raise ConfigError(
+                f"unique.{name}.type is {spec['type']!r}, which is not a type; "
+                f"known types: {', '.join(types)}"
+            )
+        fld = spec["field"]
+        if not isinstance(fld, str) or not fld:
+            raise ConfigError(f"unique.{name}.field must be the name of a top-level field of the object")
+        other = seen.get((spec["type"], fld))
+        if other is not None:
+            raise ConfigError(f"unique.{name} and unique.{other} both index {spec['type']}.{fld}; keep one")
+        seen[(spec["type"], fld)] = name
+        out[name] = UniqueSpec(name, spec["type"], fld)
+    return out
+
+
 def _open_shards(raw: object, shards: int) -> tuple[tuple[int, int], ...]:
     if raw is None:
         return ((0, shards - 1),)
@@ -498,7 +548,7 @@ _CACHE_INTS = {
 def _cache(raw: object) -> CacheConfig:
     if raw is None:
         return CacheConfig()
-    known = {"memcached", "redis", "memory", "prefix", "max_stale_s", *_CACHE_INTS}
+    known = {"memcached", "redis", "memory", "prefix", "max_stale_s", "follow", "follow_poll_s", *_CACHE_INTS}
     if not isinstance(raw, Mapping) or set(raw) - known:
         bad = sorted(set(raw) - known) if isinstance(raw, Mapping) else raw
         raise ConfigError(
@@ -531,6 +581,22 @@ def _cache(raw: object) -> CacheConfig:
             f"cache.max_stale_s must be a number of seconds in (0, ttl_s = {ints['ttl_s']}], "
             f"got {max_stale!r}: how long a cached entry is trusted after the read that filled it"
         )
+    follow = raw.get("follow", False)
+    if not isinstance(follow, bool):
+        raise ConfigError(f"cache.follow must be true or false, got {follow!r}")
+    poll = raw.get("follow_poll_s", 0.5)
+    if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0.05 <= poll <= max_stale / 2:
+        raise ConfigError(
+            f"cache.follow_poll_s must be seconds in [0.05, max_stale_s / 2 = {max_stale / 2:g}], "
+            f"got {poll!r}: how often the invalidation logs are read"
+        )
     return CacheConfig(
-        memcached=tuple(mc), redis=redis, memory=memory, prefix=prefix, max_stale_s=float(max_stale), **ints
+        memcached=tuple(mc),
+        redis=redis,
+        memory=memory,
+        prefix=prefix,
+        max_stale_s=float(max_stale),
+        follow=follow,
+        follow_poll_s=float(poll),
+        **ints,
     )

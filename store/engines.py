@@ -252,13 +252,25 @@ def _moved(
 class ShardHandle:
     """Everything needed to run statements on one shard: its host's backend and pool."""
 
-    __slots__ = ("backend", "host", "pool", "shard")
+    __slots__ = ("_log", "backend", "host", "pool", "shard")
 
-    def __init__(self, shard: int, host: str, pool: ConnectionPool, backend: Backend) -> None:
+    def __init__(
+        self,
+        shard: int,
+        host: str,
+        pool: ConnectionPool,
+        backend: Backend,
+        log: Callable[[ShardHandle], str | None] | None = None,
+    ) -> None:
         self.shard = shard
         self.host = host
         self.pool = pool
         self.backend = backend
+        self._log = log
+
+    def log_sql(self) -> str | None:
+        """The INSERT of an invalidation log row on this host, if writes here are logged (else None)."""
+        return None if self._log is None else self._log(self)
 
     def connect(self) -> _Checkout:
         """A pooled connection as a context manager; driver errors come out as `BackendError`."""
@@ -415,6 +427,25 @@ class Engines:
         self._pools: dict[tuple[str, int], ConnectionPool] = {}
         self._handles: dict[tuple[str, int], ShardHandle] = {}
         self._backends = {name: backend_for(url) for name, url in config.hosts.items()}
+        c = config.cache
+        #: Writes are logged for the followers (`store.cache.follower`) where caches are shared.
+        self.logging = c.follow and bool(c.memcached or c.redis)
+        self._logs: dict[str, str] = {}
+
+    def _log_sql(self, h: ShardHandle) -> str | None:
+        """The log INSERT of ``h``'s host; the log is made on the first logged write (once per process)."""
+        sql = self._logs.get(h.host)
+        if sql is None:
+            with self._lock:
+                if h.host not in self._logs:
+                    with h.connect() as conn:
+                        cur = conn.cursor()
+                        for ddl in h.backend.change_log_ddl():
+                            cur.execute(ddl)
+                        cur.close()
+                    self._logs[h.host] = h.backend.change_log_insert()
+                sql = self._logs[h.host]
+        return sql
 
     def backend(self, host: str) -> Backend:
         """The backend of ``host``."""
@@ -436,7 +467,8 @@ class Engines:
             if pool is None:
                 pool = self._make_pool(host, shard, backend)
                 self._pools[key] = pool
-            handle = self._handles[(host, shard)] = ShardHandle(shard, host, pool, backend)
+            log = self._log_sql if self.logging and backend.change_log else None
+            handle = self._handles[(host, shard)] = ShardHandle(shard, host, pool, backend, log)
             return handle
 
     def _make_pool(self, host: str, shard: int, backend: Backend) -> ConnectionPool:
@@ -460,7 +492,9 @@ class Engines:
             conn, born = pool.checkout()
             try:
                 cur = conn.cursor()
-                made = backend.shard_statements(shard, c.types.values(), c.relations.values())
+                made = backend.shard_statements(
+                    shard, c.types.values(), c.relations.values(), ids=c.ids, unique=bool(c.unique)
+                )
                 for _what, stmt in backend.missing(made, backend.existing(cur), ""):
                     cur.execute(stmt)
                 cur.close()

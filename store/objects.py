@@ -14,23 +14,27 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from store.backends.statements import ObjectStatements
-from store.cache.leases import ObjectCache
+from store.cache.follower import log_entries
+from store.cache.leases import ObjectCache, wall_ms
 from store.config import StoreConfig
 from store.engines import Cursor, Engines, ShardHandle
 from store.exceptions import (
     BackendError,
     ConflictError,
     DataError,
+    DuplicateKeyError,
     IdError,
     NotFound,
     NotSerializableError,
     ShardFullError,
+    UnknownTypeError,
 )
 from store.ids import encode_pinterest
 from store.relations import RelationService
 from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
 from store.specs import TypeSpec
+from store.unique import Claim, UniqueKeys
 
 __all__ = ["ObjectRepository", "ObjectService", "Updater", "Versioned"]
 
@@ -40,6 +44,11 @@ Updater = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 
 
 _INSERT_ATTEMPTS = 5
+_KEYED_UPDATE_ATTEMPTS = 5
+
+
+class _KeysMovedError(Exception):
+    """The object's unique values under the lock are not the ones claimed: claim again."""
 
 
 class Versioned(NamedTuple):
@@ -147,13 +156,19 @@ class ObjectRepository:
         *,
         what: str,
         if_version: int | None = None,
+        before_write: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+        logged: str = "",
     ) -> dict[str, Any]:
         """Read-modify-write one object under a row lock, in one transaction.
 
         With ``if_version``, the object must be at that version when locked
-        (else `ConflictError`, nothing written).
+        (else `ConflictError`, nothing written). ``before_write(old, new)``
+        runs under the lock before the write; what it raises rolls back.
+        ``logged``: the invalidation log entries the write commits with
+        (`store.cache.follower`), where the host logs.
         """
         sql = self.sql(h, table)
+        log_sql = h.log_sql() if logged else None
 
         def txn(cur: Cursor) -> dict[str, Any]:
             cur.execute(sql["lock"], (local_id,))
@@ -177,13 +192,28 @@ class ObjectRepository:
                     )
             else:
                 new = {**old, **changes}
-            cur.defer(sql["update"], (self._serde.dumps(new), local_id))  # goes with the COMMIT
+            text = self._serde.dumps(new)  # refused data raises before any claim
+            if before_write is not None:
+                before_write(old, new)
+            cur.defer(sql["update"], (text, local_id))  # goes with the COMMIT
+            if log_sql is not None:
+                cur.defer(log_sql, (wall_ms(), logged))
             return new
 
         return h.transaction(txn)
 
-    def delete(self, h: ShardHandle, table: str, local_id: int) -> bool:
-        """Mark one object inactive; True if it was live."""
+    def delete(self, h: ShardHandle, table: str, local_id: int, *, logged: str = "") -> bool:
+        """Mark one object inactive; True if it was live (``logged``: as for `update`)."""
+        log_sql = h.log_sql() if logged else None
+        if log_sql is not None:
+
+            def txn(cur: Cursor) -> bool:
+                cur.execute(self.sql(h, table)["delete"], (local_id,))
+                changed = cur.rowcount
+                cur.defer(log_sql, (wall_ms(), logged))
+                return bool(changed)
+
+            return h.transaction(txn)
         with h.connect() as conn:
             cur = conn.cursor()
             cur.execute(self.sql(h, table)["delete"], (local_id,))
@@ -212,8 +242,10 @@ class ObjectService:
         relations: RelationService,
         cache: ObjectCache | None,
         prefix: str,
+        unique: UniqueKeys | None = None,
     ) -> None:
         self._config = config
+        self._unique = unique
         self._router = router
         self._engines = engines
         self.repo = repo
@@ -241,6 +273,49 @@ class ObjectService:
         else:
             target = self._router.pick_shard()
         h = self._engines.shard(target, self._router.shard_map.master(target))
+        unique = self._unique
+        claims = unique.claims(spec.name, data) if unique is not None else []
+        if claims:
+            assert unique is not None
+            return self._create_claimed(unique, claims, spec, h, text)
+        return self._insert(spec, h, text)
+
+    def _create_claimed(
+        self, unique: UniqueKeys, claims: list[Claim], spec: TypeSpec, h: ShardHandle, text: str
+    ) -> int:
+        """Claim the unique keys (owner 0), insert, then name the new ID their owner."""
+        held: list[tuple[Claim, int]] = []
+        try:
+            for c in claims:
+                held.append((c, unique.claim(c, 0, live_value=self._live_value(c))))
+            if unique.after_claim is not None:
+                unique.after_claim()
+            new = self._insert(spec, h, text)
+        except BaseException:
+            # Nothing was created (a failed insert wrote no row): give the keys back.
+            unique.release([c for c, _ms in held], 0)
+            raise
+        for c, ms in held:
+            unique.own(c, new, ms)
+        return new
+
+    def _live_value(self, c: Claim) -> Callable[[int], bytes | None]:
+        """What the live object ``id`` holds for ``c``'s key now (None: nothing, or not live)."""
+
+        def value(id_: int) -> bytes | None:
+            got = self.get_with_version(id_, type_name=c.spec.type) if id_ else None
+            if got is None:
+                return None
+            try:
+                held = UniqueKeys.claim_of(c.spec, got.data.get(c.spec.field))
+            except DataError:
+                return None
+            return None if held is None else held.value
+
+        return value
+
+    def _insert(self, spec: TypeSpec, h: ShardHandle, text: str) -> int:
+        target = h.shard
         local_id = self.repo.insert(h, spec.table, text)
         if self._instagram:
             new = local_id  # the database made the whole ID
@@ -275,29 +350,124 @@ class ObjectService:
                 f"if_version must be a version from get_with_version (an int >= 1), got {if_version!r}"
             )
         shard, spec, local_id, host = self._router.route(id, type_name)
+        h = self._engines.shard(shard, host)
+        unique = self._unique
+        if unique is None or not unique.indexes(spec.name):
+            try:
+                return self.repo.update(
+                    h,
+                    spec.table,
+                    local_id,
+                    changes,
+                    what=str(id),
+                    if_version=if_version,
+                    logged=self._logged(id, spec),
+                )
+            finally:
+                # Also after a failure: the commit may have happened before the
+                # error (a lost connection), and a needless delete is harmless.
+                self._invalidate(id, spec)
+        for _attempt in range(_KEYED_UPDATE_ATTEMPTS):
+            try:
+                new = self._update_keyed(unique, h, spec, local_id, id, changes, if_version)
+            except _KeysMovedError:
+                continue  # the object changed between the claim and the lock: claim again
+            finally:
+                self._invalidate(id, spec)
+            return new
+        raise ConflictError(
+            f"object {id} kept changing while its unique keys were claimed; try again",
+            expected=if_version or 0,
+            actual=0,
+        )
+
+    def _update_keyed(
+        self,
+        unique: UniqueKeys,
+        h: ShardHandle,
+        spec: TypeSpec,
+        local_id: int,
+        id_: int,
+        changes: Updater,
+        if_version: int | None,
+    ) -> dict[str, Any]:
+        """An update of an object with unique keys: claim the new values first, then write, then free the old.
+
+        The claims are made before the row lock is taken (never while it is
+        held: on SQLite a key's shard may be the object's own file), from the
+        object as read just before; under the lock the new values must be
+        the ones claimed, else everything is undone and `_KeysMovedError` raised.
+        A function ``changes`` may therefore be called more than once.
+        """
+        seen = self.repo.get_with_version(h, spec.table, local_id)
+        if seen is None:
+            raise NotFound(f"no live object {id_}")
+        old = self.repo.decode(seen[0])
+        new = changes(old) if callable(changes) else {**old, **changes}
+        if not isinstance(new, dict):
+            raise NotSerializableError(
+                f"the update function for {id_} returned {type(new).__name__}; "
+                "it must return the whole new object as a dict"
+            )
+        before = {c.spec.name: c for c in unique.claims(spec.name, old)}
+        after = {c.spec.name: c for c in unique.claims(spec.name, new)}
+        wanted = [c for name, c in after.items() if before.get(name) != c]
+        claimed: list[Claim] = []
+        dropped: list[Claim] = []
+
+        def check(locked_old: dict[str, Any], locked_new: dict[str, Any]) -> None:
+            now_before = {c.spec.name: c for c in unique.claims(spec.name, locked_old)}
+            now_after = {c.spec.name: c for c in unique.claims(spec.name, locked_new)}
+            needed = [c for name, c in now_after.items() if now_before.get(name) != c]
+            if any(c not in claimed for c in needed):
+                raise _KeysMovedError
+            dropped.extend(c for name, c in now_before.items() if now_after.get(name) != c)
+
         try:
-            return self.repo.update(
-                self._engines.shard(shard, host),
+            for c in wanted:
+                unique.claim(c, id_, live_value=self._live_value(c))
+                claimed.append(c)
+            result = self.repo.update(
+                h,
                 spec.table,
                 local_id,
                 changes,
-                what=str(id),
+                what=str(id_),
                 if_version=if_version,
+                before_write=check,
+                logged=self._logged(id_, spec),
             )
-        finally:
-            # Also after a failure: the commit may have happened before the
-            # error (a lost connection), and a needless delete is harmless.
-            self._invalidate(id, spec)
+        except (DataError, DuplicateKeyError, ConflictError, NotFound, _KeysMovedError):
+            # Refused before the write: the new values claimed so far go back.
+            unique.release(claimed, id_)
+            raise
+        unique.release(dropped, id_)
+        return result
 
     def delete(self, id: int, *, type_name: str | None) -> bool:  # noqa: A002
         """Mark the object inactive, then take it out of every list that reaches it through an inverse."""
         shard, spec, local_id, host = self._router.route(id, type_name)
+        unique = self._unique
+        held: list[Claim] = []
+        if unique is not None and unique.indexes(spec.name):
+            got = self.get_with_version(id, type_name=spec.name)
+            held = [] if got is None else unique.claims(spec.name, got.data)
         try:
-            was_live = self.repo.delete(self._engines.shard(shard, host), spec.table, local_id)
+            was_live = self.repo.delete(
+                self._engines.shard(shard, host), spec.table, local_id, logged=self._logged(id, spec)
+            )
         finally:
             self._invalidate(id, spec)
+        if unique is not None and held:
+            unique.release(held, id)  # only rows this object holds: a value renamed meanwhile stays
         self._relations.remove_object(spec.name, id)
         return was_live
+
+    def lookup(self, name: str, value: str | int) -> int | None:
+        """The ID of the live object whose unique key ``name`` is ``value``, or None."""
+        if self._unique is None:
+            raise UnknownTypeError(f"no unique key {name!r}; add a unique: section to the config")
+        return self._unique.lookup(name, value)
 
     # -- reads -------------------------------------------------------------------
 
@@ -396,6 +566,12 @@ class ObjectService:
         if self._instagram:
             return f"{self._object_prefix}{spec.id}:{id}"
         return f"{self._object_prefix}{id}"
+
+    def _logged(self, id: int, spec: TypeSpec) -> str:  # noqa: A002
+        """What a write of ``id`` logs for the followers ("" where nothing is cached or logged)."""
+        if self._cache is None or not self._engines.logging:
+            return ""
+        return log_entries(objects=[self.key(id, spec)])
 
     def _invalidate(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
         if self._cache is not None:

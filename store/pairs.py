@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from store.backends.statements import ObjectStatements
+from store.cache.leases import wall_ms
 from store.engines import Cursor, ShardHandle, transaction_pair
 from store.exceptions import NotFound
 
@@ -94,6 +95,8 @@ class PairWriter:
         #: Test hook, called at each step of a pair write ("start", "primary written",
         #: "inverse committed"): a test that pauses threads there forces interleavings.
         self.step: Callable[[str], None] | None = None
+        #: The invalidation log entries of a side's write (`store.cache.follower`); None: not logged.
+        self.log: Callable[[Side], str] | None = None
         self._live_sql: dict[tuple[str, int, str], str] = {}
 
     # -- the three writes --------------------------------------------------------
@@ -129,26 +132,32 @@ class PairWriter:
             self._lock_key(cur, primary)
             if move and self.repo.move_in(cur, primary, sequence):
                 moved = True
+                self._logged(cur, primary)
                 return True, sequence
             if not move and primary.guard is not None and self.repo.insert_live_in(cur, primary, sequence):
                 new = True
+                self._logged(cur, primary)
                 return True, sequence
             self._check_live(cur, primary)
             new, settled = self.repo.add_in(cur, primary, sequence, move=move)
+            if new or move:
+                self._logged(cur, primary)
             return True, settled
 
         def second(cur: Cursor, state: State) -> None:
             nonlocal inverse_changed
             assert inverse is not None
             _present, settled = state
-            if new and inverse.guard is not None and self.repo.insert_live_in(cur, inverse, settled):
+            fast = (
+                new and inverse.guard is not None and self.repo.insert_live_in(cur, inverse, settled)
+            ) or (moved and self.repo.move_in(cur, inverse, settled))
+            if fast:
                 inverse_changed = True
-                return
-            if moved and self.repo.move_in(cur, inverse, settled):
-                inverse_changed = True
-                return
-            self._check_live(cur, inverse)
-            inverse_changed = self.repo.set_in(cur, inverse, state)
+            else:
+                self._check_live(cur, inverse)
+                inverse_changed = self.repo.set_in(cur, inverse, state)
+            if inverse_changed:
+                self._logged(cur, inverse)
 
         self._run(primary, inverse, first, second)
         if touched is not None:
@@ -169,12 +178,16 @@ class PairWriter:
             inverse_changed = False
             self._lock_key(cur, primary)
             gone = self.repo.remove_in(cur, primary)
+            if gone:
+                self._logged(cur, primary)
             return False, 0
 
         def second(cur: Cursor, state: State) -> None:
             nonlocal inverse_changed
             assert inverse is not None
             inverse_changed = self.repo.set_in(cur, inverse, state)
+            if inverse_changed:
+                self._logged(cur, inverse)
 
         self._run(primary, inverse, first, second)
         if touched is not None:
@@ -196,6 +209,8 @@ class PairWriter:
         def second(cur: Cursor, state: State) -> None:
             nonlocal changed
             changed = self.repo.set_in(cur, inverse, state)
+            if changed:
+                self._logged(cur, inverse)
 
         self._run(primary, inverse, first, second)
         return changed
@@ -228,6 +243,14 @@ class PairWriter:
             p.transaction(both)
             return
         transaction_pair(p, i, first, second, step=step)
+
+    def _logged(self, cur: Cursor, side: Side) -> None:
+        """Log the side's list for the followers, with the transaction's COMMIT (where the host logs)."""
+        if self.log is None:
+            return
+        sql = side.h.log_sql()
+        if sql is not None:
+            cur.defer(sql, (wall_ms(), self.log(side)))
 
     # -- locks and checks -------------------------------------------------------------
 

@@ -12,7 +12,8 @@ or an inverse row too many (after an unlink), and `store.admin.repair`
 makes the inverse side match the primary again.
 
 `RelationRepository` runs SQL on one shard; `RelationService` validates,
-routes and orders the two sides.
+routes and orders the two sides. Reads of many lists at once (membership
+checks, the first pages of many lists) are in `store.relation_reads`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from store.backends.statements import GuardedInsertStatements, RelationStatements
-from store.cache.lists import ListCache, decode_members, encode_member
+from store.cache.follower import log_entries
+from store.cache.lists import ListCache, decode_members, encode_member, lex_bound
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
 from store.exceptions import DataError, LimitError
@@ -33,7 +35,7 @@ from store.pairs import Guard, PairWriter, Side
 from store.routing import Router
 from store.specs import RelationSpec
 
-__all__ = ["Page", "RelationRepository", "RelationService"]
+__all__ = ["Page", "RelationRepository", "RelationService", "fill_size"]
 
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 #: A list fill reads at least this many entries (up to ``cache.list_entries``), or four
@@ -44,12 +46,18 @@ MIN_FILL = 200
 REMOVE_CHUNK = 200
 
 
+def fill_size(entries: int, want: int) -> int:
+    """How many entries a list fill reads for a read of ``want``: see `MIN_FILL`."""
+    return min(entries, max(MIN_FILL, 4 * want))
+
+
 @dataclass(frozen=True, slots=True)
 class Page:
     """One page of a relation list: IDs in order, and the cursor of the next page.
 
-    ``next_cursor`` is None on the last page. `Store.board_pins` also fills
-    ``objects``, aligned with ``ids`` (IDs whose object is gone are left out).
+    ``next_cursor`` is None on the last page. `Store.board_pins` and
+    `Store.board_pins_many` also fill ``objects``, aligned with ``ids`` (IDs
+    whose object is gone are left out).
     """
 
     ids: list[int]
@@ -193,6 +201,27 @@ class RelationRepository:
             params = (from_id, after[0], after[0], after[1], limit)
         return [(int(s), int(t)) for s, t in h.read(query, params, one=False)]
 
+    def page_range(
+        self,
+        h: ShardHandle,
+        relation: str,
+        from_id: int,
+        span: tuple[int, int],
+        limit: int,
+        after: tuple[int, int] | None,
+        newest_first: bool,
+    ) -> list[tuple[int, int]]:
+        """`page` within ``span`` = (low, high): entries with low <= sequence <= high."""
+        sql = self.sql(h, relation)
+        low, high = span
+        if after is None:
+            query = sql.page_desc_range if newest_first else sql.page_asc_range
+            params: tuple[int, ...] = (from_id, low, high, limit)
+        else:
+            query = sql.page_desc_range_after if newest_first else sql.page_asc_range_after
+            params = (from_id, low, high, after[0], after[0], after[1], limit)
+        return [(int(s), int(t)) for s, t in h.read(query, params, one=False)]
+
     def count(self, h: ShardHandle, relation: str, from_id: int) -> int:
         """The kept count of pairs from ``from_id``."""
         row = h.read(self.sql(h, relation).count, (relation, from_id), one=True)
@@ -274,7 +303,19 @@ class RelationService:
         self.lists = lists
         self._prefix = prefix
         self.pairs = PairWriter(self.repo)
+        if lists is not None:
+            # Where the host logs writes, a side's list goes in the log with its COMMIT.
+            self.pairs.log = lambda side: log_entries(lists=[self.list_key(side.relation, side.from_id)])
         self._object_key = "id" if router.config.ids == "instagram" else "local_id"
+
+    @property
+    def router(self) -> Router:
+        """The router this service routes by."""
+        return self._router
+
+    def handle(self, spec: RelationSpec, from_id: int, to_id: int | None = None) -> ShardHandle:
+        """The shard handle of ``from_id``'s list, both IDs checked against the relation's types."""
+        return self._side(spec, from_id, to_id)
 
     def list_key(self, relation: str, from_id: int) -> str:
         """The cache key of ``from_id``'s ``relation`` list."""
@@ -299,6 +340,18 @@ class RelationService:
         if type(limit) is not int or not 1 <= limit <= cap:
             raise LimitError(f"limit must be an int in 1..{cap} (limits.max_page), got {limit!r}")
         return limit
+
+    @staticmethod
+    def check_range(since: int | None, until: int | None) -> None:
+        """`LimitError` unless ``since`` and ``until`` are None or 64-bit signed ints, since <= until."""
+        for name, value in (("since", since), ("until", until)):
+            if value is not None and (type(value) is not int or not _SEQ_MIN <= value <= _SEQ_MAX):
+                raise LimitError(f"{name} must be None or a 64-bit signed int (a sequence), got {value!r}")
+        if since is not None and until is not None and since > until:
+            raise LimitError(
+                f"since ({since}) is after until ({until}): since is inclusive, until exclusive, "
+                "so since <= until"
+            )
 
     # -- writes --------------------------------------------------------------
 
@@ -426,15 +479,26 @@ class RelationService:
         limit: int = 50,
         cursor: str | None = None,
         newest_first: bool = False,
+        since: int | None = None,
+        until: int | None = None,
     ) -> Page:
-        """One keyset page; pass ``next_cursor`` back for the next one."""
+        """One keyset page; pass ``next_cursor`` back for the next one.
+
+        ``since`` (inclusive) and ``until`` (exclusive) keep the page to
+        entries whose sequence lies in that range; the cursor carries the range.
+        """
         self.check_limit(limit)
-        after = None if cursor is None else decode_cursor(cursor, relation, from_id, newest_first)
-        rows, more = self.rows_after(relation, from_id, after, limit, newest_first=newest_first)
+        self.check_range(since, until)
+        after = None
+        if cursor is not None:
+            after = decode_cursor(cursor, relation, from_id, newest_first, since=since, until=until)
+        rows, more = self.rows_after(
+            relation, from_id, after, limit, newest_first=newest_first, since=since, until=until
+        )
         next_cursor = None
         if more:
             seq, last = rows[-1]
-            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last)
+            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last, since=since, until=until)
         return Page([t for _s, t in rows], next_cursor)
 
     def rows_after(
@@ -445,10 +509,17 @@ class RelationService:
         limit: int,
         *,
         newest_first: bool = False,
+        since: int | None = None,
+        until: int | None = None,
     ) -> tuple[list[tuple[int, int]], bool]:
-        """Up to ``limit`` (sequence, to_id) entries after the key ``after``, and whether more follow."""
+        """Up to ``limit`` (sequence, to_id) entries after the key ``after``, and whether more follow.
+
+        With ``since``/``until``, only entries with since <= sequence < until (checked by the caller).
+        """
         spec = self._router.relation(relation)
         h = self._side(spec, from_id, None)
+        if since is not None or until is not None:
+            return self._rows_in_range(h, relation, from_id, after, limit, newest_first, since, until)
         rows = None
         if self.lists is not None:
             if after is None:
@@ -459,6 +530,94 @@ class RelationService:
         if rows is None:
             rows = self.repo.page(h, relation, from_id, limit + 1, after, newest_first)
         return rows[:limit], len(rows) > limit
+
+    def _rows_in_range(
+        self,
+        h: ShardHandle,
+        relation: str,
+        from_id: int,
+        after: tuple[int, int] | None,
+        limit: int,
+        newest_first: bool,
+        since: int | None,
+        until: int | None,
+    ) -> tuple[list[tuple[int, int]], bool]:
+        """`rows_after` within since <= sequence < until: the cached head if it holds them, else the index."""
+        if until is not None and until <= (_SEQ_MIN if since is None else since):
+            return [], False  # an empty range
+        rows = None
+        if self.lists is not None:
+            rows = self._cached_range(h, relation, from_id, after, limit + 1, newest_first, since, until)
+        if rows is None:
+            span = (_SEQ_MIN if since is None else since, _SEQ_MAX if until is None else until - 1)
+            rows = self.repo.page_range(h, relation, from_id, span, limit + 1, after, newest_first)
+        return rows[:limit], len(rows) > limit
+
+    def _cached_range(
+        self,
+        h: ShardHandle,
+        relation: str,
+        from_id: int,
+        after: tuple[int, int] | None,
+        want: int,
+        newest_first: bool,
+        since: int | None,
+        until: int | None,
+    ) -> list[tuple[int, int]] | None:
+        """Up to ``want`` entries of the range from the cached head (filled on a miss), or None.
+
+        The head answers when the list is complete, or, oldest first, when it
+        holds ``want`` entries of the range, or when it reaches past the end
+        the read needs (``until``; newest first, also a cursor's key): then
+        every entry before that end is in the head.
+        """
+        assert self.lists is not None
+        # IDs are > 0: (since, 0) sorts before every entry at since.
+        low = None if since is None else (since, 0)
+        high = None if until is None else (until, 0)
+        start, start_open, end = low, False, high
+        if after is not None and newest_first and (high is None or after < high):
+            end = after
+        elif after is not None and not newest_first and (low is None or after >= low):
+            start, start_open = after, True  # a cursor's key is not repeated
+        read = self.lists.read(
+            self.list_key(relation, from_id),
+            (
+                "lex",
+                lex_bound(
+                    None if start is None else encode_member(*start), inclusive=not start_open, low=True
+                ),
+                lex_bound(None if end is None else encode_member(*end), inclusive=False, low=False),
+                want,
+                newest_first,
+            ),
+        )
+        if read is None:
+            return None  # the cache failed: a miss, and no fill
+        stats = self.lists.stats
+        if read.meta is not None:
+            rows = decode_members(read.members)
+            last = None if read.last is None else decode_members([read.last])[0]
+            complete = read.complete
+        else:
+            stats.add(misses=1)
+            n, head = self._fill(h, relation, from_id, read.version, want)
+            complete = len(head) == n
+            last = head[-1] if head else None
+            i = 0 if start is None else (bisect_right if start_open else bisect_left)(head, start)
+            j = len(head) if end is None else bisect_left(head, end)
+            picked = head[i:j]
+            rows = picked[::-1][:want] if newest_first else picked[:want]
+        covered = (
+            complete
+            or (not newest_first and len(rows) >= want)
+            or (end is not None and last is not None and last >= end)
+        )
+        if read.meta is not None and covered:
+            stats.add(hits=1)
+        elif read.meta is not None:
+            stats.add(misses=1)
+        return rows if covered else None
 
     def has_link(self, relation: str, from_id: int, to_id: int) -> bool:
         """Whether the pair exists: one primary-key read on ``from_id``'s shard."""
@@ -541,7 +700,7 @@ class RelationService:
         ``list_entries``.
         """
         assert self.lists is not None
-        size = min(self.lists.entries, max(MIN_FILL, 4 * want))
+        size = fill_size(self.lists.entries, want)
         read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
         head = self.repo.page(h, relation, from_id, size, None, False)
         n = self.repo.count(h, relation, from_id)

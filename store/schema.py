@@ -47,9 +47,11 @@ def shard_statements(
     *,
     ids: str = "pinterest",
     epoch_ms: int = 0,
+    unique: bool = False,
 ) -> list[tuple[str, str]]:
     """Idempotent DDL for shard ``shard`` on a ``backend`` host, as (what it creates, statement) pairs."""
-    return backend_named(backend).shard_statements(shard, types, relations, ids=ids, epoch_ms=epoch_ms)
+    b = backend_named(backend)
+    return b.shard_statements(shard, types, relations, ids=ids, epoch_ms=epoch_ms, unique=unique)
 
 
 def shard_ddl(
@@ -60,6 +62,7 @@ def shard_ddl(
     *,
     ids: str = "pinterest",
     epoch_ms: int = 0,
+    unique: bool = False,
 ) -> list[str]:
     """Idempotent statements that create shard ``shard`` on a ``backend`` host.
 
@@ -67,7 +70,7 @@ def shard_ddl(
     init` adds to tables of older versions are left out.
     """
     b = backend_named(backend)
-    pairs = shard_statements(backend, shard, types, relations, ids=ids, epoch_ms=epoch_ms)
+    pairs = shard_statements(backend, shard, types, relations, ids=ids, epoch_ms=epoch_ms, unique=unique)
     return [stmt for _what, stmt in b.missing(pairs, set(), b.namespace(shard))]
 
 
@@ -86,5 +89,6 @@ def render_shard_sql(backend: str, shard: int, config: StoreConfig) -> str:
         config.relations.values(),
         ids=config.ids,
         epoch_ms=config.instagram_epoch_ms,
+        unique=bool(config.unique),
     )
     return head + "".join(f"\n{stmt};\n" for stmt in stmts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RelationSpec", "TypeSpec"]
+__all__ = ["RelationSpec", "TypeSpec", "UniqueSpec"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +34,16 @@ class RelationSpec:
     to_type: str
     inverse: str | None = None
     primary: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class UniqueSpec:
+    """A unique key (config ``unique:``): no two live objects of ``type`` share a value of ``field``.
+
+    Its rows live in every shard's ``unique_keys`` table, each on the shard
+    a hash of the value picks (not the object's shard).
+    """
+
+    name: str
+    type: str
+    field: str

@@ -18,18 +18,21 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
+from store.cache.follower import Follower, build_follower
 from store.config import StoreConfig
 from store.cursors import decode_cursor, encode_cursor
 from store.defaults import embedded_config
-from store.engines import Engines
-from store.exceptions import NotFound
+from store.engines import Engines, ShardHandle
+from store.exceptions import NotFound, StoreError
 from store.livemap import LiveMap
 from store.mapsource import MapSource
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
+from store.relation_reads import RelationReads, id_list, pair_list
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import Location, Router
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
+from store.unique import UniqueKeys
 
 __all__ = ["AdminContext", "Location", "Store"]
 
@@ -61,6 +64,8 @@ class AdminContext:
     objects: ObjectService
     relations: RelationService
     caches: Caches
+    #: The unique keys (None when the config has no ``unique:``).
+    unique: UniqueKeys | None = None
 
     @property
     def relation_repository(self) -> RelationRepository:
@@ -109,6 +114,17 @@ class Store:
             prefix=self._caches.prefix,
         )
         repo = ObjectRepository(serde=serde or JsonSerde(max_bytes=config.max_object_bytes), ids=config.ids)
+        self._unique = (
+            UniqueKeys(
+                config=config,
+                router=self._router,
+                engines=self._engines,
+                cache=self._caches.objects,
+                prefix=self._caches.prefix,
+            )
+            if config.unique
+            else None
+        )
         self._objects = ObjectService(
             config=config,
             router=self._router,
@@ -117,7 +133,9 @@ class Store:
             relations=self._relations,
             cache=self._caches.objects,
             prefix=self._caches.prefix,
+            unique=self._unique,
         )
+        self._follower = _start_follower(config, self._engines, self._router, self._caches)
 
     @classmethod
     def from_config(
@@ -226,6 +244,16 @@ class Store:
         """
         return self._objects.delete(id, type_name=type_name)
 
+    @_rerouted
+    def lookup(self, name: str, value: str | int) -> int | None:
+        """The ID of the live object whose unique key ``name`` (config ``unique:``) is ``value``, or None.
+
+        One read of the key's row, on the shard a hash of the value picks;
+        cached like objects. ``create`` and ``update`` refuse a value
+        another object holds with `DuplicateKeyError`.
+        """
+        return self._objects.lookup(name, value)
+
     def require(self, id: int, *, type_name: str | None = None) -> dict[str, Any]:  # noqa: A002
         """Like `get`, but raises `NotFound` instead of returning None."""
         data = self.get(id, type_name=type_name)
@@ -271,14 +299,83 @@ class Store:
         limit: int = 50,
         cursor: str | None = None,
         newest_first: bool = False,
+        since: int | None = None,
+        until: int | None = None,
     ) -> Page:
-        """One page of ``from_id``'s list by keyset (page 2,000 costs what page 1 costs)."""
-        return self._relations.page(relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first)
+        """One page of ``from_id``'s list by keyset (page 2,000 costs what page 1 costs).
+
+        ``since`` and ``until`` keep the page to entries whose sequence lies in
+        ``since <= sequence < until`` (``since`` inclusive, ``until``
+        exclusive; sequences default to microseconds since the epoch, so
+        ``since=t0, until=t1`` is what was linked from t0 up to, not
+        including, t1). Either may be left out. The next page's cursor goes on
+        within the same range and is refused (`CursorError`) with another one;
+        ``since > until`` raises `LimitError`.
+        """
+        return self._relations.page(
+            relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first, since=since, until=until
+        )
 
     @_rerouted
     def has_link(self, relation: str, from_id: int, to_id: int) -> bool:
         """Whether ``to_id`` is in ``from_id``'s list: one primary-key read, no list read."""
         return self._relations.has_link(relation, from_id, to_id)
+
+    @functools.cached_property
+    def _reads(self) -> RelationReads:
+        """Reads of many lists at once (made on first use)."""
+        return RelationReads(self._relations, self._engines)
+
+    def has_links(self, relation: str, from_id: int, to_ids: Iterable[int]) -> set[int]:
+        """Which of ``to_ids`` are in ``from_id``'s list.
+
+        One query on ``from_id``'s shard (a primary-key ``IN`` read), or none
+        when the list cache holds the whole list and trusts it.
+        """
+        wanted = id_list(to_ids, "to_ids", unique=False)
+        return self._live.run(lambda: self._reads.has_links(relation, from_id, wanted))
+
+    def has_links_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Which of ``pairs`` (from_id, to_id) are linked, as a set of pairs (a feed's hearts).
+
+        Lists the cache holds whole answer from one round trip to it; the rest
+        take one query per host, covering all its shards, hosts asked at once.
+        """
+        wanted = pair_list(pairs)
+        return self._live.run(lambda: self._reads.has_links_many(relation, wanted))
+
+    def pages_many(self, relation: str, from_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
+        """The first page of each list (oldest first, as `page` gives it), by from_id.
+
+        Cached lists come from one round trip to the list cache; the rest
+        from one query per host (a keyset subquery per list, on the sequence
+        index), hosts asked at once, and are cached. Each ``next_cursor``
+        works with `page`.
+        """
+        ids = id_list(from_ids, "from_ids")
+        return self._live.run(lambda: self._reads.pages_many(relation, ids, limit=limit))
+
+    def board_pins_many(self, board_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
+        """`board_pins`' first page for each board, by board ID: ids, pin objects and cursor.
+
+        The lists as `pages_many` reads them, then every page's pins in one
+        batched object read (one memcached batch per server; misses one
+        query per host). Entries whose pin is gone are skipped and the page
+        is filled, as `board_pins` does. Warm, that is one Redis pipeline and
+        one memcached batch per server; cold, two queries per host.
+        """
+        relation = "board_has_pins"
+        spec = self.config.relations.get(relation)
+        pin_type = None if spec is None else spec.to_type
+        ids = id_list(board_ids, "board_ids")
+
+        def load(pins: list[int]) -> dict[int, dict[str, Any]]:
+            # The service, not the public get_many: this call already runs through the live map.
+            return self._objects.get_many(pins, type_name=pin_type)
+
+        return self._live.run(
+            lambda: self._reads.first_pages_with_objects(relation, ids, limit=limit, load=load)
+        )
 
     @_rerouted
     def count(self, relation: str, from_id: int) -> int:
@@ -323,7 +420,14 @@ class Store:
     def admin_context(self) -> AdminContext:
         """The store's insides, for admin jobs and tools (never needed on the request path)."""
         return AdminContext(
-            self.config, self._engines, self._router, self._live, self._objects, self._relations, self._caches
+            self.config,
+            self._engines,
+            self._router,
+            self._live,
+            self._objects,
+            self._relations,
+            self._caches,
+            self._unique,
         )
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -331,7 +435,9 @@ class Store:
         return self._caches.stats()
 
     def close(self) -> None:
-        """Close every pooled connection."""
+        """Stop following the invalidation logs; close every pooled connection."""
+        if self._follower is not None:
+            self._follower.stop()
         self._engines.dispose()
         self._caches.close()
         self._live.close()
@@ -346,3 +452,44 @@ class Store:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _start_follower(config: StoreConfig, engines: Engines, router: Router, caches: Caches) -> Follower | None:
+    """Follow every master's invalidation log (`store.cache.follower`), where writes are logged."""
+    if not engines.logging or not (caches.objects or caches.lists):
+        return None
+
+    def hosts() -> list[tuple[str, Callable[[], Any], str]]:
+        out: list[tuple[str, Callable[[], Any], str]] = []
+        seen: set[str] = set()
+        shard_map = router.shard_map
+        for r in shard_map:
+            url = str(config.hosts[r.master])
+            if url in seen:
+                continue
+            seen.add(url)
+            h = engines.shard(r.shards().start, r.master)
+            table = h.backend.change_log
+            if table is None:
+                raise StoreError(
+                    f"host {r.master} keeps no invalidation log: entries are trusted in the window only"
+                )
+
+            def connect(h: ShardHandle = h) -> Any:
+                h.log_sql()  # makes the log, once
+                return h.connect()
+
+            out.append((url, connect, table))
+        return out
+
+    follower = build_follower(
+        hosts,
+        None if caches.objects is None else caches.objects.invalidate,
+        None if caches.lists is None else caches.lists.invalidate,
+        poll_s=config.cache.follow_poll_s,
+    )
+    for cache in (caches.objects, caches.lists):
+        if cache is not None:
+            cache.follower = follower
+    follower.start()
+    return follower

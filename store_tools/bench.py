@@ -223,21 +223,134 @@ def _relation_cases(
                 max(1, n // 4),
             ),
             ("count", lambda _i: store.count(rel, board), raw(count_sql, (rel, board)), n),
+            _has_links_case(store, cur, p, table, board, rows, n),
         ]
         results = []
         for case, store_op, raw_op, times in cases:
             say(case)
             results.append(pair(case, store_op, raw_op, times))
+    say(f"loading {MANY_BOARDS} boards of {MANY_PINS} pins")
+    with _loaded_boards(store, cur, p, shard, rel) as pages:
+        say(f"board_pins_many({MANY_BOARDS})")
+        results.append(
+            pair(
+                f"board_pins_many({MANY_BOARDS})",
+                lambda _i: store.board_pins_many(list(pages), limit=MANY_PINS),
+                _raw_board_pins_many(store, cur, p, shard, rel, pages),
+                max(1, n // 10),
+            )
+        )
     return results
+
+
+#: `has_links` asks this many to_ids of the bench board, about half of them linked.
+HAS_LINKS = 500
+#: `board_pins_many` reads this many boards' first pages, of this many pins each.
+MANY_BOARDS, MANY_PINS = 20, 50
+
+
+def _has_links_case(
+    store: Store, cur: Any, p: str, table: str, board: int, rows: list[Row], n: int
+) -> tuple[str, Callable[[int], object], Callable[[int], None], int]:
+    """``has_links`` of the bench board, half of the to_ids linked, next to one ``SELECT ... IN``."""
+    linked = [t for _f, t, _s in rows]
+    # IDs of the same shard and type beyond the loaded ones: later local ids, or later milliseconds.
+    offset = 64 << 23 if store.config.ids == "instagram" else BOARD_PINS
+    rng = random.Random(11)
+    asks = []
+    for _ in range(8):
+        ask = rng.sample(linked, HAS_LINKS // 2) + [t + offset for t in rng.sample(linked, HAS_LINKS // 2)]
+        rng.shuffle(ask)
+        asks.append(ask)
+    sql = f"SELECT to_id FROM {table} WHERE from_id = {p} AND to_id IN ({', '.join([p] * HAS_LINKS)})"
+
+    def raw_has_links(i: int) -> None:
+        cur.execute(sql, [board, *asks[i % 8]])
+        {int(row[0]) for row in cur.fetchall()}
+
+    case = f"has_links({HAS_LINKS})"
+    return (
+        case,
+        lambda i: store.has_links("board_has_pins", board, asks[i % 8]),
+        raw_has_links,
+        max(1, n // 4),
+    )
+
+
+@contextmanager
+def _loaded_boards(store: Store, cur: Any, p: str, shard: int, rel: str) -> Iterator[dict[int, list[int]]]:
+    """MANY_BOARDS new boards of MANY_PINS new pins each (pins by the store, pairs bulk-loaded).
+
+    The pairs are removed afterwards (they have no inverse side); the objects stay, as the
+    create case's do.
+    """
+    spec = store.config.relations[rel]
+    pages: dict[int, list[int]] = {}
+    for b in range(MANY_BOARDS):
+        board = store.create(spec.from_type, {"name": f"bench board {b}"}, shard=shard)
+        pages[board] = [store.create(spec.to_type, PIN, shard=shard) for _ in range(MANY_PINS)]
+    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
+    table, counts = h.table(rel), h.table("relation_counts")
+    rows = [(board, pin, k) for board, pins in pages.items() for k, pin in enumerate(pins)]
+    cur.execute("BEGIN")
+    cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES ({p}, {p}, {p})", rows)
+    cur.executemany(
+        f"INSERT INTO {counts} (relation, from_id, n) VALUES ({p}, {p}, {p})",
+        [(rel, board, MANY_PINS) for board in pages],
+    )
+    cur.execute("COMMIT")
+    try:
+        yield pages
+    finally:
+        marks = ", ".join([p] * len(pages))
+        cur.execute(f"DELETE FROM {table} WHERE from_id IN ({marks})", list(pages))
+        cur.execute(f"DELETE FROM {counts} WHERE relation = {p} AND from_id IN ({marks})", [rel, *pages])
+
+
+def _raw_board_pins_many(
+    store: Store, cur: Any, p: str, shard: int, rel: str, pages: dict[int, list[int]]
+) -> Callable[[int], None]:
+    """The floor of ``board_pins_many``: one UNION ALL of the boards' first pages, one IN of their pins.
+
+    The same two statements the store sends to a host, hand-written, decoded with orjson.
+    """
+    spec = store.config.relations[rel]
+    pin_type = store.config.types[spec.to_type]
+    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
+    table, pins_table = h.table(rel), h.table(pin_type.table)
+    instagram = store.config.ids == "instagram"
+    key = "id" if instagram else "local_id"
+    boards = list(pages)
+    lists_sql = " UNION ALL ".join(
+        f"SELECT {i} AS part, q.sequence, q.to_id FROM (SELECT sequence, to_id FROM {table} "
+        f"WHERE from_id = {p} ORDER BY sequence, to_id LIMIT {p}) AS q"
+        for i in range(len(boards))
+    )
+    lists_args = [a for board in boards for a in (board, MANY_PINS + 1)]
+    mask = -1 if instagram else (1 << 36) - 1  # the local id is the low 36 bits of a Pinterest ID
+    objects_sql = f"SELECT {key}, data FROM {pins_table} WHERE active = 1 AND {key} IN "
+
+    def run(_i: int) -> None:
+        cur.execute(lists_sql, lists_args)
+        by_board: list[list[tuple[int, int]]] = [[] for _ in boards]
+        for part, seq, to_id in cur.fetchall():
+            by_board[part].append((seq, to_id))
+        firsts = [[t for _s, t in sorted(rows)[:MANY_PINS]] for rows in by_board]
+        keys = [t & mask for ids in firsts for t in ids]
+        cur.execute(objects_sql + f"({', '.join([p] * len(keys))})", keys)
+        found = {int(k): orjson.loads(data) for k, data in cur.fetchall()}
+        [[found[t & mask] for t in ids if t & mask in found] for ids in firsts]
+
+    return run
 
 
 def format_results(results: list[BenchResult]) -> str:
     """A fixed-width table of results."""
     head = ("case", "store med", "raw med", "ratio", "store p99", "raw p99", "ratio")
-    lines = ["{:<18}{:>11}{:>10}{:>7}{:>11}{:>10}{:>7}".format(*head)]
+    lines = ["{:<26}{:>11}{:>10}{:>7}{:>11}{:>10}{:>7}".format(*head)]
     for r in results:
         lines.append(
-            f"{r.case:<18}{r.store_median_us:>9.0f}us{r.raw_median_us:>8.0f}us{r.ratio_median:>6.2f}x"
+            f"{r.case:<26}{r.store_median_us:>9.0f}us{r.raw_median_us:>8.0f}us{r.ratio_median:>6.2f}x"
             f"{r.store_p99_us:>9.0f}us{r.raw_p99_us:>8.0f}us{r.ratio_p99:>6.2f}x"
         )
     tickets = [r for r in results if r.case.startswith("ticket")]

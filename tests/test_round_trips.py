@@ -58,3 +58,131 @@ def test_link_writes_take_few_round_trips(store: Store) -> None:
     assert store.count(BHP, board) == 1
     assert store.links("pin_owned_by_board", there) == []
     assert store.count("pin_owned_by_board", here) == 1
+
+
+# -- reads of many lists: one round trip per host ----------------------------------
+
+
+class Trips:
+    """Requests to each database host, to Redis and to each memcached server, from any thread.
+
+    A database request is one ``COM_QUERY`` of a PyMySQL connection, counted
+    against the pool (host) that lent the connection; a Redis request is one
+    packed send (a pipeline is one); a memcached request is one pipelined batch.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        import pymysql.connections
+        import redis.connection
+
+        from store.cache.memcached import MemcachedServer
+        from store.pool import ConnectionPool
+
+        self.database: dict[str, int] = {}
+        self.redis = 0
+        self.memcached: dict[str, int] = {}
+        lock = threading.Lock()
+        real_checkout = ConnectionPool.checkout
+        real_query = pymysql.connections.Connection._execute_command
+        real_redis = redis.connection.Connection.send_packed_command
+        real_mc = MemcachedServer.pipeline
+
+        def checkout(pool: ConnectionPool) -> tuple[object, float]:
+            conn, born = real_checkout(pool)
+            conn.raw._trips_host = pool.name  # type: ignore[attr-defined]
+            return conn, born
+
+        def query(conn: object, command: int, sql: object) -> object:
+            with lock:
+                host = getattr(conn, "_trips_host", "?")
+                self.database[host] = self.database.get(host, 0) + 1
+            return real_query(conn, command, sql)
+
+        def redis_send(conn: object, command: object, check_health: bool = True) -> None:
+            with lock:
+                self.redis += 1
+            real_redis(conn, command, check_health)  # type: ignore[arg-type]
+
+        def mc_send(server: MemcachedServer, commands: object, parse: object) -> object:
+            with lock:
+                self.memcached[server.address] = self.memcached.get(server.address, 0) + 1
+            return real_mc(server, commands, parse)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ConnectionPool, "checkout", checkout)
+        monkeypatch.setattr(pymysql.connections.Connection, "_execute_command", query)
+        monkeypatch.setattr(redis.connection.Connection, "send_packed_command", redis_send)
+        monkeypatch.setattr(MemcachedServer, "pipeline", mc_send)
+
+    def reset(self) -> None:
+        self.database, self.redis, self.memcached = {}, 0, {}
+
+
+def _twenty_boards(store: Store) -> tuple[list[int], dict[int, list[int]]]:
+    """Twenty boards over shards 0-7 (hosts MySQL001A and MySQL002A), three pins each."""
+    boards = [store.create("board", {"b": i}, shard=i % 8) for i in range(20)]
+    pins = {
+        b: [store.create("pin", {"b": i, "k": k}, near=b) for k in range(3)] for i, b in enumerate(boards)
+    }
+    for b, ps in pins.items():
+        for p in ps:
+            store.link(BHP, b, p)
+    return boards, pins
+
+
+def test_board_pins_many_cold_and_warm_round_trips(
+    mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import cached_mariadb_config
+
+    with Store.from_config(cached_mariadb_config(memcached_pair, redis_ready)) as store:
+        boards, pins = _twenty_boards(store)
+        trips = Trips(monkeypatch)
+        cold = store.board_pins_many(boards)  # nothing cached: lists and pins from the databases
+        assert {b: p.ids for b, p in cold.items()} == pins
+        assert trips.database == {"MySQL001A": 2, "MySQL002A": 2}  # lists, then pins, per host
+        assert trips.redis == 2  # one pipeline reads every list, one fills them
+        assert all(n == 2 for n in trips.memcached.values())  # a lookup, then a fill, per server
+        trips.reset()
+        warm = store.board_pins_many(boards)
+        assert warm == cold
+        assert trips.database == {}
+        assert trips.redis == 1  # one pipeline for the twenty lists
+        assert sorted(trips.memcached) == sorted(memcached_pair)  # the pins are on both servers
+        assert all(n == 1 for n in trips.memcached.values())  # one batch per server
+        # and the viewer's hearts for the feed, from the cached whole lists: no database either
+        shown = [p for b in boards for p in warm[b].ids]
+        trips.reset()
+        assert store.has_links_many(BHP, [(b, p) for b in boards for p in shown[:5]]) == {
+            (boards[0], p) for p in pins[boards[0]]
+        } | {(boards[1], p) for p in shown[3:5]}
+        assert trips.database == {}
+        assert trips.redis == 1
+
+
+def test_many_lists_reads_are_one_query_per_host_without_a_cache(
+    mariadb_ready: StoreConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Store(mariadb_ready) as store:
+        boards, pins = _twenty_boards(store)
+        viewer = store.create("user", {}, shard=2)
+        everything = [p for ps in pins.values() for p in ps]
+        for p in everything[::4]:
+            store.link("users_likes_pins", viewer, p)
+        store.board_pins_many(boards)  # warm the pools
+        trips = Trips(monkeypatch)
+        assert {b: p.ids for b, p in store.pages_many(BHP, boards, limit=2).items()} == {
+            b: ps[:2] for b, ps in pins.items()
+        }
+        assert trips.database == {"MySQL001A": 1, "MySQL002A": 1}
+        trips.reset()
+        assert {b: p.ids for b, p in store.board_pins_many(boards).items()} == pins
+        assert trips.database == {"MySQL001A": 2, "MySQL002A": 2}
+        trips.reset()
+        pairs = [(b, p) for b in boards for p in everything[:12]]
+        assert store.has_links_many(BHP, pairs) == {(b, p) for b in boards[:4] for p in pins[b]}
+        assert trips.database == {"MySQL001A": 1, "MySQL002A": 1}
+        trips.reset()
+        assert store.has_links("users_likes_pins", viewer, everything) == set(everything[::4])
+        assert trips.database == {"MySQL001A": 1}  # the viewer's shard only

@@ -150,7 +150,14 @@ def _init_host(
     def work(s: int) -> tuple[int, int]:
         ns = backend.namespace(s)
         todo = backend.missing(
-            backend.shard_statements(s, types, relations, ids=config.ids, epoch_ms=config.instagram_epoch_ms),
+            backend.shard_statements(
+                s,
+                types,
+                relations,
+                ids=config.ids,
+                epoch_ms=config.instagram_epoch_ms,
+                unique=bool(config.unique),
+            ),
             existing,
             ns,
         )

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from store.exceptions import StoreError, UnknownRelationError
+from store.ids import encode_pinterest
 from store.specs import RelationSpec
 from store.store import AdminContext, Store
+from store.unique import UniqueRepairReport
 
-__all__ = ["RepairReport", "repair_relations"]
+__all__ = ["RepairReport", "repair_relations", "repair_unique"]
 
 CHUNK_ROWS = 1000
 Row = tuple[int, int, int]  # from_id, to_id, sequence
@@ -152,3 +155,27 @@ class _Repair:
                 actual = self.repo.recount(h, spec.name, from_id)
                 self.service.invalidate([(spec.name, from_id)])
             self.report.counts_fixed.append((spec.name, from_id, kept, actual))
+
+
+def repair_unique(store: Store, *, dry_run: bool = False) -> UniqueRepairReport:
+    """Make the unique keys' rows (config ``unique:``) match the live objects; see `UniqueKeys.repair`.
+
+    Reads every live object of each keyed type, shard by shard.
+    """
+    ctx = store.admin_context()
+    if ctx.unique is None:
+        return UniqueRepairReport()
+    instagram = ctx.config.ids == "instagram"
+
+    def objects(type_name: str) -> Iterable[tuple[int, dict[str, Any]]]:
+        spec = ctx.router.type(type_name)
+        decode = ctx.objects.repo.decode
+        for r in ctx.shard_map:
+            for shard in r.shards():
+                h = ctx.engines.shard(shard, r.master)
+                key = "id" if instagram else "local_id"
+                sql = f"SELECT {key}, data FROM {h.table(spec.table)} WHERE active = 1"
+                for k, text in h.read(sql, (), one=False):
+                    yield (int(k) if instagram else encode_pinterest(shard, spec.id, int(k))), decode(text)
+
+    return ctx.unique.repair(objects, dry_run=dry_run)

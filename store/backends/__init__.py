@@ -84,6 +84,8 @@ class Backend:
     #: True if `store move` can move its shards; True if it can be a ticket server or a map table.
     can_move: ClassVar[bool] = False
     can_hold_tickets: ClassVar[bool] = False
+    #: The server keeps an invalidation log (`store.cache.follower`): the table's quoted name.
+    change_log: ClassVar[str | None] = None
     #: ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` is understood (MariaDB, PostgreSQL; not SQLite).
     add_column_if_not_exists: ClassVar[bool] = True
 
@@ -138,6 +140,14 @@ class Backend:
         trigger per table), and the database or schema itself.
         """
         return [], []
+
+    def change_log_ddl(self) -> list[str]:
+        """Idempotent statements that make the server's invalidation log (none where there is none)."""
+        return []
+
+    def change_log_insert(self) -> str:
+        """``INSERT`` of one log row: (at_ms, entries)."""
+        raise NotImplementedError
 
     def existing(self, cur: Any) -> set[tuple[str, str]]:
         """(namespace, what) of every shard object this server already holds (for `store init`)."""
@@ -203,8 +213,11 @@ class Backend:
         *,
         ids: str = "pinterest",
         epoch_ms: int = 0,
+        unique: bool = False,
     ) -> list[tuple[str, str]]:
         """Idempotent DDL for shard ``shard`` as (what it creates, statement) pairs.
+
+        ``unique``: with the unique-key table (the config has ``unique:``).
 
         What it creates is ``""`` for the database or schema, a table name,
         or a name ending in ``#next_id`` for ID machinery, so that `store
@@ -217,7 +230,10 @@ class Backend:
         out = list(before)
         schema = self.statement_schema(shard)
         object_tables = {t.table for t in types}
-        for t in shard_tables(self.column_types(), types, relations, ids=ids, schema=schema, shard=shard):
+        made = shard_tables(
+            self.column_types(), types, relations, ids=ids, schema=schema, shard=shard, unique=unique
+        )
+        for t in made:
             out.append((t.name, self._ddl(CreateTable(t, if_not_exists=True))))
             for index in sorted(t.indexes, key=lambda i: str(i.name)):
                 out.append((t.name, self._ddl(CreateIndex(index, if_not_exists=True))))

@@ -104,6 +104,7 @@ class MySQLBackend(Backend):
             sequence=mysql.BIGINT(),
             relation_name=mysql.VARCHAR(64),
             count=mysql.BIGINT(),
+            key_value=mysql.VARBINARY(512),
             object_options={
                 "mysql_engine": "InnoDB",
                 "mysql_charset": "utf8mb4",
@@ -185,6 +186,21 @@ class MySQLBackend(Backend):
             for t in types
         ]
         return before, after
+
+    change_log = "`store_log`.`cache_log`"
+
+    def change_log_ddl(self) -> list[str]:
+        """The ``store_log`` database and its ``cache_log`` table (one per server, not per shard)."""
+        return [
+            "CREATE DATABASE IF NOT EXISTS `store_log` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
+            "CREATE TABLE IF NOT EXISTS `store_log`.`cache_log` ("
+            "id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
+            "at_ms BIGINT NOT NULL, entries MEDIUMTEXT NOT NULL) ENGINE=InnoDB",
+        ]
+
+    def change_log_insert(self) -> str:
+        """One log row, sent with the write's COMMIT."""
+        return "INSERT INTO `store_log`.`cache_log` (at_ms, entries) VALUES (%s, %s)"
 
     def existing(self, cur: Any) -> set[tuple[str, str]]:
         """Databases, tables (and views) and ID triggers, from information_schema."""

@@ -18,16 +18,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import MetaData, and_, bindparam, delete, func, insert, literal_column, or_, select, update
-from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause
+from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause, Label
 
 from store.backends import Backend
 from store.backends.tables import SHARD, counts_table, object_table, relation_table
 
-__all__ = ["GuardedInsertStatements", "ObjectStatements", "RelationStatements", "Statements"]
+__all__ = ["GuardedInsertStatements", "ObjectStatements", "RelationStatements", "Statements", "with_part"]
 
 _ONE: ColumnClause[Any] = literal_column("1")
 _ZERO: ColumnClause[Any] = literal_column("0")
 _PART = "__part__"
+_IN = "__in__"
 
 
 def _p(name: str) -> BindParameter[Any]:
@@ -138,7 +139,15 @@ class RelationStatements(Statements):
     - counts_kept (relation); counts_actual ();
     - scan (limit); scan_after (from, from, to, limit);
     - list_asc / list_desc: (f, lim, off) in the backend's order, given by ``orders``;
-    - page_asc / page_desc (from, limit); page_asc_after / page_desc_after (from, seq, seq, to, limit).
+    - page_asc / page_desc (from, limit); page_asc_after / page_desc_after (from, seq, seq, to, limit);
+    - page_asc_range / page_desc_range (from, low, high, limit): entries with low <= sequence <= high;
+      page_asc_range_after / page_desc_range_after (from, low, high, seq, seq, to, limit);
+    - part_page_asc (from, limit), part_page_asc_after (from, seq, seq, to, limit), part_count
+      (relation, from), part_head_fits (from, relation, from, fits, limit: the head, only if the
+      list's count is <= fits), part_linked (from, tos...): rows labelled with a part number
+      (`with_part`), for one UNION ALL query over many lists (`store.relation_reads`);
+    - linked (from, tos...): which to_ids are linked from one from_id; the IN list is made
+      for n to_ids by `in_list`.
     """
 
     def __init__(self, backend: Backend, relation: str) -> None:
@@ -193,6 +202,50 @@ class RelationStatements(Statements):
         back = keyed.where(seq <= s1, or_(seq < s2, to < tk)).order_by(*desc).limit(lim).offset(_ZERO)
         self._add("page_asc_after", fwd, ["f", "s1", "s2", "tk", "lim"])
         self._add("page_desc_after", back, ["f", "s1", "s2", "tk", "lim"])
+        # Sequence ranges: the bounds narrow the same index range (from_id, sequence, to_id).
+        ranged = keyed.where(seq >= _p("lo"), seq <= _p("hi"))
+        bounds = ["f", "lo", "hi"]
+        self._add("page_asc_range", ranged.order_by(*asc).limit(lim).offset(_ZERO), [*bounds, "lim"])
+        self._add("page_desc_range", ranged.order_by(*desc).limit(lim).offset(_ZERO), [*bounds, "lim"])
+        fwd_r = ranged.where(seq >= s1, or_(seq > s2, to > tk)).order_by(*asc).limit(lim).offset(_ZERO)
+        back_r = ranged.where(seq <= s1, or_(seq < s2, to < tk)).order_by(*desc).limit(lim).offset(_ZERO)
+        self._add("page_asc_range_after", fwd_r, [*bounds, "s1", "s2", "tk", "lim"])
+        self._add("page_desc_range_after", back_r, [*bounds, "s1", "s2", "tk", "lim"])
+        # Parts of one query over many lists: each list's page is its own subquery, so each
+        # reads only its first rows from the index (a ROW_NUMBER() window over all the lists
+        # would read every entry of every list first).
+        label: Label[Any] = literal_column(_PART).label("part")
+        for name, stmt, params in (
+            ("part_page_asc", keyed.order_by(*asc).limit(lim).offset(_ZERO), ["f", "lim"]),
+            ("part_page_asc_after", fwd, ["f", "s1", "s2", "tk", "lim"]),
+        ):
+            q = stmt.subquery("q")
+            self._add(name, select(label, q.c.sequence, q.c.to_id), params)
+        # A count as a row of the same shape: (part, n, from_id).
+        self._add(
+            "part_count",
+            select(label, c.c.n, c.c.from_id).where(c.c.relation == rel, c.c.from_id == cf),
+            ["r", "cf"],
+        )
+        # A list's head for a fill, only if the whole list fits (its kept count <= fits): a list
+        # too long to cache whole costs a key read, not its first rows.
+        kept = select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf).scalar_subquery()
+        fits = keyed.where(func.coalesce(kept, _ZERO) <= _p("fits")).order_by(*asc).limit(lim).offset(_ZERO)
+        q = fits.subquery("q")
+        self._add("part_head_fits", select(label, q.c.sequence, q.c.to_id), ["f", "r", "cf", "fits", "lim"])
+        # Membership: which of the to_ids in `_IN` (n placeholders, see `in_list`) are linked.
+        some = to.in_([literal_column(_IN)])
+        self._add("linked", select(to).where(f == pf, some), ["f"])
+        self._add("part_linked", select(label, seq, to).where(f == pf, some), ["f"])
+
+    def in_list(self, text: str, n: int) -> str:
+        """``text`` (``linked``, ``part_linked``) with its IN list of ``n`` placeholders."""
+        return text.replace(_IN, self.backend.params(n), 1)
+
+
+def with_part(text: str, part: int) -> str:
+    """A ``part_*`` statement's text with its rows labelled ``part``."""
+    return text.replace(_PART, str(part))
 
 
 class GuardedInsertStatements(Statements):

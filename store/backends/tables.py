@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Column, Index, MetaData, PrimaryKeyConstraint, Table, text
+from sqlalchemy import Column, Index, LargeBinary, MetaData, PrimaryKeyConstraint, Table, text
 from sqlalchemy.sql.elements import TextClause
 from sqlalchemy.types import TypeEngine
 
@@ -33,17 +33,24 @@ from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
     "COUNTS_TABLE",
+    "MAX_UNIQUE_VALUE_BYTES",
     "SHARD",
+    "UNIQUE_TABLE",
     "VERSION_COLUMN",
     "ColumnTypes",
     "counts_table",
     "object_table",
     "relation_table",
     "shard_tables",
+    "unique_table",
 ]
 
 #: An object's version: 1 at create, one more at each update (added by `store init` to older tables).
 VERSION_COLUMN = "version"
+
+#: Every shard's table of unique-key rows (config ``unique:``), and the longest value it takes.
+UNIQUE_TABLE = "unique_keys"
+MAX_UNIQUE_VALUE_BYTES = 512
 
 #: The schema name compiled into statements, replaced by each shard's namespace.
 SHARD = "__shard__"
@@ -65,6 +72,8 @@ class ColumnTypes:
     count: TypeEngine[Any]
     #: The server default of an Instagram ``id`` column, given (schema, shard); None: a trigger sets it.
     instagram_default: Callable[[str | None, int], TextClause | None] = lambda _schema, _shard: None
+    #: A unique key's value (UTF-8 bytes, compared exactly, at most `MAX_UNIQUE_VALUE_BYTES`).
+    key_value: TypeEngine[Any] = field(default_factory=LargeBinary)
     object_options: dict[str, Any] = field(default_factory=dict)
     relation_options: dict[str, Any] = field(default_factory=dict)
 
@@ -126,6 +135,26 @@ def counts_table(md: MetaData, types: ColumnTypes, *, schema: str | None) -> Tab
     )
 
 
+def unique_table(md: MetaData, types: ColumnTypes, *, schema: str | None) -> Table:
+    """Unique-key rows: (key name, value) owned by ``object_id`` (0 while its create runs).
+
+    ``claimed_ms`` is when the row was last claimed: a claim stays the
+    claimant's for a grace period even if its object does not show the
+    value yet (its create or rename is under way).
+    """
+    return Table(
+        UNIQUE_TABLE,
+        md,
+        Column("name", types.relation_name, nullable=False),
+        Column("value", types.key_value, nullable=False),
+        Column("object_id", types.pair_id, nullable=False, autoincrement=False),
+        Column("claimed_ms", types.count, nullable=False),
+        PrimaryKeyConstraint("name", "value"),
+        schema=schema,
+        **types.relation_options,
+    )
+
+
 def shard_tables(
     types: ColumnTypes,
     object_types: Iterable[TypeSpec],
@@ -134,14 +163,17 @@ def shard_tables(
     ids: str,
     schema: str | None,
     shard: int,
+    unique: bool = False,
 ) -> list[Table]:
-    """Every table of one shard, in creation order."""
+    """Every table of one shard, in creation order (``unique``: with the unique-key table)."""
     md = MetaData()
     out = [object_table(md, t.table, types, ids=ids, schema=schema, shard=shard) for t in object_types]
     rels = list(relations)
     out += [relation_table(md, r.name, types, schema=schema) for r in rels]
     if rels:
         out.append(counts_table(md, types, schema=schema))
+    if unique:
+        out.append(unique_table(md, types, schema=schema))
     return out
 
 

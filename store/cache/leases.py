@@ -44,7 +44,16 @@ from typing import NamedTuple, Protocol
 
 from store.cache.stats import CacheStats
 
-__all__ = ["ENTRY_TAG", "LeaseStore", "Lookup", "MemoryLeaseStore", "ObjectCache", "entry", "wall_ms"]
+__all__ = [
+    "ENTRY_TAG",
+    "LeaseStore",
+    "Lookup",
+    "MemoryLeaseStore",
+    "ObjectCache",
+    "TrustSource",
+    "entry",
+    "wall_ms",
+]
 
 #: The first byte of an entry: then the read time and the object's JSON (or nothing: no object).
 ENTRY_TAG = b"\x01"
@@ -72,6 +81,14 @@ class Lookup(NamedTuple):
     value: bytes | None
     cas: int
     won: bool
+
+
+class TrustSource(Protocol):
+    """What extends an entry's trust past the window (`store.cache.follower.Follower`)."""
+
+    def trusted_since_ms(self, now_ms: int, window_ms: int) -> int | None:
+        """Entries read at or after this time are trusted at any age; None: the window only."""
+        ...
 
 
 class LeaseStore(Protocol):
@@ -124,14 +141,38 @@ class ObjectCache:
         self._clock_ms = clock_ms
         #: Test hook: called after the database read, before the fill.
         self.after_load: Callable[[], None] | None = None
+        #: The invalidation log's follower (`store.cache.follower`), once one runs.
+        self.follower: TrustSource | None = None
 
     def get_many(
-        self, keys: Sequence[str], load: Callable[[list[str]], dict[str, bytes]]
+        self, keys: Sequence[str], load: Callable[[list[str]], dict[str, bytes]], *, logged: bool = True
     ) -> dict[str, bytes]:
-        """Cached values of ``keys``, misses read through ``load`` (only those it returns exist)."""
+        """Cached values of ``keys``, misses read through ``load`` (only those it returns exist).
+
+        ``logged``: the writes of these keys are in the invalidation log, so
+        while its follower is current an object entry is trusted at any age
+        (a cached absence, which a create does not log, only in the window).
+        """
         found = self.store.lookup_many(keys, lease_ttl_s=self._lease_ttl_s)
         # Read times are 13 zero-padded digits: their bytes compare as the numbers do.
-        oldest = b"%013d" % max(0, self._clock_ms() - self._max_stale_ms)
+        now = self._clock_ms()
+        oldest = b"%013d" % max(0, now - self._max_stale_ms)
+        follower = self.follower if logged else None
+        since = None if follower is None else follower.trusted_since_ms(now, self._max_stale_ms)
+        if since is not None:
+            trusted = b"%013d" % since
+            if trusted < oldest:
+                return self._get_many(keys, load, found, oldest, trusted)
+        return self._get_many(keys, load, found, oldest, oldest)
+
+    def _get_many(
+        self,
+        keys: Sequence[str],
+        load: Callable[[list[str]], dict[str, bytes]],
+        found: Mapping[str, Lookup],
+        oldest: bytes,
+        oldest_present: bytes,
+    ) -> dict[str, bytes]:
         hits: dict[str, bytes] = {}
         known_absent = 0
         leased: dict[str, int] = {}
@@ -144,12 +185,15 @@ class ObjectCache:
                 continue
             value = got.value
             if value:
-                if value[:1] == ENTRY_TAG and len(value) >= _HEAD and value[1:_HEAD] >= oldest:
+                if value[:1] == ENTRY_TAG and len(value) >= _HEAD:
+                    read = value[1:_HEAD]
                     if len(value) > _HEAD:
-                        hits[key] = value[_HEAD:]
-                    else:
+                        if read >= oldest_present:
+                            hits[key] = value[_HEAD:]
+                            continue
+                    elif read >= oldest:
                         known_absent += 1
-                    continue
+                        continue
                 # Too old to trust, or not an entry this version wrote: read it
                 # again and replace it only if it is still the entry seen here
                 # (its cas), so a writer's delete meanwhile wins.

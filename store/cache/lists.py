@@ -6,6 +6,9 @@ sequence offset so that negative ones sort first), plus a meta value
 ``(n, cached)``: the list's length and how many entries are cached. A list
 with ``cached == n`` is complete and serves any read; otherwise only reads
 within the cached head are served and the rest fall through to the database.
+Many lists are read in one round trip with `ListCache.read_many` (on Redis,
+one MULTI/EXEC), and filled in one with `ListCache.fill_many` (a pipeline of
+the fill script), by the same rules.
 
 No stale fill: every list has a version. A writer commits, then bumps the
 version and deletes the list in one atomic step. A reader that misses notes
@@ -23,24 +26,29 @@ versions gone) is stale for at most ``max_stale_s`` in any process.
 from __future__ import annotations
 
 import struct
+import sys
 import threading
 import time
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from store.cache.leases import wall_ms
+from store.cache.leases import TrustSource, wall_ms
 from store.cache.stats import CacheStats
 
 __all__ = [
     "ListBackend",
     "ListCache",
+    "FillItem",
     "ListRead",
     "MemoryListBackend",
     "decode_member",
     "decode_members",
+    "decode_to_ids",
     "encode_member",
+    "lex_bound",
 ]
 
 _PACK = struct.Struct(">QQ")
@@ -64,17 +72,46 @@ def decode_members(members: Sequence[bytes]) -> list[tuple[int, int]]:
     return [(s - off, t) for s, t in _PACK.iter_unpack(b"".join(members))]
 
 
+def decode_to_ids(members: Sequence[bytes]) -> list[int]:
+    """The ``to_id`` of each member (for membership checks), unpacked without a Python loop."""
+    words = array("Q", b"".join(members))  # 8-byte items: checked below, at import
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words[1::2].tolist()
+
+
+assert array("Q").itemsize == 8, "decode_to_ids needs 8-byte unsigned array items"
+
+
 @dataclass(frozen=True, slots=True)
 class ListRead:
     """One atomic read: the meta (None if the list is not cached), members and version.
 
     ``read_ms`` is when the database read that filled the list began (ms since the epoch).
+    ``last`` is the last member of the cached head (``lex`` reads only; None if empty).
     """
 
     meta: tuple[int, int] | None
     members: list[bytes]
     version: bytes | None
     read_ms: int = 0
+    last: bytes | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True if the whole list is cached (``cached == n``)."""
+        return self.meta is not None and self.meta[0] == self.meta[1]
+
+
+#: One list to fill: key, the version its reader saw, the list's length, the head, the read time.
+FillItem = tuple[str, bytes | None, int, Sequence[tuple[int, int]], int]
+
+
+def lex_bound(member: bytes | None, *, inclusive: bool, low: bool) -> bytes:
+    """A ``lex`` op bound: ``[member`` / ``(member``, or the open end (``-`` low, ``+`` high)."""
+    if member is None:
+        return b"-" if low else b"+"
+    return (b"[" if inclusive else b"(") + member
 
 
 class ListBackend(Protocol):
@@ -87,14 +124,27 @@ class ListBackend(Protocol):
 
         ``op`` is ``("rank", start, stop, desc)`` (inclusive ranks) or
         ``("after", member, limit, desc)`` (members strictly after, in
-        direction) or ``("meta",)``.
+        direction) or ``("meta",)``, or ``("lex", low, high, limit, desc)``
+        (up to ``limit`` members between two `lex_bound` bounds, from the low
+        end or, ``desc``, the high end; the read also gives the head's last
+        member) or ``("all",)`` (every member, only if the list is complete).
         """
+        ...
+
+    def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
+        """`read` of each key with its op, in one round trip; None for each if the server failed."""
         ...
 
     def fill(
         self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
     ) -> bool:
         """Replace the cached list if the version is still ``version``; True if filled."""
+        ...
+
+    def fill_many(
+        self, items: Sequence[tuple[str, bytes | None, int, Sequence[bytes], int]], ttl_s: int
+    ) -> int:
+        """`fill` of each (key, version, n, members, read_ms), in one round trip; how many filled."""
         ...
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
@@ -122,14 +172,48 @@ class ListCache:
         self.clock_ms = clock_ms or wall_ms
         #: Test hook: called after the database read, before the fill.
         self.after_load: Callable[[], None] | None = None
+        #: The invalidation log's follower (`store.cache.follower`), once one runs.
+        self.follower: TrustSource | None = None
+
+    def _limits(self) -> tuple[int, int]:
+        """(oldest read time trusted, the same for a non-empty list while the log's follower is current)."""
+        now = self.clock_ms()
+        oldest = now - self._max_stale_ms
+        f = self.follower
+        since = None if f is None else f.trusted_since_ms(now, self._max_stale_ms)
+        return oldest, oldest if since is None else min(oldest, since)
+
+    @staticmethod
+    def _stale(got: ListRead | None, limits: tuple[int, int]) -> bool:
+        if got is None or got.meta is None:
+            return False
+        # Links and unlinks are logged; an empty list may be one whose object was just made.
+        return got.read_ms < (limits[1] if got.meta[0] else limits[0])
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
-        """The backend's atomic read (None on failure); a list older than ``max_stale_s`` is not cached."""
+        """The backend's atomic read (None on failure); a list older than ``max_stale_s`` is not cached
+        (unless the invalidation log's follower is current)."""
         got = self.backend.read(key, op)
-        if got is not None and got.meta is not None and got.read_ms < self.clock_ms() - self._max_stale_ms:
+        if got is not None and self._stale(got, self._limits()):
             self.stats.add(expired=1)
             return ListRead(None, [], got.version)
         return got
+
+    def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
+        """`read` of many lists in one round trip, with the same staleness rule."""
+        if not keys:
+            return []
+        limits = self._limits()
+        out: list[ListRead | None] = []
+        expired = 0
+        for got in self.backend.read_many(keys, ops):
+            if got is not None and self._stale(got, limits):
+                expired += 1
+                got = ListRead(None, [], got.version)
+            out.append(got)
+        if expired:
+            self.stats.add(expired=expired)
+        return out
 
     def fill(
         self, key: str, version: bytes | None, n: int, head: Sequence[tuple[int, int]], read_ms: int
@@ -143,6 +227,17 @@ class ListCache:
         members = [encode_member(s, t) for s, t in head]
         if self.backend.fill(key, version, n, members, self._ttl_s, read_ms):
             self.stats.add(fills=1)
+
+    def fill_many(self, items: Sequence[FillItem]) -> None:
+        """`fill` of many lists in one round trip, each only if its version is still the one seen."""
+        if not items:
+            return
+        if self.after_load is not None:
+            self.after_load()
+        batch = [(k, v, n, [encode_member(s, t) for s, t in head], ms) for k, v, n, head, ms in items]
+        filled = self.backend.fill_many(batch, self._ttl_s)
+        if filled:
+            self.stats.add(fills=filled)
 
     def invalidate(self, keys: Sequence[str]) -> None:
         """Drop lists after a committed write."""
@@ -172,7 +267,14 @@ class MemoryListBackend:
             if entry is None:
                 return ListRead(None, [], vbytes)
             meta, members, _exp, read_ms = entry
-            return ListRead(meta, _select(members, op), vbytes, read_ms)
+            if op[0] == "all" and meta[0] != meta[1]:
+                return ListRead(meta, [], vbytes, read_ms)
+            last = (members[-1] if members else None) if op[0] == "lex" else None
+            return ListRead(meta, _select(members, op), vbytes, read_ms, last)
+
+    def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
+        """`read` of each key (each under the lock)."""
+        return [self.read(k, op) for k, op in zip(keys, ops, strict=True)]
 
     def fill(
         self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
@@ -184,6 +286,12 @@ class MemoryListBackend:
                 return False
             self._lists[key] = ((n, len(members)), sorted(members), self._clock() + ttl_s, read_ms)
             return True
+
+    def fill_many(
+        self, items: Sequence[tuple[str, bytes | None, int, Sequence[bytes], int]], ttl_s: int
+    ) -> int:
+        """`fill` of each item; how many were filled."""
+        return sum(self.fill(k, v, n, members, ttl_s, ms) for k, v, n, members, ms in items)
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump versions and drop the lists."""
@@ -197,6 +305,15 @@ def _select(members: list[bytes], op: tuple[object, ...]) -> list[bytes]:
     kind = op[0]
     if kind == "meta":
         return []
+    if kind == "all":
+        return list(members)
+    if kind == "lex":
+        low, high, count, desc = op[1], op[2], op[3], op[4]
+        assert isinstance(low, bytes)
+        assert isinstance(high, bytes)
+        assert isinstance(count, int)
+        picked = members[_lex_index(members, low, low=True) : _lex_index(members, high, low=False)]
+        return picked[::-1][:count] if desc else picked[:count]
     if kind == "rank":
         start, stop, desc = op[1], op[2], op[3]
         assert isinstance(start, int)
@@ -211,3 +328,14 @@ def _select(members: list[bytes], op: tuple[object, ...]) -> list[bytes]:
         return members[max(0, i - limit) : i][::-1]
     i = bisect_right(members, member)
     return members[i : i + limit]
+
+
+def _lex_index(members: list[bytes], bound: bytes, *, low: bool) -> int:
+    """Where a `lex_bound` bound cuts ``members`` (sorted), as Redis's BYLEX reads it."""
+    if bound in (b"-", b"+"):
+        return 0 if bound == b"-" else len(members)
+    member = bound[1:]
+    inclusive = bound[:1] == b"["
+    if low:
+        return bisect_left(members, member) if inclusive else bisect_right(members, member)
+    return bisect_right(members, member) if inclusive else bisect_left(members, member)

@@ -115,7 +115,13 @@ def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
 
 
 #: Cache settings a ``store:KEY=VALUE`` system may change, and their types.
-_CACHE_KNOBS: dict[str, Callable[[str], Any]] = {"max_stale_s": float, "list_entries": int, "ttl_s": int}
+_CACHE_KNOBS: dict[str, Callable[[str], Any]] = {
+    "max_stale_s": float,
+    "list_entries": int,
+    "ttl_s": int,
+    "follow": lambda text: {"true": True, "false": False}[text.lower()],
+    "follow_poll_s": float,
+}
 
 
 def _check_connections(schema: MixSchema, names: list[str], threads: int) -> None:
@@ -161,7 +167,10 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
                 raise ConfigError(
                     f"system {name!r}: give store:KEY=VALUE with KEY one of {', '.join(_CACHE_KNOBS)}"
                 )
-            changes[key] = _CACHE_KNOBS[key](value)
+            try:
+                changes[key] = _CACHE_KNOBS[key](value)
+            except (KeyError, ValueError):
+                raise ConfigError(f"system {name!r}: {value!r} is not a value of {key}") from None
         cfg = replace(config, cache=replace(config.cache, **changes), pool_size=max(config.pool_size, pool))
         return StoreSystem(Store(cfg), name=name)
     if name == "store-mysqldb":

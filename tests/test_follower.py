@@ -1,0 +1,194 @@
+"""The invalidation log (``cache.follow``): writes log their keys with their COMMIT; followers delete them.
+
+On the real MariaDB, memcached and Redis: a writer whose cache deletes are
+all lost is seen by another store within a few follower passes, whatever
+``max_stale_s`` says; while the follower is current, entries older than the
+window are served from the cache; when it stops, the window holds again;
+rows committed out of id order are not missed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pymysql
+import pytest
+
+from store import Store, StoreConfig
+from store.cache.follower import Follower, LogSource, parse_entries
+from tests.conftest import cached_mariadb_config
+
+BHP = "board_has_pins"
+
+
+def _raw(memcached: list[str], redis_url: str, **cache: Any) -> dict[str, Any]:
+    raw = cached_mariadb_config(memcached, redis_url)
+    raw["cache"].update({"follow": True, "follow_poll_s": 0.1, **cache})
+    return raw
+
+
+@pytest.fixture
+def raw(mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str) -> dict[str, Any]:
+    """The cached MariaDB test config, following the logs, with a 30 s window (the window fixes nothing)."""
+    return _raw(memcached_pair, redis_ready, max_stale_s=30)
+
+
+def _lose_deletes(store: Store) -> None:
+    """Make every cache delete of ``store`` vanish, as a cache unreachable from the writer only would."""
+    caches = store.admin_context().caches
+    assert caches.objects is not None
+    assert caches.lists is not None
+    caches.objects.invalidate = lambda keys: None  # type: ignore[method-assign]
+    caches.lists.invalidate = lambda keys: None  # type: ignore[method-assign]
+
+
+def _wait_for(check: Any, *, within_s: float) -> float:
+    began = time.monotonic()
+    while not check():
+        assert time.monotonic() - began < within_s, f"not seen within {within_s} s"
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+def _log_rows() -> list[str]:
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT entries FROM store_log.cache_log ORDER BY id DESC LIMIT 20")
+            return [str(r[0]) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
+    with Store.from_config(raw) as s:
+        board = s.create("board", {"n": 0})
+        pin = s.create("pin", {"n": 0}, near=board)
+        s.update(pin, {"n": 1})
+        objects, _lists = parse_entries(_log_rows()[:1])
+        assert objects == [s.cache_key(pin)]
+        s.link(BHP, board, pin)
+        _objects, lists = parse_entries(_log_rows()[:2])
+        assert sorted(lists) == sorted(
+            [f"t:l:{BHP}:{board}", f"t:l:pin_owned_by_board:{pin}"]
+        )  # both sides, each with its own COMMIT
+        before = len(_log_rows())
+        s.link(BHP, board, pin)  # changes nothing: logs nothing
+        s.unlink(BHP, board, pin)
+        s.delete(pin)
+        assert parse_entries(_log_rows()[:1])[0] == [s.cache_key(pin)]
+        assert len(_log_rows()) >= min(20, before)
+
+
+def test_a_writer_whose_deletes_are_lost_is_seen_through_the_log(raw: dict[str, Any]) -> None:
+    with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
+        board = writer.create("board", {})
+        pin = writer.create("pin", {"v": 0}, near=board)
+        assert reader.get(pin) == {"v": 0}
+        assert reader.page(BHP, board).ids == []
+        _lose_deletes(writer)
+        for v in range(1, 4):
+            writer.update(pin, {"v": v})
+            took = _wait_for(lambda v=v: reader.get(pin) == {"v": v}, within_s=3.0)
+            assert took < 3.0
+        writer.link(BHP, board, pin)
+        _wait_for(lambda: reader.page(BHP, board).ids == [pin], within_s=3.0)
+        writer.unlink(BHP, board, pin)
+        _wait_for(lambda: reader.page(BHP, board).ids == [], within_s=3.0)
+        writer.delete(pin)
+        _wait_for(lambda: reader.get(pin) is None, within_s=3.0)
+
+
+def test_entries_outlive_the_window_while_the_follower_is_current(
+    memcached_pair: list[str], redis_ready: str, mariadb_ready: StoreConfig
+) -> None:
+    raw = _raw(memcached_pair, redis_ready, max_stale_s=0.5, follow_poll_s=0.1)
+    with Store.from_config(raw) as s:
+        board = s.create("board", {})
+        pin = s.create("pin", {"v": 1}, near=board)
+        s.link(BHP, board, pin)
+        _wait_for(lambda: s.admin_context().caches.objects.follower.covered_ms() > 0, within_s=3.0)  # type: ignore[union-attr]
+        time.sleep(0.3)  # the follower's first pass has begun: entries read from now on are covered
+        assert s.get(pin) == {"v": 1}
+        assert s.page(BHP, board).ids == [pin]
+        time.sleep(1.0)  # twice the window
+        before = {name: dict(v) for name, v in s.stats().items()}
+        assert s.get(pin) == {"v": 1}
+        assert s.page(BHP, board).ids == [pin]
+        after = s.stats()
+        for name in after:
+            assert after[name]["expired"] == before[name]["expired"], name
+        # The follower stops: the window holds again.
+        follower = s.admin_context().caches.objects.follower  # type: ignore[union-attr]
+        assert isinstance(follower, Follower)
+        follower.stop()
+        assert s.get(pin) == {"v": 1}
+        assert sum(v["expired"] for v in s.stats().values()) > sum(v["expired"] for v in after.values())
+
+
+def test_rows_committed_out_of_id_order_are_not_missed(mariadb_ready: StoreConfig) -> None:
+    """A row whose id was taken before a later row's, but committed after it, is read in a later pass."""
+
+    def connect() -> Any:
+        return pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+
+    setup = connect()
+    with setup.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS store_log")
+        cur.execute(
+            "CREATE TABLE IF NOT EXISTS store_log.cache_log (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT "
+            "PRIMARY KEY, at_ms BIGINT NOT NULL, entries MEDIUMTEXT NOT NULL) ENGINE=InnoDB"
+        )
+    seen: list[str] = []
+
+    class Conn:
+        def __enter__(self) -> Any:
+            self.c = connect()
+            return self.c
+
+        def __exit__(self, *exc: object) -> None:
+            self.c.close()
+
+    source = LogSource("local", Conn, "`store_log`.`cache_log`")
+    follower = Follower(lambda: [source], lambda objects, _lists: seen.extend(objects))
+    follower.run_pass()  # starts near the end
+    slow, fast = connect(), connect()
+    tag = uuid.uuid4().hex  # rows of earlier runs are in the log too
+    try:
+        with slow.cursor() as a, fast.cursor() as b:
+            a.execute("BEGIN")
+            a.execute(
+                "INSERT INTO store_log.cache_log (at_ms, entries) VALUES (0, %s)", ("o" + tag + "slow",)
+            )
+            slow_id = a.lastrowid
+            b.execute(
+                "INSERT INTO store_log.cache_log (at_ms, entries) VALUES (0, %s)", ("o" + tag + "fast",)
+            )
+            follower.run_pass()
+            assert tag + "fast" in seen
+            assert tag + "slow" not in seen
+            assert slow_id in source.gaps  # asked for again in the next passes
+            a.execute("COMMIT")
+            follower.run_pass()
+            assert tag + "slow" in seen
+            assert slow_id not in source.gaps
+    finally:
+        for c in (slow, fast, setup):
+            c.close()
+
+
+@pytest.fixture
+def no_follow(mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str) -> Iterator[Store]:
+    raw = cached_mariadb_config(memcached_pair, redis_ready)
+    with Store.from_config(raw) as s:
+        yield s
+
+
+def test_without_follow_nothing_is_logged_or_followed(no_follow: Store) -> None:
+    assert no_follow.admin_context().engines.logging is False
+    caches = no_follow.admin_context().caches
+    assert caches.objects is not None
+    assert caches.objects.follower is None
