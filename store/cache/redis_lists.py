@@ -93,6 +93,20 @@ return {meta or false, ver or false, members, last}
 #: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
 VERSION_TTL_S = 86_400
 
+# KEYS: (list, meta, version) for each list to drop; ARGV: the versions' TTL. One
+# script instead of MULTI/INCR/EXPIRE/DEL/EXEC: a writer's client packs and
+# parses one command, not three per list and two more (a quarter of a link's
+# client CPU went to the pipeline).
+_INVALIDATE = """
+local ttl = tonumber(ARGV[1])
+for i = 1, #KEYS, 3 do
+  redis.call('INCR', KEYS[i + 2])
+  redis.call('EXPIRE', KEYS[i + 2], ttl)
+  redis.call('DEL', KEYS[i], KEYS[i + 1])
+end
+return 1
+"""
+
 
 class RedisListBackend:
     """Relation lists in one Redis database, keys under ``prefix``."""
@@ -120,6 +134,7 @@ class RedisListBackend:
         )
         self._fill = self.client.register_script(_FILL)
         self._read = self.client.register_script(_READ)
+        self._invalidate = self.client.register_script(_INVALIDATE)
         self._clean_lock = threading.Lock()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
@@ -286,13 +301,7 @@ class RedisListBackend:
             self.breaker.dirty = True
             return
         try:
-            pipe = self.client.pipeline(transaction=True)
-            for key in keys:
-                lkey, mkey, vkey = self._keys(key)
-                pipe.incr(vkey)
-                pipe.expire(vkey, VERSION_TTL_S)
-                pipe.delete(lkey, mkey)
-            pipe.execute()
+            self._invalidate(keys=[k for key in keys for k in self._keys(key)], args=[VERSION_TTL_S])
         except redis.RedisError as exc:
             self._failed(exc)
             self.breaker.dirty = True
