@@ -565,7 +565,7 @@ def relations() -> None:
 def relations_repair(
     relation: str | None, config_path: Path | None, shard_text: str | None, dry_run: bool, as_json: bool
 ) -> None:
-    """Restore missing inverse pairs, drop dangling ones, fix counts."""
+    """Restore missing inverse pairs, drop dangling ones, fix counts; fix unique-key rows (config unique:)."""
     from store.admin import repair_relations
 
     with _open(config_path) as store:
@@ -576,12 +576,23 @@ def relations_repair(
             report = repair_relations(
                 store, relation, shards=wanted, dry_run=dry_run, on_shard=lambda _s: bar.update(1)
             )
+        unique = bool(store.config.unique)
     if as_json:
-        _echo_json(
-            {"dry_run": report.dry_run, "rows_scanned": report.rows_scanned,
-             "inverse_added": report.inverse_added, "inverse_removed": report.inverse_removed,
-             "counts_fixed": report.counts_fixed, "unroutable": report.unroutable}
-        )  # fmt: skip
+        doc: dict[str, Any] = {
+            "dry_run": report.dry_run, "rows_scanned": report.rows_scanned,
+            "inverse_added": report.inverse_added, "inverse_removed": report.inverse_removed,
+            "counts_fixed": report.counts_fixed, "unroutable": report.unroutable,
+        }  # fmt: skip
+        if relation is None and unique:
+            from store.admin.repair import repair_unique
+
+            with _open(config_path) as store:
+                found = repair_unique(store, dry_run=dry_run)
+            doc["unique_keys"] = {
+                "checked": found.checked, "removed": found.removed, "added": found.added,
+                "repointed": found.repointed, "conflicts": found.conflicts,
+            }  # fmt: skip
+        _echo_json(doc)
         return
     verb = "would " if dry_run else ""
     for name, f, t in report.inverse_added:
@@ -593,7 +604,7 @@ def relations_repair(
     for name, f, t, why in report.unroutable:
         click.echo(f"cannot check {name} {f} -> {t}: {why}")
     click.echo(f"{report.rows_scanned} rows scanned on {len(wanted)} shard(s): {report.changes} fix(es)")
-    if relation is None and store.config.unique:
+    if relation is None and unique:
         _repair_unique(config_path, dry_run)
 
 

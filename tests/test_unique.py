@@ -285,3 +285,5 @@ def test_cli_lookup_and_repair(tmp_path: Path) -> None:
     assert "no live object holds user_by_username 'nobody'" in err.value.stderr
     out = run_cli(path, "relations", "repair", "--dry-run")
     assert "unique keys: 1 row(s) checked" in out
+    doc = json.loads(run_cli(path, "relations", "repair", "--dry-run", "--json"))
+    assert doc["unique_keys"] == {"checked": 1, "removed": {}, "added": {}, "repointed": {}, "conflicts": []}
