@@ -47,6 +47,19 @@ _INSERT_ATTEMPTS = 5
 _KEYED_UPDATE_ATTEMPTS = 5
 
 
+def applied(changes: Updater, old: dict[str, Any], what: str) -> dict[str, Any]:
+    """The object ``changes`` makes of ``old``: a dict merged in, or a function's whole new object."""
+    if not callable(changes):
+        return {**old, **changes}
+    new = changes(old)
+    if not isinstance(new, dict):
+        raise NotSerializableError(
+            f"the update function for {what} returned {type(new).__name__}; "
+            "it must return the whole new object as a dict"
+        )
+    return new
+
+
 class _KeysMovedError(Exception):
     """The object's unique values under the lock are not the ones claimed: claim again."""
 
@@ -183,15 +196,7 @@ class ObjectRepository:
                     actual=int(row[2]),
                 )
             old = self._serde.loads(row[0])
-            if callable(changes):
-                new = changes(old)
-                if not isinstance(new, dict):
-                    raise NotSerializableError(
-                        f"the update function for {what} returned {type(new).__name__}; "
-                        "it must return the whole new object as a dict"
-                    )
-            else:
-                new = {**old, **changes}
+            new = applied(changes, old, what)
             text = self._serde.dumps(new)  # refused data raises before any claim
             if before_write is not None:
                 before_write(old, new)
@@ -403,12 +408,7 @@ class ObjectService:
         if seen is None:
             raise NotFound(f"no live object {id_}")
         old = self.repo.decode(seen[0])
-        new = changes(old) if callable(changes) else {**old, **changes}
-        if not isinstance(new, dict):
-            raise NotSerializableError(
-                f"the update function for {id_} returned {type(new).__name__}; "
-                "it must return the whole new object as a dict"
-            )
+        new = applied(changes, old, str(id_))
         before = {c.spec.name: c for c in unique.claims(spec.name, old)}
         after = {c.spec.name: c for c in unique.claims(spec.name, new)}
         wanted = [c for name, c in after.items() if before.get(name) != c]

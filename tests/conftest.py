@@ -160,8 +160,12 @@ def config(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Stor
             request.getfixturevalue("memcached_pair"), request.getfixturevalue("redis_ready")
         )
         return StoreConfig.from_dict(raw)
-    raw = sqlite_config(tmp_path)
-    if backend == "sqlite-memory":
+    if backend.startswith("postgres"):  # Instagram IDs (modules that list it among their backends)
+        request.getfixturevalue("postgres_ready")
+        raw = instagram_pg_config()
+    else:
+        raw = sqlite_config(tmp_path)
+    if backend.endswith("-memory"):
         raw["cache"] = {"memory": True}
     return StoreConfig.from_dict(raw)
 

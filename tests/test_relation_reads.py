@@ -35,7 +35,7 @@ from store import (
 from store.config import CacheConfig
 from store.pairs import Side
 from store.pool import ConnectionPool
-from tests.conftest import cached_mariadb_config, instagram_pg_config, sqlite_config
+from tests.conftest import sqlite_config
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -49,27 +49,6 @@ CLOCK_START = 1_000
 def backend(request: pytest.FixtureRequest) -> str:
     """Every call on each backend; PostgreSQL with Instagram IDs."""
     return str(request.param)
-
-
-@pytest.fixture
-def config(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> StoreConfig:
-    if backend == "mariadb":
-        ready: StoreConfig = request.getfixturevalue("mariadb_ready")
-        return ready
-    if backend == "mariadb-cached":
-        request.getfixturevalue("mariadb_ready")
-        raw = cached_mariadb_config(
-            request.getfixturevalue("memcached_pair"), request.getfixturevalue("redis_ready")
-        )
-        return StoreConfig.from_dict(raw)
-    if backend.startswith("postgres"):
-        request.getfixturevalue("postgres_ready")
-        raw = instagram_pg_config()
-    else:
-        raw = sqlite_config(tmp_path)
-    if backend.endswith("-memory"):
-        raw["cache"] = {"memory": True}
-    return StoreConfig.from_dict(raw)
 
 
 class Ticks:

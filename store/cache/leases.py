@@ -159,11 +159,8 @@ class ObjectCache:
         oldest = b"%013d" % max(0, now - self._max_stale_ms)
         follower = self.follower if logged else None
         since = None if follower is None else follower.trusted_since_ms(now, self._max_stale_ms)
-        if since is not None:
-            trusted = b"%013d" % since
-            if trusted < oldest:
-                return self._get_many(keys, load, found, oldest, trusted)
-        return self._get_many(keys, load, found, oldest, oldest)
+        present = oldest if since is None else min(oldest, b"%013d" % since)
+        return self._get_many(keys, load, found, oldest, present)
 
     def _get_many(
         self,
