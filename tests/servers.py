@@ -189,3 +189,159 @@ class ZooKeeperServer:
         self.proc.kill()
         self.proc.wait()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+# -- TLS: certificates, and servers of the tests' own that speak TLS ---------------------------
+
+
+class TLSFiles:
+    """PEM files made with the ``openssl`` command line, in a folder every server user can read.
+
+    ``ca`` signs ``server_cert`` (for ``localhost`` and 127.0.0.1 only) and
+    ``client_cert``; ``other_ca`` is an unrelated CA that signed nothing here.
+    The server's key is a test key, readable by all, so a server running as
+    another user can load it; the client's is private to this user.
+    """
+
+    def __init__(self) -> None:
+        self._openssl = _require("openssl")
+        self.base = Path(tempfile.mkdtemp(prefix="store-tls-"))
+        os.chmod(self.base, 0o755)
+        self.ca, self.ca_key = self._ca("store-test-ca")
+        self.other_ca, _ = self._ca("store-test-other-ca")
+        self.server_cert, self.server_key = self._leaf(
+            "server", "serverAuth", "subjectAltName=DNS:localhost,IP:127.0.0.1"
+        )
+        self.client_cert, self.client_key = self._leaf("client", "clientAuth", None)
+        for path in self.base.iterdir():
+            os.chmod(path, 0o644)
+        os.chmod(self.client_key, 0o600)  # libpq takes no key that others may read
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([self._openssl, *args], check=True, capture_output=True)
+
+    def _ca(self, name: str) -> tuple[Path, Path]:
+        cert, key = self.base / f"{name}.pem", self.base / f"{name}-key.pem"
+        self._run(
+            "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-days", "2", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert),
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        )  # fmt: skip
+        return cert, key
+
+    def _leaf(self, name: str, usage: str, san: str | None) -> tuple[Path, Path]:
+        cert, key = self.base / f"{name}.pem", self.base / f"{name}-key.pem"
+        csr, ext = self.base / f"{name}.csr", self.base / f"{name}.ext"
+        self._run(
+            "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(csr),
+        )  # fmt: skip
+        lines = ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
+                 f"extendedKeyUsage={usage}", *([san] if san else [])]  # fmt: skip
+        ext.write_text("\n".join(lines) + "\n")
+        self._run(
+            "x509", "-req", "-in", str(csr), "-CA", str(self.ca), "-CAkey", str(self.ca_key),
+            "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-days", "2",
+            "-extfile", str(ext), "-out", str(cert),
+        )  # fmt: skip
+        return cert, key
+
+    def remove(self) -> None:
+        """Delete the files."""
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class TLSMariaDBServer(MariaDBServer):
+    """A `MariaDBServer` with ``files``' server certificate, listening on 127.0.0.1 and 127.0.0.2.
+
+    The certificate names 127.0.0.1 and not 127.0.0.2: the same server
+    reached by a name its certificate does not carry.
+    """
+
+    def __init__(self, port: int, files: TLSFiles, *, log_bin: bool = False) -> None:
+        super().__init__(port, log_bin=log_bin)
+        self.extra += [
+            "--bind-address=127.0.0.1,127.0.0.2",
+            f"--ssl-ca={files.ca}",
+            f"--ssl-cert={files.server_cert}",
+            f"--ssl-key={files.server_key}",
+        ]
+
+
+def _postgres_bin(name: str) -> str:
+    """``name`` from the newest /usr/lib/postgresql/*/bin, else from PATH; skip (fail in CI) if absent."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    if found:
+        return str(found[-1])
+    return _require(name)
+
+
+class PostgresServer:
+    """A PostgreSQL of the tests' own (initdb in a temporary folder) with TLS on ``files``' server
+    certificate, on 127.0.0.1 and 127.0.0.2. ``pg_hba.conf``: TLS connections are trusted,
+    others refused. Runs as ``postgres`` when the tests run as root."""
+
+    def __init__(self, port: int, files: TLSFiles) -> None:
+        initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
+        self.port = port
+        self.base = Path(tempfile.mkdtemp(prefix=f"store-postgres-{port}-"))
+        os.chmod(self.base, 0o755)
+        user: dict[str, object] = {}
+        if os.geteuid() == 0:
+            user = {"user": "postgres", "group": "postgres", "extra_groups": []}
+            shutil.chown(self.base, "postgres", "postgres")
+        data = self.base / "data"
+        subprocess.run(
+            [initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
+            check=True, capture_output=True, **user,
+        )  # fmt: skip
+        (data / "pg_hba.conf").write_text(
+            "local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostnossl all all 127.0.0.0/8 reject\n"
+        )
+        key = self.base / "server-key.pem"  # libpq's server wants its key private to its user
+        shutil.copy(files.server_key, key)
+        os.chmod(key, 0o600)
+        if os.geteuid() == 0:
+            shutil.chown(key, "postgres", "postgres")
+        log = open(self.base / "postgres.log", "ab")  # noqa: SIM115 - kept by the child
+        self.proc = subprocess.Popen(
+            [postgres, "-D", str(data), "-p", str(port), "-c", "listen_addresses=127.0.0.1,127.0.0.2",
+             "-c", f"unix_socket_directories={self.base}", "-c", "ssl=on",
+             "-c", f"ssl_cert_file={files.server_cert}", "-c", f"ssl_key_file={key}",
+             "-c", "fsync=off"],
+            stdout=log, stderr=log, **user,
+        )  # fmt: skip
+        log.close()
+        if not wait_port(port, 30):
+            self.remove()
+            pytest.fail(f"postgres did not start on port {port}")
+
+    def remove(self) -> None:
+        """Stop it (fast shutdown) and delete its files."""
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def start_redis_tls(port: int, files: TLSFiles) -> subprocess.Popen[bytes]:
+    """A redis-server of the tests' own speaking only TLS on ``port``, clients need a certificate."""
+    binary = _require("redis-server")
+    proc = subprocess.Popen(
+        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(files.server_cert), "--tls-key-file", str(files.server_key),
+         "--tls-ca-cert-file", str(files.ca), "--tls-auth-clients", "yes",
+         "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    if not wait_port(port, 10):
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"redis-server did not start with TLS on port {port} (built without TLS?)")
+    return proc

@@ -12,6 +12,7 @@ import importlib
 import math
 import os
 import re
+import ssl
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -35,6 +36,7 @@ from store.naming import (
     database_name,
 )
 from store.specs import TypeSpec
+from store.tls import MySQLTLS, absolute_files, mysql_ssl_context, mysql_tls
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -118,14 +120,22 @@ class MySQLBackend(Backend):
         return database_name(shard)
 
     def check_url(self, host: str, url: URL, base: Path) -> URL:
-        """A MariaDB host names no database (each shard is its own), and its driver is installed."""
+        """A MariaDB host names no database (each shard is its own), its driver is installed, and its
+        query parameters are ``unix_socket`` and the TLS ones (`store.tls.mysql_tls`), right.
+
+        Relative TLS file names are taken from ``base`` (the config file's folder); the URL
+        returned names them in full. The files are loaded once here, so a CA, certificate or
+        key that is not PEM, or a key that does not match its certificate, is refused now.
+        """
         if url.database:
             raise ConfigError(
                 f"hosts.{host} names database {url.database!r}; leave it out: "
                 "each shard is its own database (db00000, db00001, ...)"
             )
+        url = absolute_files(url, base)
         try:
             _mysql_driver(url)
+            _load_tls_files(mysql_tls(url))
         except ConfigError as exc:
             raise ConfigError(f"hosts.{host}: {exc}") from None
         return url
@@ -357,9 +367,17 @@ def mysql_connector(
     counts changed rows on both (a no-op ``ON DUPLICATE KEY UPDATE`` reports
     0), and neither allows several statements in one ``execute`` unless
     ``multi_statements``.
-    `ConfigError` if the URL's driver is not installed.
+
+    TLS comes from the URL's query (`store.tls.mysql_tls`). When it is on, a
+    server that offers no TLS is refused with the driver's error 2026, as is
+    a certificate that fails verification. PyMySQL refuses before it logs in.
+    mysqlclient (MariaDB Connector/C) does so only with ``ssl_verify_identity``;
+    otherwise it may log in unencrypted and the connection is closed at once,
+    before any statement: the login exchange may have crossed in the clear.
+    `ConfigError` if the URL's driver is not installed or its query is wrong.
     """
     driver, module = _mysql_driver(url)
+    tls = mysql_tls(url)
 
     def whole(seconds: float) -> float:
         return max(1, math.ceil(seconds)) if driver == "mysqldb" else seconds  # mysqlclient: whole seconds
@@ -381,6 +399,7 @@ def mysql_connector(
     if "unix_socket" in url.query:
         kwargs["unix_socket"] = url.query["unix_socket"]
     if driver == "mysqldb":
+        kwargs.update(_mysqldb_tls(tls))
         # mysqlclient turns on CLIENT.MULTI_STATEMENTS, and libmariadb LOAD DATA LOCAL,
         # by default; PyMySQL does neither.
         kwargs["multi_statements"] = multi_statements
@@ -391,7 +410,14 @@ def mysql_connector(
         kwargs["client_flag"] = CLIENT.MULTI_STATEMENTS
 
     def connect() -> Any:
-        conn = module.connect(**kwargs)
+        if driver == "mysqldb":
+            conn = module.connect(**kwargs)
+            if tls.required:
+                _require_mysqldb_tls(conn, module)
+        elif tls.required:
+            conn = module.connect(**kwargs, ssl=_pymysql_context(tls, module))
+        else:
+            conn = module.connect(**kwargs, ssl_disabled=tls.disabled)
         if setup is not None:
             try:
                 cur = conn.cursor()
@@ -404,6 +430,58 @@ def mysql_connector(
         return conn
 
     return connect
+
+
+def _load_tls_files(tls: MySQLTLS) -> None:
+    """Load ``tls``'s CA, certificate and key once; `ConfigError` if they are not usable PEM."""
+    if tls.required:
+        try:
+            mysql_ssl_context(tls)
+        except (OSError, ssl.SSLError) as exc:
+            names = [n for n, f in (("ssl_ca", tls.ca), ("ssl_cert", tls.cert), ("ssl_key", tls.key)) if f]
+            raise ConfigError(
+                f"URL parameter(s) {', '.join(names)}: the files cannot be loaded ({exc})"
+            ) from None
+
+
+def _pymysql_context(tls: MySQLTLS, module: Any) -> ssl.SSLContext:
+    """PyMySQL's ``ssl=``, made for each connection (so renewed files are read); a file that
+    cannot be loaded is the driver's error 2026, like mysqlclient's."""
+    try:
+        return mysql_ssl_context(tls)
+    except (OSError, ssl.SSLError) as exc:
+        raise module.OperationalError(2026, f"TLS setup failed: {exc}") from exc
+
+
+def _mysqldb_tls(tls: MySQLTLS) -> dict[str, Any]:
+    """mysqlclient's TLS arguments.
+
+    With MariaDB Connector/C, ``ssl_mode`` VERIFY_CA and VERIFY_IDENTITY both
+    check the chain and the name, and only they refuse a server without TLS
+    before logging in; REQUIRED turns TLS on but lets such a server through
+    (`_require_mysqldb_tls` closes that connection). A CA passed in ``ssl``
+    is always checked against, so it is passed only when the certificate is
+    to be verified.
+    """
+    if tls.disabled:
+        return {"ssl_mode": "DISABLED"}
+    if not tls.required:
+        return {}
+    files = {"ca": tls.ca, "cert": tls.cert, "key": tls.key}
+    out: dict[str, Any] = {"ssl_mode": "VERIFY_IDENTITY" if tls.verify_identity else "REQUIRED"}
+    if any(files.values()):
+        out["ssl"] = {k: v for k, v in files.items() if v is not None}
+    return out
+
+
+def _require_mysqldb_tls(conn: Any, module: Any) -> None:
+    """Close ``conn`` and raise error 2026 unless it is encrypted (by the flags the client saw)."""
+    flag = 2048  # CLIENT.SSL
+    if conn.server_capabilities & flag and conn.client_flag & flag:
+        return
+    with suppress(Exception):
+        conn.close()
+    raise module.OperationalError(2026, "TLS/SSL error: SSL is required, but the server does not support it")
 
 
 # -- DDL that is not a table -------------------------------------------------------------
@@ -555,8 +633,22 @@ def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version
 
 
 def _client(url: URL) -> tuple[list[str], dict[str, str]]:
-    """Arguments and environment for MariaDB's command-line clients (the password not on argv)."""
+    """Arguments and environment for MariaDB's command-line clients (the password not on argv).
+
+    The URL's TLS settings become ``--ssl``, ``--ssl-ca``, ``--ssl-cert``,
+    ``--ssl-key`` and ``--ssl-verify-server-cert`` (chain and name: these
+    clients refuse a server without TLS only with it), or ``--skip-ssl``.
+    """
     args = [f"-h{url.host or '127.0.0.1'}", f"-P{url.port or 3306}", f"-u{url.username or 'root'}"]
+    tls = mysql_tls(url)
+    if tls.disabled:
+        args.append("--skip-ssl")
+    elif tls.required:
+        args.append("--ssl")
+        files = (("ssl-ca", tls.ca), ("ssl-cert", tls.cert), ("ssl-key", tls.key))
+        args += [f"--{flag}={path}" for flag, path in files if path is not None]
+        if tls.verify_identity:
+            args.append("--ssl-verify-server-cert")
     return args, {**os.environ, "MYSQL_PWD": url.password or ""}
 
 

@@ -25,6 +25,7 @@ from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
 from store.naming import ADDED_VERSION, NEXT_ID, SCHEMA_PREFIX, schema_name
 from store.specs import TypeSpec
+from store.tls import absolute_files, postgres_tls
 
 __all__ = ["PG_LOCK_BASE", "PostgresBackend", "postgres_connector"]
 
@@ -75,12 +76,22 @@ class PostgresBackend(Backend):
         return f"schema {schema_name(shard)}"
 
     def check_url(self, host: str, url: URL, base: Path) -> URL:
-        """A PostgreSQL host names its database; each shard is a schema in it."""
+        """A PostgreSQL host names its database (each shard is a schema in it), and its query
+        parameters are the TLS ones, right (`store.tls.postgres_tls`).
+
+        Relative TLS file names are taken from ``base`` (the config file's folder); the URL
+        returned names them in full.
+        """
         if not url.database:
             raise ConfigError(
                 f"hosts.{host}: a PostgreSQL host names its database, e.g. "
                 "postgresql+psycopg://postgres@127.0.0.1:5432/store; each shard is a schema in it"
             )
+        url = absolute_files(url, base)
+        try:
+            postgres_tls(url)
+        except ConfigError as exc:
+            raise ConfigError(f"hosts.{host}: {exc}") from None
         return url
 
     def server_identity(self, url: URL) -> str:
@@ -223,9 +234,13 @@ def postgres_connector(
     """A function that opens an autocommit psycopg connection to ``url``.
 
     A statement runs at most ``query_timeout_s`` on the server; data the
-    server does not acknowledge for that long breaks the connection.
+    server does not acknowledge for that long breaks the connection. The
+    URL's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey`` go to libpq
+    (`store.tls.postgres_tls`); `ConfigError` if they are wrong.
     """
     import psycopg
+
+    tls = postgres_tls(url)
 
     ms = int(query_timeout_s * 1000)
     kwargs: dict[str, Any] = {
@@ -240,6 +255,7 @@ def postgres_connector(
     }
     if url.password:
         kwargs["password"] = url.password
+    kwargs.update(tls)
 
     def connect() -> Any:
         try:
