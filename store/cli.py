@@ -58,6 +58,11 @@ def _open(path: Path | None) -> Store:
     return Store(_load_config(path))
 
 
+def _open_admin(path: Path | None) -> Store:
+    """A store on the hosts' admin URLs, for init, check, move, promote and repair."""
+    return Store(_load_config(path).for_admin())
+
+
 def _parse_id(text: str) -> int:
     try:
         return int(text, 0)
@@ -184,7 +189,7 @@ def check(config_path: Path | None, full: bool, sample: int, as_json: bool) -> N
     """
     from store.admin import check_store
 
-    with _open(config_path) as store:
+    with _open_admin(config_path) as store:
         shards = store.config.shards
         with click.progressbar(length=shards, label="shards", file=sys.stderr) as bar:
             report = check_store(store, full=full, sample=sample, on_shard=lambda _s: bar.update(1))
@@ -270,7 +275,8 @@ def map_diff(
     config = _load_config(config_path)
     if config.map_source is None or config.map_source[0] != "table":
         raise ConfigError("store map diff reads map history: configure map_source: {table: URL}")
-    source = TableMapSource(config.map_source[1])
+    assert config.map_table is not None
+    source = TableMapSource(config.map_table[1])
     versions = source.versions()
     if not versions:
         raise ConfigError("the map table holds no map yet")
@@ -316,7 +322,7 @@ def move(
     """Move shards A-B to another MariaDB host: copy, catch up, fence, verify, switch."""
     from store.admin.move import Mover
 
-    with _open(config_path) as store:
+    with _open_admin(config_path) as store:
         mover = Mover(store, journal, say=click.echo)
         if resume or abort_ or cleanup:
             if sum((resume, abort_, cleanup)) > 1:
@@ -354,12 +360,44 @@ def promote(config_path: Path | None, shard_text: str, force: bool, yes: bool) -
     """After a master dies: make its slave the master of shards A-B in the live map."""
     from store.admin.promote import promote as run_promote
 
-    with _open(config_path) as store:
+    with _open_admin(config_path) as store:
         wanted = _parse_shards(shard_text, store.config.shards)
         assert wanted is not None
         if not yes:
             click.confirm(f"promote the slave of shards {shard_text}?", abort=True)
         run_promote(store, wanted.start, wanted.stop - 1, force=force, say=click.echo)
+
+
+@main.command()
+@_config_option
+@click.option("--app-user", required=True, help="The application's account (it must exist).")
+@click.option("--app-host", default="%", show_default=True, help="MariaDB: the account's host part.")
+@click.option("--apply", "apply_", is_flag=True, help="Run the GRANTs with each server's admin URL.")
+def grants(config_path: Path | None, app_user: str, app_host: str, apply_: bool) -> None:
+    """Print (or --apply) the GRANTs the application account needs: rows of the shards, nothing more.
+
+    The account may then read and write rows of every shard's tables, the
+    invalidation log and the map table; it cannot CREATE, DROP, ALTER or
+    GRANT. Run after `store init` (PostgreSQL grants on existing schemas).
+    """
+    from store.grants import apply_grants, grant_plan
+
+    config = _load_config(config_path)
+    plan = grant_plan(config, app_user, app_host)
+    if not plan:
+        click.echo("-- no server here has accounts (SQLite): protect the shard files with file permissions")
+        return
+    if apply_:
+        ran = apply_grants(
+            plan, app_user, app_host, on_server=lambda server: click.echo(f"granted on {server}")
+        )
+        click.echo(f"{ran} statements on {len(plan)} server(s)")
+        return
+    for g in plan:
+        hosts = f" (hosts {', '.join(g.hosts)})" if g.hosts else " (the shard map table)"
+        click.echo(f"-- {g.server}{hosts}: {len(g.statements)} statements")
+        for stmt in g.statements:
+            click.echo(stmt + ";")
 
 
 # -- objects -------------------------------------------------------------------
@@ -568,7 +606,7 @@ def relations_repair(
     """Restore missing inverse pairs, drop dangling ones, fix counts; fix unique-key rows (config unique:)."""
     from store.admin import repair_relations
 
-    with _open(config_path) as store:
+    with _open_admin(config_path) as store:
         wanted = _parse_shards(shard_text, store.config.shards) or range(store.config.shards)
         if relation is not None:
             store.admin_context().router.relation(relation)  # fail before the progress bar starts
@@ -586,7 +624,7 @@ def relations_repair(
         if relation is None and unique:
             from store.admin.repair import repair_unique
 
-            with _open(config_path) as store:
+            with _open_admin(config_path) as store:
                 found = repair_unique(store, dry_run=dry_run)
             doc["unique_keys"] = {
                 "checked": found.checked, "removed": found.removed, "added": found.added,
@@ -611,7 +649,7 @@ def relations_repair(
 def _repair_unique(config_path: Path | None, dry_run: bool) -> None:
     from store.admin.repair import repair_unique
 
-    with _open(config_path) as store:
+    with _open_admin(config_path) as store:
         found = repair_unique(store, dry_run=dry_run)
     verb = "would " if dry_run else ""
     for what, counts in (("remove", found.removed), ("add", found.added), ("repoint", found.repointed)):
@@ -646,7 +684,7 @@ def _ticket_allocator(path: Path | None) -> Any:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if not isinstance(raw, dict) or "tickets" not in raw:
         raise ConfigError(f"{path} has no tickets: section (servers: [URL, URL], counters: [...])")
-    return TicketAllocator(TicketsConfig.from_dict(raw["tickets"]))
+    return TicketAllocator(TicketsConfig.from_dict(raw["tickets"], path.resolve().parent))
 
 
 @tickets.command("init")

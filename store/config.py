@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +29,26 @@ from store.specs import RelationSpec, TypeSpec, UniqueSpec
 __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
     "DEFAULT_MAX_PAGE",
+    "LIMIT_KEYS",
     "CacheConfig",
     "RelationSpec",
     "StoreConfig",
     "TicketsConfig",
     "TypeSpec",
+    "admin_host_env_var",
     "host_env_var",
 ]
 
 DEFAULT_MAX_OBJECT_BYTES = 1 << 20
 DEFAULT_MAX_PAGE = 1000
+#: IDs (or pairs) one call may take; larger calls are refused before any query.
+DEFAULT_MAX_IDS = 1_000_000
+#: IDs one query carries: a call over more runs as several bounded queries.
+DEFAULT_ID_CHUNK = 5_000
+#: Bytes of a page cursor (a longer one is refused before it is decoded).
+DEFAULT_MAX_CURSOR_BYTES = 1024
+#: Nesting depth of an object's JSON (objects and arrays).
+DEFAULT_MAX_DEPTH = 64
 #: MEDIUMTEXT holds 16 MiB - 1 bytes; the limit may not exceed what the column holds.
 MAX_OBJECT_BYTES_CEILING = (1 << 24) - 1
 DEFAULT_POOL_SIZE = 8
@@ -50,7 +60,12 @@ DEFAULT_POOL_TIMEOUT_S = 30.0
 DEFAULT_POOL_RECYCLE_S = 3600.0
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
+#: Keys of the ``limits:`` section.
+LIMIT_KEYS = frozenset(
+    {"max_object_bytes", "max_page", "max_ids", "id_chunk", "max_cursor_bytes", "max_depth"}
+)
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
@@ -111,8 +126,8 @@ class TicketsConfig:
     timeout_s: float = 1.0
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> TicketsConfig:
-        """Validate a ``tickets:`` mapping."""
+    def from_dict(cls, raw: Mapping[str, Any], base: Path | None = None) -> TicketsConfig:
+        """Validate a ``tickets:`` mapping (relative TLS files are taken from ``base``)."""
         if not isinstance(raw, Mapping):
             raise ConfigError("tickets must be a mapping: {servers: [URL, URL], counters: [photos, ...]}")
         extra = sorted(set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"})
@@ -125,9 +140,14 @@ class TicketsConfig:
             raise ConfigError(
                 "tickets.servers must be a list of MariaDB URLs, e.g. [mysql+pymysql://root@db1:3306]"
             )
-        for s in servers:
-            if not _mariadb(make_url(s)):
-                raise ConfigError(f"tickets.servers: {s!r} is not a MariaDB/MySQL URL")
+        checked = []
+        for i, s in enumerate(servers):
+            url = _parse_url(s, f"tickets.servers[{i}]")
+            if not _mariadb(url):
+                raise ConfigError(f"tickets.servers[{i}] is not a MariaDB/MySQL URL (mysql+pymysql://...)")
+            url = _mysql_tls_checked(url, f"tickets.servers[{i}]", Path.cwd() if base is None else base)
+            checked.append(url.render_as_string(hide_password=False))
+        servers = checked
         counters = raw.get("counters", ["default"])
         if (
             not isinstance(counters, list)
@@ -155,6 +175,7 @@ class StoreConfig:
 
     ids: str
     shard_map: ShardMap
+    #: The application's URL of each host: the request path (reads and writes of rows) uses these.
     hosts: Mapping[str, URL]
     types: Mapping[str, TypeSpec]
     relations: Mapping[str, RelationSpec]
@@ -162,6 +183,14 @@ class StoreConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES
     max_page: int = DEFAULT_MAX_PAGE
+    #: IDs or pairs one call may take (``limits.max_ids``); more is `LimitError` before any query.
+    max_ids: int = DEFAULT_MAX_IDS
+    #: IDs one query carries (``limits.id_chunk``); a bigger call runs as several queries.
+    id_chunk: int = DEFAULT_ID_CHUNK
+    #: Longest page cursor accepted, in characters (``limits.max_cursor_bytes``).
+    max_cursor_bytes: int = DEFAULT_MAX_CURSOR_BYTES
+    #: Deepest nesting of objects and arrays in an object's data (``limits.max_depth``).
+    max_depth: int = DEFAULT_MAX_DEPTH
     instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
     pool_size: int = DEFAULT_POOL_SIZE
     #: Bounds on every database call of the request path: opening a connection, waiting for
@@ -178,9 +207,28 @@ class StoreConfig:
     #: ("table", url) or ("zookeeper", hosts).
     map_source: tuple[str, str] | None = None
     map_poll_s: float = 1.0
+    #: The map table's (application URL, admin URL), when ``map_source`` is a table.
+    map_table: tuple[URL, URL] | None = None
     base_dir: Path = field(default_factory=Path.cwd)
     #: Unique keys by name (config ``unique:``).
     unique: Mapping[str, UniqueSpec] = field(default_factory=dict)
+    #: The admin URL of each host (``hosts.NAME.admin``; the application's URL where none is given):
+    #: init, move, promote, repair and check connect with these (see `for_admin`).
+    admin_hosts: Mapping[str, URL] = field(default_factory=dict)
+    #: "app" (the request path's accounts) or "admin" (a config made by `for_admin`).
+    role: str = "app"
+
+    def for_admin(self) -> StoreConfig:
+        """This config with every host's admin URL in place of its application URL.
+
+        Admin work (`store init`, move, promote, repair, check) runs on the
+        result; the request path runs on the config itself, whose accounts
+        need no CREATE, DROP, ALTER or GRANT (`store grants`).
+        """
+        if self.role == "admin":
+            return self
+        table = None if self.map_table is None else (self.map_table[1], self.map_table[1])
+        return replace(self, hosts=dict(self.admin_hosts or self.hosts), map_table=table, role="admin")
 
     @property
     def shards(self) -> int:
@@ -226,20 +274,20 @@ class StoreConfig:
         if ids not in ("pinterest", "instagram"):
             raise ConfigError(f"ids must be 'pinterest' or 'instagram', got {ids!r}")
         shards = _int(raw, "shards", None, 1, 65536 if ids == "pinterest" else 8192)
-        hosts = _hosts(raw.get("hosts"), env, base)
+        hosts, admin_hosts = _hosts(raw.get("hosts"), env, base)
         shard_map = _map(raw.get("map"), shards, hosts)
         _check_backends(ids, hosts)
         types = _types(raw.get("types"), ids)
         relations = _relations(raw.get("relations"), types)
         unique = _unique(raw.get("unique"), types)
         open_shards = _open_shards(raw.get("open_shards"), shards)
-        map_source, map_poll_s = _map_source(raw.get("map_source"), base)
+        map_source, map_poll_s, map_table = _map_source(raw.get("map_source"), env, base)
         limits = raw.get("limits") or {}
         if not isinstance(limits, Mapping):
             raise ConfigError("limits must be a mapping, e.g. {max_object_bytes: 1048576}")
-        bad = sorted(set(limits) - {"max_object_bytes", "max_page"})
+        bad = sorted(map(str, set(limits) - LIMIT_KEYS))
         if bad:
-            raise ConfigError(f"unknown limits key(s) {bad}; known: max_object_bytes, max_page")
+            raise ConfigError(f"unknown limits key(s) {bad}; known: {', '.join(sorted(LIMIT_KEYS))}")
         insta = raw.get("instagram") or {}
         if not isinstance(insta, Mapping) or set(insta) - {"epoch_ms"}:
             raise ConfigError("instagram must be a mapping with one key, epoch_ms")
@@ -247,6 +295,7 @@ class StoreConfig:
             ids=ids,
             shard_map=shard_map,
             hosts=hosts,
+            admin_hosts=admin_hosts,
             types=types,
             relations=relations,
             open_shards=open_shards,
@@ -255,15 +304,20 @@ class StoreConfig:
                 limits, "max_object_bytes", DEFAULT_MAX_OBJECT_BYTES, 2, MAX_OBJECT_BYTES_CEILING
             ),
             max_page=_int(limits, "max_page", DEFAULT_MAX_PAGE, 1, 1_000_000),
+            max_ids=_int(limits, "max_ids", DEFAULT_MAX_IDS, 1, 100_000_000),
+            id_chunk=_int(limits, "id_chunk", DEFAULT_ID_CHUNK, 1, 30_000),
+            max_cursor_bytes=_int(limits, "max_cursor_bytes", DEFAULT_MAX_CURSOR_BYTES, 64, 65_536),
+            max_depth=_int(limits, "max_depth", DEFAULT_MAX_DEPTH, 1, 1000),
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
             connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
             query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
             pool_recycle_s=_seconds(raw, "pool_recycle_s", DEFAULT_POOL_RECYCLE_S, 365 * 86400.0),
-            tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"]),
+            tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"], base),
             map_source=map_source,
             map_poll_s=map_poll_s,
+            map_table=map_table,
             base_dir=base,
             unique=unique,
         )
@@ -276,6 +330,11 @@ class StoreConfig:
 def host_env_var(host: str) -> str:
     """The environment variable that overrides ``host``'s URL."""
     return "STORE_HOST_" + re.sub(r"[^A-Za-z0-9]", "_", host).upper()
+
+
+def admin_host_env_var(host: str) -> str:
+    """The environment variable that overrides ``host``'s admin URL."""
+    return "STORE_ADMIN_HOST_" + re.sub(r"[^A-Za-z0-9]", "_", host).upper()
 
 
 def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int:
@@ -294,35 +353,136 @@ def _seconds(raw: Mapping[str, Any], key: str, default: float, high: float = 360
     return float(value)
 
 
-def _hosts(raw: object, env: Mapping[str, str], base: Path) -> dict[str, URL]:
+_HOST_KEYS = frozenset({"url", "password_env", "password_file", "admin"})
+_CREDENTIAL_KEYS = frozenset({"url", "password_env", "password_file"})
+
+
+def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, URL], dict[str, URL]]:
+    """The application URL and the admin URL of every host (the same URL where no ``admin`` is given)."""
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError(
             "hosts must map host names to SQLAlchemy URLs, "
             "e.g. {MySQL001A: 'mysql+pymysql://root@127.0.0.1:3306'}"
         )
-    out: dict[str, URL] = {}
-    for name, url_text in raw.items():
+    app: dict[str, URL] = {}
+    admin: dict[str, URL] = {}
+    for name, entry in raw.items():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"host names must be non-empty strings, got {name!r}")
-        url_text = env.get(host_env_var(name), url_text)
-        if not isinstance(url_text, str):
-            raise ConfigError(f"hosts.{name} must be a URL string, got {url_text!r}")
-        try:
-            url = make_url(url_text)
-        except ArgumentError as exc:
-            raise ConfigError(f"hosts.{name} is not a valid SQLAlchemy URL: {url_text!r}") from exc
-        try:
-            backend = backend_for(url)
-        except ConfigError as exc:
-            raise ConfigError(f"hosts.{name} uses {exc}") from None
-        url = backend.check_url(name, url, base)
-        out[name] = url
-    return out
+        where = f"hosts.{name}"
+        admin_entry: object = None
+        if isinstance(entry, Mapping):
+            extra = sorted(map(str, set(entry) - _HOST_KEYS))
+            if extra:
+                raise ConfigError(
+                    f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_KEYS))}"
+                )
+            admin_entry = entry.get("admin")
+        url = _credentialed_url(entry, where, env.get(host_env_var(name)), env, base)
+        app[name] = _checked(name, url, base)
+        if admin_entry is None:
+            admin_url = env.get(admin_host_env_var(name))
+            admin[name] = (
+                app[name] if admin_url is None else _checked(name, _parse_url(admin_url, where), base)
+            )
+        else:
+            if isinstance(admin_entry, Mapping) and "admin" in admin_entry:
+                raise ConfigError(f"{where}.admin cannot itself have an admin")
+            url = _credentialed_url(
+                admin_entry, f"{where}.admin", env.get(admin_host_env_var(name)), env, base
+            )
+            admin[name] = _checked(name, url, base)
+            if backend_for(admin[name]) is not backend_for(app[name]):
+                raise ConfigError(f"{where}.admin must name the same kind of server as {where}.url")
+    return app, admin
 
 
-def _map_source(raw: object, base: Path) -> tuple[tuple[str, str] | None, float]:
+def _checked(name: str, url: URL, base: Path) -> URL:
+    try:
+        backend = backend_for(url)
+    except ConfigError as exc:
+        raise ConfigError(f"hosts.{name} uses {exc}") from None
+    return backend.check_url(name, url, base)
+
+
+def _parse_url(text: object, where: str) -> URL:
+    if not isinstance(text, str) or not text:
+        raise ConfigError(f"{where} must be a URL string, got {type(text).__name__}")
+    try:
+        return make_url(text)
+    except ArgumentError:
+        # The text may hold a password: name the key, never echo the value.
+        raise ConfigError(
+            f"{where} is not a valid SQLAlchemy URL (dialect+driver://user@host:port)"
+        ) from None
+
+
+def _credentialed_url(
+    entry: object, where: str, override: str | None, env: Mapping[str, str], base: Path
+) -> URL:
+    """A URL from ``URL`` or ``{url, password_env | password_file}``, the password filled in.
+
+    ``override`` (an environment variable's value) replaces the URL text. A
+    password is given once: in the URL, or by ``password_env`` (the name of
+    an environment variable), or by ``password_file`` (a file holding it; one
+    trailing newline is dropped; relative to the config's folder).
+    """
+    if isinstance(entry, str):
+        return _parse_url(override or entry, where)
+    if not isinstance(entry, Mapping):
+        raise ConfigError(
+            f"{where} must be a URL string or a mapping {{url: URL, password_env: VAR}} / "
+            f"{{url: URL, password_file: PATH}}, got {type(entry).__name__}"
+        )
+    extra = sorted(map(str, set(entry) - _CREDENTIAL_KEYS - {"admin"}))
+    if extra:
+        raise ConfigError(f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_CREDENTIAL_KEYS))}")
+    if "url" not in entry and override is None:
+        raise ConfigError(f"{where} needs url: the SQLAlchemy URL, without its password")
+    url = _parse_url(override or entry["url"], f"{where}.url")
+    sources = [k for k in ("password_env", "password_file") if entry.get(k) is not None]
+    if not sources:
+        return url
+    if len(sources) > 1 or url.password is not None:
+        raise ConfigError(
+            f"{where} gives its password more than once; keep one of the URL's password, "
+            "password_env and password_file"
+        )
+    key = sources[0]
+    ref = entry[key]
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{where}.{key} must be a non-empty string, got {type(ref).__name__}")
+    if key == "password_env":
+        if not _ENV_NAME.match(ref):
+            raise ConfigError(
+                f"{where}.password_env must name an environment variable (A-Z, 0-9, _), got {ref!r}"
+            )
+        password = env.get(ref)
+        if password is None:
+            raise ConfigError(
+                f"{where}.password_env names ${ref}, which is not set: export it or use password_file"
+            )
+    else:
+        path = Path(ref)
+        path = path if path.is_absolute() else base / path
+        try:
+            password = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise ConfigError(f"{where}.password_file: cannot read {path}: {why}") from None
+        password = password[:-1] if password.endswith("\n") else password
+        password = password[:-1] if password.endswith("\r") else password
+    if not password:
+        raise ConfigError(f"{where}.{key} gives an empty password; leave the key out for none")
+    return url.set(password=password)
+
+
+_MapSource = tuple[tuple[str, str] | None, float, tuple[URL, URL] | None]
+
+
+def _map_source(raw: object, env: Mapping[str, str], base: Path) -> _MapSource:
     if raw is None:
-        return None, 1.0
+        return None, 1.0, None
     kinds = {"file", "table", "zookeeper"}
     if not isinstance(raw, Mapping) or len(set(raw) & kinds) != 1 or set(raw) - kinds - {"poll_s"}:
         raise ConfigError(
@@ -336,18 +496,42 @@ def _map_source(raw: object, base: Path) -> tuple[tuple[str, str] | None, float]
         hosts = raw["zookeeper"]
         if not isinstance(hosts, str) or not all(_HOST_PORT.match(h) for h in hosts.split(",")):
             raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {hosts!r}")
-        return ("zookeeper", hosts), float(poll)
+        return ("zookeeper", hosts), float(poll), None
     if "file" in raw:
         path = Path(str(raw["file"]))
-        return ("file", str(path if path.is_absolute() else base / path)), float(poll)
-    url = raw["table"]
+        return ("file", str(path if path.is_absolute() else base / path)), float(poll), None
+    entry = raw["table"]
+    if isinstance(entry, Mapping) and set(entry) - _HOST_KEYS:
+        extra = sorted(map(str, set(entry) - _HOST_KEYS))
+        raise ConfigError(
+            f"map_source.table has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_KEYS))}"
+        )
+    app = _credentialed_url(entry, "map_source.table", None, env, base)
+    admin_entry = entry.get("admin") if isinstance(entry, Mapping) else None
+    admin = (
+        app
+        if admin_entry is None
+        else _credentialed_url(admin_entry, "map_source.table.admin", None, env, base)
+    )
+    checked = []
+    for url, where in ((app, "map_source.table"), (admin, "map_source.table.admin")):
+        if not _mariadb(url):
+            raise ConfigError(f"{where} must be a MariaDB URL, got {url.drivername}://...")
+        checked.append(_mysql_tls_checked(url, where, base))
+    app, admin = checked
+    return ("table", app.render_as_string(hide_password=True)), float(poll), (app, admin)
+
+
+def _mysql_tls_checked(url: URL, where: str, base: Path) -> URL:
+    """``url`` with its TLS files made absolute (from the config's folder) and its TLS parameters checked."""
+    from store.tls import absolute_files, mysql_tls
+
     try:
-        table_host = make_url(url)
-    except ArgumentError as exc:
-        raise ConfigError(f"map_source.table is not a URL: {url!r}") from exc
-    if not _mariadb(table_host):
-        raise ConfigError(f"map_source.table must be a MariaDB URL, got {url!r}")
-    return ("table", str(url)), float(poll)
+        url = absolute_files(url, base)
+        mysql_tls(url)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return url
 
 
 def _check_backends(ids: str, hosts: Mapping[str, URL]) -> None:
@@ -561,8 +745,13 @@ def _cache(raw: object) -> CacheConfig:
     if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.match(s) for s in mc):
         raise ConfigError(f"cache.memcached must be a list of host:port strings, got {mc!r}")
     redis = raw.get("redis")
-    if redis is not None and (not isinstance(redis, str) or not redis.startswith(("redis://", "unix://"))):
-        raise ConfigError(f"cache.redis must be a redis:// URL, got {redis!r}")
+    if redis is not None and (
+        not isinstance(redis, str) or not redis.startswith(("redis://", "rediss://", "unix://"))
+    ):
+        raise ConfigError(
+            "cache.redis must be a redis:// URL (rediss:// for TLS, unix:// for a socket), "
+            f"got {redis if not isinstance(redis, str) else redis.split('://')[0] + '://...'}"
+        )
     memory = raw.get("memory", False)
     if not isinstance(memory, bool):
         raise ConfigError(f"cache.memory must be true or false, got {memory!r}")

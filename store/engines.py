@@ -25,7 +25,14 @@ from typing import Any, Protocol, TypeVar
 
 from store.backends import Backend, ErrorKind, backend_for
 from store.config import StoreConfig
-from store.exceptions import BackendError, ConnectionLostError, ShardMovedError, ShardNotInitializedError
+from store.exceptions import (
+    BackendError,
+    ConfigError,
+    ConnectionLostError,
+    ShardMovedError,
+    ShardNotInitializedError,
+)
+from store.grants import LOG_DATABASE, access_denied
 from store.pool import ConnectionPool
 
 __all__ = ["Cursor", "DBAPIConnection", "Engines", "ShardHandle", "transaction_pair"]
@@ -404,6 +411,8 @@ def _wrap(exc: Exception, h: ShardHandle) -> BackendError | ShardMovedError:
         return ShardNotInitializedError(
             f"{where} is not initialised ({exc}); run `store init --shards {h.shard}-{h.shard}`", orig=exc
         )
+    if access_denied(exc):
+        return BackendError(_denied_message(exc, h), orig=exc)
     if kind is ErrorKind.DISCONNECT:
         return ConnectionLostError(f"lost or could not open the connection to {where}: {exc}", orig=exc)
     err = BackendError(f"database error on {where}: {exc}", orig=exc)
@@ -412,9 +421,28 @@ def _wrap(exc: Exception, h: ShardHandle) -> BackendError | ShardMovedError:
     return err
 
 
+def _denied_message(exc: Exception, h: ShardHandle) -> str:
+    """What to do about a privilege the server refused on ``h``."""
+    s = h.shard
+    if (exc.args and exc.args[0] == 1045) or "password authentication failed" in str(exc):
+        return (
+            f"host {h.host} refused the login ({exc}): check the user and password of hosts.{h.host} "
+            "(url, password_env or password_file)"
+        )
+    return (
+        f"the account of host {h.host} may not do this on shard {s} ({exc}). An application account "
+        "reads and writes rows only: run DDL with the admin URL (hosts.NAME.admin), and give the account "
+        f"the shards it serves with `store grants --app-user NAME --apply`. If shard {s} was never "
+        f"made, run `store init --shards {s}-{s}`"
+    )
+
+
 #: Threads that run a call's queries beside the calling thread's own: at most FANOUT_WORKERS + 1
 #: queries of one call run at once (a batch that spans more hosts waits for a turn).
 FANOUT_WORKERS = 8
+
+
+_LOG_EXISTS = "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s AND table_name = %s"
 
 
 class Engines:
@@ -433,15 +461,30 @@ class Engines:
         self._logs: dict[str, str] = {}
 
     def _log_sql(self, h: ShardHandle) -> str | None:
-        """The log INSERT of ``h``'s host; the log is made on the first logged write (once per process)."""
+        """The log INSERT of ``h``'s host, once the log is known to exist (checked once per process).
+
+        `store init` makes the log where ``cache.follow`` is on; an account
+        that may create it (an admin's) makes it here if it is missing; the
+        application's account gets a `ConfigError` that says to run init.
+        """
         sql = self._logs.get(h.host)
         if sql is None:
             with self._lock:
                 if h.host not in self._logs:
                     with h.connect() as conn:
                         cur = conn.cursor()
-                        for ddl in h.backend.change_log_ddl():
-                            cur.execute(ddl)
+                        cur.execute(_LOG_EXISTS, (LOG_DATABASE, "cache_log"))
+                        if not int(cur.fetchone()[0]):
+                            try:
+                                for ddl in h.backend.change_log_ddl():
+                                    cur.execute(ddl)
+                            except Exception as exc:
+                                if not access_denied(exc):
+                                    raise
+                                raise ConfigError(
+                                    f"host {h.host} has no invalidation log ({h.backend.change_log}) and "
+                                    "this account may not create it: run `store init` (cache.follow is on)"
+                                ) from None
                         cur.close()
                     self._logs[h.host] = h.backend.change_log_insert()
                 sql = self._logs[h.host]

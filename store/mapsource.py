@@ -28,10 +28,11 @@ from typing import Protocol
 
 import orjson
 import yaml
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from store.config import StoreConfig
 from store.exceptions import BackendError, ConfigError, StaleMapError
+from store.grants import access_denied
 from store.shardmap import ShardMap
 
 __all__ = [
@@ -144,7 +145,7 @@ META_DATABASE = "store_meta"
 class TableMapSource:
     """Map versions as rows of ``store_meta.shard_maps`` on a MariaDB server, polled."""
 
-    def __init__(self, url: str, *, poll_s: float = 1.0, database: str = META_DATABASE) -> None:
+    def __init__(self, url: str | URL, *, poll_s: float = 1.0, database: str = META_DATABASE) -> None:
         from store.backends.mysql import mysql_connector
 
         self._connect = mysql_connector(make_url(url))
@@ -176,8 +177,26 @@ class TableMapSource:
             conn.close()
 
     def create(self) -> None:
-        """Create the meta database and table (idempotent)."""
-        self._run(f"CREATE DATABASE IF NOT EXISTS `{self._database}`")
+        """Create the meta database and table unless the table exists (idempotent).
+
+        An application account (no CREATE) opens an existing table; where
+        the table is missing it gets an error that says to run `store init`.
+        """
+        found = self._run(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s AND table_name = %s",
+            (self._database, "shard_maps"),
+        )
+        if found and int(str(found[0][0])):
+            return
+        try:
+            self._run(f"CREATE DATABASE IF NOT EXISTS `{self._database}`")
+        except BackendError as exc:
+            if access_denied(exc):
+                raise ConfigError(
+                    f"the shard map table {self._table} does not exist and this account cannot create it: "
+                    "run `store init` (it connects with the hosts' admin URLs)"
+                ) from exc
+            raise
         self._run(
             f"CREATE TABLE IF NOT EXISTS {self._table} (`version` BIGINT NOT NULL PRIMARY KEY, "
             "`body` MEDIUMTEXT NOT NULL, `written` TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)) "
@@ -299,7 +318,8 @@ def open_map_source(config: StoreConfig) -> MapSource:
         return FileMapSource(where)
     if kind == "zookeeper":
         return ZooKeeperMapSource(where)
-    source = TableMapSource(where, poll_s=config.map_poll_s)
+    assert config.map_table is not None
+    source = TableMapSource(config.map_table[0], poll_s=config.map_poll_s)
     source.create()
     return source
 

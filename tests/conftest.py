@@ -22,8 +22,27 @@ from store.admin import init_shards
 from store.defaults import EMBEDDED
 from tests.servers import start_memcached
 
+#: The admin account of the test MariaDB (init, moves, repairs, DDL the tests make).
 MARIADB_URL = os.environ.get("STORE_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306")
 TEST_SHARDS = 8
+#: The request-path tests run as this application account (no CREATE, DROP, ALTER, GRANT):
+#: `app_account` creates it and gives it `store grants`' GRANTs. Its password comes from the
+#: environment (password_env), as an application's would.
+APP_USER = "store_app_test"
+APP_PASSWORD_ENV = "STORE_TEST_APP_PASSWORD"
+os.environ.setdefault(APP_PASSWORD_ENV, "app-pw-7f3c1e")
+
+
+def app_host(admin_url: str = MARIADB_URL) -> dict[str, Any]:
+    """A host entry: the application account on ``admin_url``'s server, ``admin_url`` as its admin."""
+    from sqlalchemy.engine import make_url
+
+    app = make_url(admin_url).set(username=APP_USER, password=None)
+    return {
+        "url": app.render_as_string(hide_password=False),
+        "password_env": APP_PASSWORD_ENV,
+        "admin": {"url": admin_url},
+    }
 
 
 def run_cli(config_file: Path, *args: str) -> str:
@@ -70,7 +89,7 @@ def mariadb_config() -> dict[str, Any]:
     """Eight shards on the one MariaDB, under two host names (to exercise per-host batching)."""
     return base_config(
         shards=TEST_SHARDS,
-        hosts={"MySQL001A": MARIADB_URL, "MySQL002A": MARIADB_URL},
+        hosts={"MySQL001A": app_host(), "MySQL002A": app_host()},
         map=[
             {"range": [0, 3], "master": "MySQL001A", "slave": "MySQL002A"},
             {"range": [4, 7], "master": "MySQL002A"},
@@ -91,13 +110,49 @@ def reset_mariadb_shards(shards: range) -> None:
         conn.close()
 
 
+def make_app_account(config: StoreConfig) -> None:
+    """Create the application account afresh and give it exactly `store grants`' GRANTs for ``config``."""
+    from store.grants import apply_grants, grant_plan
+
+    password = os.environ[APP_PASSWORD_ENV]
+    for g in grant_plan(config, APP_USER):
+        assert g.admin_url is not None
+        if g.kind == "postgresql":
+            import psycopg
+
+            with psycopg.connect(
+                host=g.admin_url.host, user=g.admin_url.username, dbname=g.admin_url.database, autocommit=True
+            ) as conn:
+                found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_USER,)).fetchone()
+                verb = "ALTER" if found else "CREATE"
+                conn.execute(
+                    f"{verb} ROLE {APP_USER} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{password}'"
+                )
+            continue
+        import pymysql
+
+        conn = pymysql.connect(
+            host=g.admin_url.host, port=g.admin_url.port or 3306, user="root", autocommit=True
+        )
+        try:
+            with conn.cursor() as cur:
+                account = f"'{APP_USER}'@'%%'"  # %% : a literal % beside the %s parameter
+                cur.execute(f"CREATE USER IF NOT EXISTS {account} IDENTIFIED BY %s", (password,))
+                cur.execute(f"ALTER USER {account} IDENTIFIED BY %s", (password,))
+                cur.execute(f"REVOKE ALL PRIVILEGES, GRANT OPTION FROM '{APP_USER}'@'%'")
+        finally:
+            conn.close()
+    apply_grants(grant_plan(config, APP_USER), APP_USER)
+
+
 @pytest.fixture(scope="session")
 def mariadb_ready() -> StoreConfig:
-    """The MariaDB test config, with fresh shards 0-7 created by `init_shards`."""
+    """The MariaDB test config (the application account), with fresh shards 0-7 made by `init_shards`."""
     require_port("MariaDB", 3306)
     reset_mariadb_shards(range(TEST_SHARDS))
     config = StoreConfig.from_dict(mariadb_config())
     init_shards(config)
+    make_app_account(config)
     return config
 
 
@@ -196,12 +251,21 @@ PG_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_TEST_DB}"
 IG_SHARDS = 16
 
 
+def pg_app_host() -> dict[str, Any]:
+    """A PostgreSQL host entry: the application role, ``postgres`` as its admin."""
+    return {
+        "url": PG_URL.replace("postgres@", f"{APP_USER}@"),
+        "password_env": APP_PASSWORD_ENV,
+        "admin": {"url": PG_URL},
+    }
+
+
 def instagram_pg_config() -> dict[str, Any]:
     """Instagram IDs: 16 logical shards (schemas shard0000-shard0015) under two host names."""
     return base_config(
         ids="instagram",
         shards=IG_SHARDS,
-        hosts={"PG1": PG_URL, "PG2": PG_URL},
+        hosts={"PG1": pg_app_host(), "PG2": pg_app_host()},
         map=[{"range": [0, 7], "master": "PG1"}, {"range": [8, 15], "master": "PG2"}],
     )
 
@@ -217,4 +281,5 @@ def postgres_ready() -> StoreConfig:
         conn.execute(f"CREATE DATABASE {PG_TEST_DB}")
     config = StoreConfig.from_dict(instagram_pg_config())
     init_shards(config)
+    make_app_account(config)
     return config

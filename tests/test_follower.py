@@ -18,6 +18,7 @@ import pymysql
 import pytest
 
 from store import Store, StoreConfig
+from store.admin import init_shards
 from store.cache.follower import Follower, LogSource, parse_entries
 from tests.conftest import cached_mariadb_config
 
@@ -27,6 +28,7 @@ BHP = "board_has_pins"
 def _raw(memcached: list[str], redis_url: str, **cache: Any) -> dict[str, Any]:
     raw = cached_mariadb_config(memcached, redis_url)
     raw["cache"].update({"follow": True, "follow_poll_s": 0.1, **cache})
+    init_shards(StoreConfig.from_dict(raw))  # makes the logs: the application account may not
     return raw
 
 

@@ -87,7 +87,7 @@ $$ LANGUAGE plpgsql
 
 
 def test_a_burst_of_more_than_1024_ids_in_one_millisecond(postgres_ready: StoreConfig) -> None:
-    with Store(postgres_ready) as store:
+    with Store(postgres_ready.for_admin()) as store:  # it makes a function: the admin's work
         h = store.admin_context().engines.shard(3, store.shard_map.master(3))
         pins = h.table("pins")
         with h.connect() as conn:

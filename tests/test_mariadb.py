@@ -20,7 +20,7 @@ from store import (
     encode_pinterest,
 )
 from store.admin import init_shards
-from tests.conftest import mariadb_config
+from tests.conftest import make_app_account, mariadb_config
 
 
 def root() -> Any:
@@ -90,6 +90,7 @@ def test_missing_shard_says_to_run_init(mariadb_ready: StoreConfig) -> None:
             cur.execute("DROP DATABASE IF EXISTS db00009")
     finally:
         conn.close()
+    make_app_account(StoreConfig.from_dict(raw))  # the application account serves all 10 shards
     with Store.from_config(raw) as store:
         with pytest.raises(ShardNotInitializedError, match=r"store init --shards 9-9"):
             store.create("pin", {"a": 1}, shard=9)

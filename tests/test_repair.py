@@ -9,6 +9,7 @@ import pytest
 
 from store import BackendError, Store
 from store.admin import repair_relations
+from store.engines import Engines
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -16,10 +17,14 @@ POB = "pin_owned_by_board"
 
 @contextmanager
 def table_missing(store: Store, shard: int, table: str) -> Iterator[None]:
-    """Make ``table`` on ``shard`` unusable for real (renamed away), then put it back."""
-    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
+    """Make ``table`` on ``shard`` unusable for real (renamed away, as the admin), then put it back."""
+    engines = store.admin_context().engines
+    host = store.shard_map.master(shard)
+    sqlite = engines.backend(host).statement_schema(shard) is None  # one file per shard, no accounts
+    admin = engines if sqlite else Engines(store.config.for_admin())
+    h = admin.shard(shard, host)
     aside = f"{table}_aside"
-    if h.backend.statement_schema(shard) is None:  # SQLite: one file per shard
+    if sqlite:
         away, back = (
             f'ALTER TABLE "{table}" RENAME TO "{aside}"',
             f'ALTER TABLE "{aside}" RENAME TO "{table}"',
@@ -34,7 +39,8 @@ def table_missing(store: Store, shard: int, table: str) -> Iterator[None]:
     finally:
         with h.connect() as conn:
             conn.cursor().execute(back)
-        store.admin_context().engines.dispose()  # SQLite caches prepared statements per connection
+        admin.dispose()
+        engines.dispose()  # SQLite caches prepared statements per connection
 
 
 def setup(store: Store) -> tuple[int, list[int]]:

@@ -53,7 +53,13 @@ def init_shards(
     on_shard: Callable[[int], None] | None = None,
     workers_per_host: int = WORKERS_PER_HOST,
 ) -> InitReport:
-    """Create every missing shard database and table on its master host."""
+    """Create every missing shard database and table on its master host.
+
+    Connects with the hosts' admin URLs (`StoreConfig.for_admin`) unless
+    ``engines`` is given. Where ``cache.follow`` is on, each MariaDB
+    master's invalidation log is made too.
+    """
+    config = config.for_admin()
     own = engines is None
     engines = engines or Engines(config)
     try:
@@ -109,6 +115,9 @@ def _init(
             report.databases_created += dbs
             report.tables_created += tables
             report.per_host[host] = len(by_host[host])
+    if engines.logging:
+        for host, host_shards in by_host.items():
+            engines.shard(host_shards[0], host).log_sql()  # makes the log where it is missing
     report.seconds = time.perf_counter() - started
     return report
 
