@@ -85,7 +85,8 @@ class CacheConfig:
     """Which caches to use, and how they behave. No memcached, redis or memory: no cache."""
 
     memcached: tuple[str, ...] = ()
-    redis: str | None = None
+    #: The Redis URL; it may hold a password, so it is left out of the repr.
+    redis: str | None = field(default=None, repr=False)
     memory: bool = False
     timeout_ms: int = 50
     connect_timeout_ms: int = 50
@@ -119,7 +120,8 @@ class CacheConfig:
 class TicketsConfig:
     """The ``tickets:`` section of the config."""
 
-    servers: tuple[str, ...]
+    #: The servers' URLs; they may hold passwords, so they are left out of the repr.
+    servers: tuple[str, ...] = field(repr=False)
     counters: tuple[str, ...] = ("default",)
     block: int = 1
     retry_after_s: float = 5.0

@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL
 
 from store.backends import backend_for
 from store.config import StoreConfig
-from store.exceptions import ConfigError
+from store.exceptions import BackendError, ConfigError, StoreError
 from store.naming import database_name, schema_name
 
 __all__ = ["ServerGrants", "access_denied", "apply_grants", "grant_plan"]
@@ -184,7 +184,12 @@ def apply_grants(
     for g in plan:
         assert g.admin_url is not None
         pg = g.kind == "postgresql"
-        conn = (postgres_connector(g.admin_url) if pg else mysql_connector(g.admin_url))()
+        try:
+            conn = (postgres_connector(g.admin_url) if pg else mysql_connector(g.admin_url))()
+        except Exception as exc:
+            raise BackendError(
+                f"cannot reach {g.server} with its admin URL to grant: {exc}", orig=exc
+            ) from exc
         try:
             cur = conn.cursor()
             if not _account_exists(cur, g.kind, app_user, app_host):
@@ -204,6 +209,10 @@ def apply_grants(
             if pg:
                 cur.execute("COMMIT")
             cur.close()
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"granting on {g.server} failed: {exc}", orig=exc) from exc
         finally:
             conn.close()
         if on_server is not None:

@@ -14,6 +14,7 @@ plus one ``get_many`` per server.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import orjson
@@ -116,7 +117,8 @@ def _many_lists_cases(store: Store, shard: int, n: int, say: Callable[[str], Non
     assert isinstance(backend, RedisListBackend)
     raw_redis = backend.client
     servers = {server.address: server for server in mc.servers}
-    user = store.create("user", {"name": "bench viewer"}, shard=shard)
+    # A fresh name each run: a config may key users by name (unique:).
+    user = store.create("user", {"name": f"bench viewer {time.time_ns()}"}, shard=shard)
     boards = [store.create("board", {"name": f"bench board {b}"}, shard=shard) for b in range(MANY_BOARDS)]
     pages = {b: [store.create("pin", PIN, shard=shard) for _ in range(MANY_PINS)] for b in boards}
     for board, pins in pages.items():

@@ -48,6 +48,8 @@ class BenchResult:
 
 
 def _p99(xs: list[float]) -> float:
+    if len(xs) < 2:  # a case run once (a small -n): its one time is its p99
+        return xs[0]
     return statistics.quantiles(xs, n=100, method="inclusive")[98]
 
 
