@@ -60,6 +60,7 @@ DEFAULT_POOL_TIMEOUT_S = 30.0
 DEFAULT_POOL_RECYCLE_S = 3600.0
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 #: Keys of the ``limits:`` section.
@@ -154,7 +155,7 @@ class TicketsConfig:
         if (
             not isinstance(counters, list)
             or not counters
-            or not all(isinstance(c, str) and _COUNTER.match(c) for c in counters)
+            or not all(isinstance(c, str) and _COUNTER.fullmatch(c) for c in counters)
         ):
             raise ConfigError(
                 "tickets.counters must be a list of lower_snake_case names, e.g. [photos, accounts]"
@@ -369,8 +370,11 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, U
     app: dict[str, URL] = {}
     admin: dict[str, URL] = {}
     for name, entry in raw.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"host names must be non-empty strings, got {name!r}")
+        if not isinstance(name, str) or not _HOST_NAME.fullmatch(name):
+            raise ConfigError(
+                "host names under hosts must be 1-64 letters, digits, '_', '.' or '-' "
+                f"(a tombstone records them), got {name!r}"
+            )
         where = f"hosts.{name}"
         admin_entry: object = None
         if isinstance(entry, Mapping):
@@ -455,7 +459,7 @@ def _credentialed_url(
     if not isinstance(ref, str) or not ref:
         raise ConfigError(f"{where}.{key} must be a non-empty string, got {type(ref).__name__}")
     if key == "password_env":
-        if not _ENV_NAME.match(ref):
+        if not _ENV_NAME.fullmatch(ref):
             raise ConfigError(
                 f"{where}.password_env must name an environment variable (A-Z, 0-9, _), got {ref!r}"
             )
@@ -496,7 +500,7 @@ def _map_source(raw: object, env: Mapping[str, str], base: Path) -> _MapSource:
         raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {poll!r}")
     if "zookeeper" in raw:
         hosts = raw["zookeeper"]
-        if not isinstance(hosts, str) or not all(_HOST_PORT.match(h) for h in hosts.split(",")):
+        if not isinstance(hosts, str) or not all(_HOST_PORT.fullmatch(h) for h in hosts.split(",")):
             raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {hosts!r}")
         return ("zookeeper", hosts), float(poll), None
     if "file" in raw:
@@ -607,8 +611,10 @@ def _types(raw: object, ids: str) -> dict[str, TypeSpec]:
     by_id: dict[int, str] = {}
     tables: dict[str, str] = {}
     for name, spec in raw.items():
-        if not isinstance(name, str) or not _IDENT.match(name):
-            raise ConfigError(f"type name {name!r} must be lower_snake_case (a-z, 0-9, _)")
+        if not isinstance(name, str) or not _IDENT.fullmatch(name):
+            raise ConfigError(
+                f"types: type name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+            )
         if not isinstance(spec, Mapping) or set(spec) - {"id", "table"}:
             raise ConfigError(f"types.{name} must be {{id: N, table: NAME}}, got {spec!r}")
         type_id = spec.get("id")
@@ -622,7 +628,7 @@ def _types(raw: object, ids: str) -> dict[str, TypeSpec]:
         table = spec.get("table", name)
         if table in RESERVED_TABLES:
             raise ConfigError(f"types.{name}.table {table!r} is reserved for {RESERVED_TABLES[table]}")
-        if not isinstance(table, str) or not _IDENT.match(table):
+        if not isinstance(table, str) or not _IDENT.fullmatch(table):
             raise ConfigError(f"types.{name}.table {table!r} must be lower_snake_case, at most 64 chars")
         if table in tables:
             raise ConfigError(f"types.{name}.table {table!r} is also the table of type {tables[table]!r}")
@@ -657,8 +663,10 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
             )
 
     for name, spec in raw.items():
-        if not isinstance(name, str) or not _IDENT.match(name):
-            raise ConfigError(f"relation name {name!r} must be lower_snake_case (a-z, 0-9, _)")
+        if not isinstance(name, str) or not _IDENT.fullmatch(name):
+            raise ConfigError(
+                f"relations: relation name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+            )
         if not isinstance(spec, Mapping) or set(spec) - {"from", "to", "inverse"}:
             raise ConfigError(f"relations.{name} must be {{from: TYPE, to: TYPE, inverse: NAME}}")
         for end in ("from", "to"):
@@ -668,7 +676,7 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
                     f"known types: {', '.join(types)}"
                 )
         inverse = spec.get("inverse")
-        if inverse is not None and (not isinstance(inverse, str) or not _IDENT.match(inverse)):
+        if inverse is not None and (not isinstance(inverse, str) or not _IDENT.fullmatch(inverse)):
             raise ConfigError(f"relations.{name}.inverse {inverse!r} must be lower_snake_case")
         if inverse == name:
             raise ConfigError(f"relations.{name}.inverse names the relation itself")
@@ -690,9 +698,9 @@ def _unique(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, UniqueSpec]
     out: dict[str, UniqueSpec] = {}
     seen: dict[tuple[str, str], str] = {}
     for name, spec in raw.items():
-        if not isinstance(name, str) or not _IDENT.match(name):
+        if not isinstance(name, str) or not _IDENT.fullmatch(name):
             raise ConfigError(
-                f"unique key name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+                f"unique: key name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
             )
         if not isinstance(spec, Mapping) or set(spec) != {"type", "field"}:
             raise ConfigError(f"unique.{name} must be {{type: TYPE, field: FIELD}}")
@@ -744,7 +752,7 @@ def _cache(raw: object) -> CacheConfig:
     mc = raw.get("memcached") or []
     if isinstance(mc, str):
         mc = [mc]
-    if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.match(s) for s in mc):
+    if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.fullmatch(s) for s in mc):
         raise ConfigError(f"cache.memcached must be a list of host:port strings, got {mc!r}")
     redis = raw.get("redis")
     if redis is not None and (
