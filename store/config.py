@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from store.backends import backend_for, backend_named, backend_names
-from store.exceptions import ConfigError
+from store.exceptions import ConfigError, brief
 from store.ids import INSTAGRAM_EPOCH_MS
 from store.shardmap import ShardMap, ShardRange
 from store.specs import RelationSpec, TypeSpec, UniqueSpec
@@ -133,7 +133,7 @@ class TicketsConfig:
         """Validate a ``tickets:`` mapping (relative TLS files are taken from ``base``)."""
         if not isinstance(raw, Mapping):
             raise ConfigError("tickets must be a mapping: {servers: [URL, URL], counters: [photos, ...]}")
-        extra = sorted(set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"})
+        extra = sorted(map(brief, set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"}))
         if extra:
             raise ConfigError(
                 f"unknown tickets key(s) {extra}; known: servers, counters, block, retry_after_s, timeout_s"
@@ -162,13 +162,13 @@ class TicketsConfig:
             )
         block = raw.get("block", 1)
         if not isinstance(block, int) or isinstance(block, bool) or not 1 <= block <= 1_000_000:
-            raise ConfigError(f"tickets.block must be an int in 1..1000000, got {block!r}")
+            raise ConfigError(f"tickets.block must be an int in 1..1000000, got {brief(block)}")
         retry = raw.get("retry_after_s", 5.0)
         if not isinstance(retry, int | float) or retry < 0:
-            raise ConfigError(f"tickets.retry_after_s must be a number >= 0, got {retry!r}")
+            raise ConfigError(f"tickets.retry_after_s must be a number >= 0, got {brief(retry)}")
         timeout = raw.get("timeout_s", 1.0)
         if not isinstance(timeout, int | float) or timeout <= 0:
-            raise ConfigError(f"tickets.timeout_s must be a number > 0, got {timeout!r}")
+            raise ConfigError(f"tickets.timeout_s must be a number > 0, got {brief(timeout)}")
         return cls(tuple(servers), tuple(counters), block, float(retry), float(timeout))
 
 
@@ -267,15 +267,14 @@ class StoreConfig:
         base = Path(base_dir) if base_dir is not None else Path.cwd()
         if not isinstance(raw, Mapping):
             raise ConfigError("config must be a mapping of keys (ids, shards, hosts, map, types)")
-        unknown = sorted(set(raw) - _TOP_KEYS)
+        unknown = sorted(map(_key, set(raw) - _TOP_KEYS))
         if unknown:
             raise ConfigError(
-                f"unknown config key(s) {', '.join(map(str, unknown))}; "
-                f"known keys are {', '.join(sorted(_TOP_KEYS))}"
+                f"unknown config key(s) {', '.join(unknown)}; known keys are {', '.join(sorted(_TOP_KEYS))}"
             )
         ids = raw.get("ids", "pinterest")
         if ids not in ("pinterest", "instagram"):
-            raise ConfigError(f"ids must be 'pinterest' or 'instagram', got {ids!r}")
+            raise ConfigError(f"ids must be 'pinterest' or 'instagram', got {brief(ids)}")
         shards = _int(raw, "shards", None, 1, 65536 if ids == "pinterest" else 8192)
         hosts, admin_hosts = _hosts(raw.get("hosts"), env, base)
         shard_map = _map(raw.get("map"), shards, hosts)
@@ -288,7 +287,7 @@ class StoreConfig:
         limits = raw.get("limits") or {}
         if not isinstance(limits, Mapping):
             raise ConfigError("limits must be a mapping, e.g. {max_object_bytes: 1048576}")
-        bad = sorted(map(str, set(limits) - LIMIT_KEYS))
+        bad = sorted(map(brief, set(limits) - LIMIT_KEYS))
         if bad:
             raise ConfigError(f"unknown limits key(s) {bad}; known: {', '.join(sorted(LIMIT_KEYS))}")
         insta = raw.get("instagram") or {}
@@ -340,19 +339,26 @@ def admin_host_env_var(host: str) -> str:
     return "STORE_ADMIN_HOST_" + re.sub(r"[^A-Za-z0-9]", "_", host).upper()
 
 
+def _key(key: object) -> str:
+    """A key for a message: as it is if it is a short printable str, else quoted and cut short."""
+    if isinstance(key, str) and len(key) <= 64 and key.isprintable():
+        return key
+    return brief(key)
+
+
 def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int:
     value = raw.get(key, default)
     if value is None:
         raise ConfigError(f"{key} is required: an int in {low}..{high}")
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(f"{key} must be an int in {low}..{high}, got {value!r}")
+        raise ConfigError(f"{key} must be an int in {low}..{high}, got {brief(value)}")
     return value
 
 
 def _seconds(raw: Mapping[str, Any], key: str, default: float, high: float = 3600.0) -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:
-        raise ConfigError(f"{key} must be a number of seconds in (0, {high:g}], got {value!r}")
+        raise ConfigError(f"{key} must be a number of seconds in (0, {high:g}], got {brief(value)}")
     return float(value)
 
 
@@ -373,12 +379,12 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, U
         if not isinstance(name, str) or not _HOST_NAME.fullmatch(name):
             raise ConfigError(
                 "host names under hosts must be 1-64 letters, digits, '_', '.' or '-' "
-                f"(a tombstone records them), got {name!r}"
+                f"(a tombstone records them), got {brief(name)}"
             )
         where = f"hosts.{name}"
         admin_entry: object = None
         if isinstance(entry, Mapping):
-            extra = sorted(map(str, set(entry) - _HOST_KEYS))
+            extra = sorted(map(brief, set(entry) - _HOST_KEYS))
             if extra:
                 raise ConfigError(
                     f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_KEYS))}"
@@ -440,7 +446,7 @@ def _credentialed_url(
             f"{where} must be a URL string or a mapping {{url: URL, password_env: VAR}} / "
             f"{{url: URL, password_file: PATH}}, got {type(entry).__name__}"
         )
-    extra = sorted(map(str, set(entry) - _CREDENTIAL_KEYS - {"admin"}))
+    extra = sorted(map(brief, set(entry) - _CREDENTIAL_KEYS - {"admin"}))
     if extra:
         raise ConfigError(f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_CREDENTIAL_KEYS))}")
     if "url" not in entry and override is None:
@@ -461,7 +467,7 @@ def _credentialed_url(
     if key == "password_env":
         if not _ENV_NAME.fullmatch(ref):
             raise ConfigError(
-                f"{where}.password_env must name an environment variable (A-Z, 0-9, _), got {ref!r}"
+                f"{where}.password_env must name an environment variable (A-Z, 0-9, _), got {brief(ref)}"
             )
         password = env.get(ref)
         if password is None:
@@ -497,18 +503,20 @@ def _map_source(raw: object, env: Mapping[str, str], base: Path) -> _MapSource:
         )
     poll = raw.get("poll_s", 1.0)
     if not isinstance(poll, int | float) or not 0 < poll <= 3600:
-        raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {poll!r}")
+        raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {brief(poll)}")
     if "zookeeper" in raw:
         hosts = raw["zookeeper"]
         if not isinstance(hosts, str) or not all(_HOST_PORT.fullmatch(h) for h in hosts.split(",")):
-            raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {hosts!r}")
+            raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {brief(hosts)}")
         return ("zookeeper", hosts), float(poll), None
     if "file" in raw:
-        path = Path(str(raw["file"]))
+        if not isinstance(raw["file"], str) or not raw["file"]:
+            raise ConfigError(f"map_source.file must be a path, got {brief(raw['file'])}")
+        path = Path(raw["file"])
         return ("file", str(path if path.is_absolute() else base / path)), float(poll), None
     entry = raw["table"]
     if isinstance(entry, Mapping) and set(entry) - _HOST_KEYS:
-        extra = sorted(map(str, set(entry) - _HOST_KEYS))
+        extra = sorted(map(brief, set(entry) - _HOST_KEYS))
         raise ConfigError(
             f"map_source.table has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_KEYS))}"
         )
@@ -567,13 +575,14 @@ def _pair(value: object, what: str, shards: int) -> tuple[int, int]:
         or len(value) != 2
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
-        raise ConfigError(f"{what} must be [first, last] shard numbers, got {value!r}")
+        raise ConfigError(f"{what} must be [first, last] shard numbers, got {brief(value)}")
     low, high = value
     if low > high:
-        raise ConfigError(f"{what} [{low}, {high}] is reversed: write [low, high]")
+        raise ConfigError(f"{what} [{brief(low)}, {brief(high)}] is reversed: write [low, high]")
     if low < 0 or high >= shards:
         raise ConfigError(
-            f"{what} [{low}, {high}] goes beyond shards 0..{shards - 1}; shrink it or raise shards"
+            f"{what} [{brief(low)}, {brief(high)}] goes beyond shards 0..{shards - 1}; "
+            "shrink it or raise shards"
         )
     return low, high
 
@@ -588,7 +597,7 @@ def _map(raw: object, shards: int, hosts: Mapping[str, URL]) -> ShardMap:
         what = f"map[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{what} must be a mapping with range, master and optional slave")
-        extra = sorted(set(item) - {"range", "master", "slave"})
+        extra = sorted(map(brief, set(item) - {"range", "master", "slave"}))
         if extra:
             raise ConfigError(f"{what} has unknown key(s) {extra}; known: range, master, slave")
         low, high = _pair(item.get("range"), f"{what}.range", shards)
@@ -596,9 +605,10 @@ def _map(raw: object, shards: int, hosts: Mapping[str, URL]) -> ShardMap:
             host = item.get(role)
             if host is None and role == "slave":
                 continue
-            if host not in hosts:
+            if not isinstance(host, str) or host not in hosts:
                 raise ConfigError(
-                    f"{what}.{role} is {host!r}, which is not under hosts; known hosts: {', '.join(hosts)}"
+                    f"{what}.{role} is {brief(host)}, which is not under hosts; "
+                    f"known hosts: {', '.join(hosts)}"
                 )
         ranges.append(ShardRange(low, high, item["master"], item.get("slave")))
     return ShardMap(ranges, shards=shards)
@@ -613,25 +623,27 @@ def _types(raw: object, ids: str) -> dict[str, TypeSpec]:
     for name, spec in raw.items():
         if not isinstance(name, str) or not _IDENT.fullmatch(name):
             raise ConfigError(
-                f"types: type name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+                f"types: type name {brief(name)} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
             )
         if not isinstance(spec, Mapping) or set(spec) - {"id", "table"}:
-            raise ConfigError(f"types.{name} must be {{id: N, table: NAME}}, got {spec!r}")
+            raise ConfigError(f"types.{name} must be {{id: N, table: NAME}}, got {brief(spec)}")
         type_id = spec.get("id")
         if not isinstance(type_id, int) or isinstance(type_id, bool) or not 0 <= type_id <= 1023:
-            raise ConfigError(f"types.{name}.id must be an int in 0..1023 (10 bits), got {type_id!r}")
+            raise ConfigError(f"types.{name}.id must be an int in 0..1023 (10 bits), got {brief(type_id)}")
         if type_id in by_id:
             raise ConfigError(
-                f"types.{name}.id {type_id} is already used by type {by_id[type_id]!r}; "
+                f"types.{name}.id {type_id} is already used by type {brief(by_id[type_id])}; "
                 "each type needs its own id"
             )
         table = spec.get("table", name)
-        if table in RESERVED_TABLES:
-            raise ConfigError(f"types.{name}.table {table!r} is reserved for {RESERVED_TABLES[table]}")
         if not isinstance(table, str) or not _IDENT.fullmatch(table):
-            raise ConfigError(f"types.{name}.table {table!r} must be lower_snake_case, at most 64 chars")
+            raise ConfigError(f"types.{name}.table {brief(table)} must be lower_snake_case, at most 64 chars")
+        if table in RESERVED_TABLES:
+            raise ConfigError(f"types.{name}.table {brief(table)} is reserved for {RESERVED_TABLES[table]}")
         if table in tables:
-            raise ConfigError(f"types.{name}.table {table!r} is also the table of type {tables[table]!r}")
+            raise ConfigError(
+                f"types.{name}.table {brief(table)} is also the table of type {brief(tables[table])}"
+            )
         by_id[type_id] = name
         tables[table] = name
         out[name] = TypeSpec(name, type_id, table)
@@ -648,36 +660,38 @@ def _relations(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, Relation
 
     def add(spec: RelationSpec) -> None:
         if spec.name in tables:
-            raise ConfigError(f"relation {spec.name!r} has the same name as an object table")
+            raise ConfigError(f"relations: {brief(spec.name)} has the same name as an object table")
         if spec.name in RESERVED_TABLES:
             raise ConfigError(
-                f"{spec.name!r} is the table of {RESERVED_TABLES[spec.name]}; pick another relation name"
+                f"relations: {brief(spec.name)} is the table of {RESERVED_TABLES[spec.name]}; "
+                "pick another relation name"
             )
         old = out.get(spec.name)
         if old is None:
             out[spec.name] = spec
         elif (old.from_type, old.to_type, old.inverse) != (spec.from_type, spec.to_type, spec.inverse):
             raise ConfigError(
-                f"relation {spec.name!r} is defined twice, differently "
-                f"(once as the inverse of {old.inverse or spec.inverse!r}); make them agree"
+                f"relations: {brief(spec.name)} is defined twice, differently "
+                f"(once as the inverse of {brief(old.inverse or spec.inverse)}); make them agree"
             )
 
     for name, spec in raw.items():
         if not isinstance(name, str) or not _IDENT.fullmatch(name):
             raise ConfigError(
-                f"relations: relation name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+                f"relations: relation name {brief(name)} must be lower_snake_case (a-z, 0-9, _), "
+                "64 chars at most"
             )
         if not isinstance(spec, Mapping) or set(spec) - {"from", "to", "inverse"}:
             raise ConfigError(f"relations.{name} must be {{from: TYPE, to: TYPE, inverse: NAME}}")
         for end in ("from", "to"):
-            if spec.get(end) not in types:
+            if not isinstance(spec.get(end), str) or spec.get(end) not in types:
                 raise ConfigError(
-                    f"relations.{name}.{end} is {spec.get(end)!r}, which is not a type; "
+                    f"relations.{name}.{end} is {brief(spec.get(end))}, which is not a type; "
                     f"known types: {', '.join(types)}"
                 )
         inverse = spec.get("inverse")
         if inverse is not None and (not isinstance(inverse, str) or not _IDENT.fullmatch(inverse)):
-            raise ConfigError(f"relations.{name}.inverse {inverse!r} must be lower_snake_case")
+            raise ConfigError(f"relations.{name}.inverse {brief(inverse)} must be lower_snake_case")
         if inverse == name:
             raise ConfigError(f"relations.{name}.inverse names the relation itself")
         add(RelationSpec(name, spec["from"], spec["to"], inverse))
@@ -700,13 +714,13 @@ def _unique(raw: object, types: Mapping[str, TypeSpec]) -> dict[str, UniqueSpec]
     for name, spec in raw.items():
         if not isinstance(name, str) or not _IDENT.fullmatch(name):
             raise ConfigError(
-                f"unique: key name {name!r} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
+                f"unique: key name {brief(name)} must be lower_snake_case (a-z, 0-9, _), 64 chars at most"
             )
         if not isinstance(spec, Mapping) or set(spec) != {"type", "field"}:
             raise ConfigError(f"unique.{name} must be {{type: TYPE, field: FIELD}}")
-        if spec["type"] not in types:
+        if not isinstance(spec["type"], str) or spec["type"] not in types:
             raise ConfigError(
-                f"unique.{name}.type is {spec['type']!r}, which is not a type; "
+                f"unique.{name}.type is {brief(spec['type'])}, which is not a type; "
                 f"known types: {', '.join(types)}"
             )
         fld = spec["field"]
@@ -744,16 +758,17 @@ def _cache(raw: object) -> CacheConfig:
         return CacheConfig()
     known = {"memcached", "redis", "memory", "prefix", "max_stale_s", "follow", "follow_poll_s", *_CACHE_INTS}
     if not isinstance(raw, Mapping) or set(raw) - known:
-        bad = sorted(set(raw) - known) if isinstance(raw, Mapping) else raw
+        bad = sorted(map(brief, set(raw) - known)) if isinstance(raw, Mapping) else raw
         raise ConfigError(
             f"cache must be a mapping with memcached: [host:port, ...], redis: URL and/or memory: true "
-            f"(and optionally {', '.join(sorted(known - {'memcached', 'redis', 'memory'}))}); got {bad!r}"
+            f"(and optionally {', '.join(sorted(known - {'memcached', 'redis', 'memory'}))}); "
+            f"got {brief(bad)}"
         )
     mc = raw.get("memcached") or []
     if isinstance(mc, str):
         mc = [mc]
     if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.fullmatch(s) for s in mc):
-        raise ConfigError(f"cache.memcached must be a list of host:port strings, got {mc!r}")
+        raise ConfigError(f"cache.memcached must be a list of host:port strings, got {brief(mc)}")
     redis = raw.get("redis")
     if redis is not None and (
         not isinstance(redis, str) or not redis.startswith(("redis://", "rediss://", "unix://"))
@@ -764,10 +779,10 @@ def _cache(raw: object) -> CacheConfig:
         )
     memory = raw.get("memory", False)
     if not isinstance(memory, bool):
-        raise ConfigError(f"cache.memory must be true or false, got {memory!r}")
+        raise ConfigError(f"cache.memory must be true or false, got {brief(memory)}")
     prefix = raw.get("prefix", "s:")
     if not isinstance(prefix, str) or not re.match(r"^[A-Za-z0-9_:.-]{0,32}$", prefix):
-        raise ConfigError(f"cache.prefix must be up to 32 letters, digits or _:.- , got {prefix!r}")
+        raise ConfigError(f"cache.prefix must be up to 32 letters, digits or _:.- , got {brief(prefix)}")
     ints = {k: _int(raw, f"{k}", CacheConfig.__dataclass_fields__[k].default, lo, hi)  # type: ignore[arg-type]
             for k, (lo, hi) in _CACHE_INTS.items()}  # fmt: skip
     max_stale = raw.get("max_stale_s", DEFAULT_MAX_STALE_S)
@@ -778,16 +793,16 @@ def _cache(raw: object) -> CacheConfig:
     ):
         raise ConfigError(
             f"cache.max_stale_s must be a number of seconds in (0, ttl_s = {ints['ttl_s']}], "
-            f"got {max_stale!r}: how long a cached entry is trusted after the read that filled it"
+            f"got {brief(max_stale)}: how long a cached entry is trusted after the read that filled it"
         )
     follow = raw.get("follow", False)
     if not isinstance(follow, bool):
-        raise ConfigError(f"cache.follow must be true or false, got {follow!r}")
+        raise ConfigError(f"cache.follow must be true or false, got {brief(follow)}")
     poll = raw.get("follow_poll_s", 0.5)
     if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0.05 <= poll <= max_stale / 2:
         raise ConfigError(
             f"cache.follow_poll_s must be seconds in [0.05, max_stale_s / 2 = {max_stale / 2:g}], "
-            f"got {poll!r}: how often the invalidation logs are read"
+            f"got {brief(poll)}: how often the invalidation logs are read"
         )
     return CacheConfig(
         memcached=tuple(mc),

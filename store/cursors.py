@@ -6,6 +6,11 @@ a cursor from another list or direction is refused (`CursorError`) rather
 than silently paging the wrong list. A page of a sequence range (``since``,
 ``until``) binds its range into its cursor the same way: the cursor goes on
 within that range only, and is refused with any other range (or none).
+
+Cursors are not signed: a cursor is a position in a list, not a permission.
+A forged one names at most another position in the same list (its key must
+fit the columns, or it is refused); a cursor of another store with the same
+relation and from_id is such a position.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ import base64
 
 import orjson
 
-from store.exceptions import CursorError
+from store.exceptions import CursorError, brief
 
-__all__ = ["decode_cursor", "encode_cursor"]
+__all__ = ["DEFAULT_MAX_CURSOR_BYTES", "decode_cursor", "encode_cursor"]
+
+#: The longest cursor `decode_cursor` reads unless told otherwise (``limits.max_cursor_bytes``).
+DEFAULT_MAX_CURSOR_BYTES = 1024
+_SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def encode_cursor(
@@ -45,16 +54,31 @@ def decode_cursor(
     *,
     since: int | None = None,
     until: int | None = None,
+    max_bytes: int = DEFAULT_MAX_CURSOR_BYTES,
 ) -> tuple[int, int]:
-    """(sequence, to_id) from a cursor made for this same list, direction and sequence range."""
-    bad = CursorError(f"cursor {cursor!r} is not a cursor that page() returned")
+    """(sequence, to_id) from a cursor made for this same list, direction and sequence range.
+
+    A cursor longer than ``max_bytes`` (``limits.max_cursor_bytes``) is refused
+    before it is decoded; one that decodes to anything but a key (a sequence
+    and a to_id that fit a signed BIGINT) is refused as not a cursor.
+    """
+    if type(cursor) is not str:
+        raise CursorError(
+            f"cursor must be a str (a page's next_cursor), got {type(cursor).__name__} {brief(cursor)}"
+        )
+    if len(cursor) > max_bytes:
+        raise CursorError(
+            f"cursor is {len(cursor)} characters, over limits.max_cursor_bytes ({max_bytes}): "
+            "pass the next_cursor of a page, unchanged"
+        )
+    bad = f"cursor {brief(cursor)} is not a cursor that page() returned; pass a page's next_cursor unchanged"
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         fields = orjson.loads(raw)
     except (ValueError, TypeError) as exc:
-        raise bad from exc
+        raise CursorError(bad) from exc
     if not isinstance(fields, list) or not fields:
-        raise bad
+        raise CursorError(bad)
     made_for: tuple[object, object] = (None, None)
     if fields[0] == 1 and len(fields) == 6:
         _v, rel, frm, newest, sequence, to_id = fields
@@ -62,15 +86,20 @@ def decode_cursor(
         _v, rel, frm, newest, sequence, to_id, low, high = fields
         made_for = (low, high)
     else:
-        raise bad
-    if not all(type(v) is int for v in (frm, newest, sequence, to_id)) or not all(
-        v is None or type(v) is int for v in made_for
+        raise CursorError(bad)
+    if (
+        type(rel) is not str
+        or not all(type(v) is int for v in (frm, newest, sequence, to_id))
+        or newest not in (0, 1)
+        or not _SEQ_MIN <= sequence <= _SEQ_MAX
+        or not 0 <= to_id <= _SEQ_MAX
+        or not all(v is None or (type(v) is int and _SEQ_MIN <= v <= _SEQ_MAX) for v in made_for)
     ):
-        raise bad
+        raise CursorError(bad)
     if (rel, frm, bool(newest)) != (relation, from_id, newest_first):
         raise CursorError(
-            f"cursor was made for {rel} of {frm} ({'newest' if newest else 'oldest'} first), "
-            f"not for {relation} of {from_id} ({'newest' if newest_first else 'oldest'} first)"
+            f"cursor was made for {_name(rel)} of {frm} ({'newest' if newest else 'oldest'} first), "
+            f"not for {_name(relation)} of {brief(from_id)} ({'newest' if newest_first else 'oldest'} first)"
         )
     if made_for != (since, until):
         raise CursorError(
@@ -78,6 +107,13 @@ def decode_cursor(
             "page on with the since/until of the page that returned it"
         )
     return sequence, to_id
+
+
+def _name(relation: object) -> str:
+    """A relation name for a message: as it is if it is a short printable str, else quoted and cut."""
+    if type(relation) is str and len(relation) <= 64 and relation.isprintable():
+        return relation
+    return brief(relation)
 
 
 def _span(since: object, until: object) -> str:

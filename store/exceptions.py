@@ -29,9 +29,14 @@ The tree::
 
 Driver exceptions never escape the public API unwrapped: they become a
 `BackendError` raised ``from`` the original, which stays on ``.orig``.
+
+Messages quote what the caller passed through `brief`: short, and safe for
+any value (an int of more than 4,300 digits cannot even be printed).
 """
 
 from __future__ import annotations
+
+import reprlib
 
 __all__ = [
     "BackendError",
@@ -58,7 +63,31 @@ __all__ = [
     "UnknownRelationError",
     "UnknownTypeError",
     "WrongTypeError",
+    "brief",
 ]
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel = 3
+_REPR.maxstring = 60
+_REPR.maxother = 60
+_REPR.maxlong = 40
+_BIG_INT_BITS = 128
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """``repr(value)`` for an error message: at most ``limit`` characters, and never an error itself.
+
+    A huge int is described by its size (Python refuses to print more than
+    4,300 digits), a long string or list is cut short, and an object whose
+    ``repr`` fails is named by its type.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > _BIG_INT_BITS:
+        return f"an int of {value.bit_length()} bits"
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a repr that raises, or ints too long to print inside a container
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class StoreError(Exception):

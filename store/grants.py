@@ -75,12 +75,12 @@ def access_denied(exc: BaseException) -> bool:
 
 
 def _check_account(user: str, host: str) -> None:
-    if not _ACCOUNT.match(user):
+    if not _ACCOUNT.fullmatch(user):
         raise ConfigError(
             "--app-user must be 1-32 letters, digits or underscores, starting with a letter or _, "
             f"got {user!r}"
         )
-    if not _ACCOUNT_HOST.match(host):
+    if not _ACCOUNT_HOST.fullmatch(host):
         raise ConfigError(f"--app-host must be a host name, address or % pattern, got {host!r}")
 
 

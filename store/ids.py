@@ -18,7 +18,7 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from store.exceptions import IdError
+from store.exceptions import IdError, brief
 
 __all__ = [
     "INSTAGRAM",
@@ -93,7 +93,9 @@ class Layout:
             field_value = fields[seg.name]
             _check_int(field_value, f"{seg.name}")
             if not 0 <= field_value <= seg.max:
-                raise IdError(f"{seg.name} must be in 0..{seg.max} for a {self.name} ID, got {field_value}")
+                raise IdError(
+                    f"{seg.name} must be in 0..{seg.max} for a {self.name} ID, got {brief(field_value)}"
+                )
             value |= field_value << shift
         if value > MAX_ID:
             raise IdError(
@@ -107,7 +109,7 @@ class Layout:
         _check_int(value, f"{self.name} ID")
         assert isinstance(value, int)
         if not 0 <= value <= MAX_ID:
-            raise IdError(f"{self.name} ID must be in 0..{MAX_ID} (below 2**63), got {value}")
+            raise IdError(f"{self.name} ID must be in 0..{MAX_ID} (below 2**63), got {brief(value)}")
         out: dict[str, int] = {}
         for seg, shift in zip(self.segments, self._shifts, strict=True):
             field_value = (value >> shift) & seg.max
@@ -122,7 +124,7 @@ class Layout:
 def _check_int(value: object, what: str) -> None:
     # bool is an int subclass, and True as an ID is always a caller's bug.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise IdError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+        raise IdError(f"{what} must be an int, got {type(value).__name__} {brief(value)}")
 
 
 PINTEREST = Layout(
@@ -157,8 +159,18 @@ class InstagramId(NamedTuple):
     sequence: int
 
     def datetime(self, epoch_ms: int = INSTAGRAM_EPOCH_MS) -> _dt.datetime:
-        """The wall-clock creation time (UTC) for IDs made with ``epoch_ms``."""
-        return _dt.datetime.fromtimestamp((epoch_ms + self.ms) / 1000, tz=_dt.UTC)
+        """The wall-clock creation time (UTC) for IDs made with ``epoch_ms``.
+
+        `IdError` if ``epoch_ms`` is not an int or the time falls outside the years 1-9999.
+        """
+        _check_int(epoch_ms, "epoch_ms")
+        try:
+            return _dt.datetime.fromtimestamp((epoch_ms + self.ms) / 1000, tz=_dt.UTC)
+        except (OverflowError, OSError, ValueError):
+            raise IdError(
+                f"epoch_ms {brief(epoch_ms)} + {self.ms} ms is not a time in the years 1-9999; "
+                f"pass the epoch the IDs were made with (Instagram's is {INSTAGRAM_EPOCH_MS})"
+            ) from None
 
 
 # The two hot-path functions below are unrolled shifts of the layouts above:

@@ -28,8 +28,10 @@ from store.exceptions import (
     NotSerializableError,
     ShardFullError,
     UnknownTypeError,
+    brief,
 )
-from store.ids import encode_pinterest
+from store.ids import MAX_ID, encode_pinterest
+from store.relation_reads import id_list
 from store.relations import RelationService
 from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
@@ -270,10 +272,16 @@ class ObjectService:
             raise IdError("give near= or shard=, not both")
         shards = self._router.shard_map.shards
         if near is not None:
-            target = self._router.shard_of(near)
+            # An object's ID (of any type), not just any number with shard bits: routed in full.
+            if self._instagram:
+                if near == 0:
+                    raise IdError("near=0 is no object's ID; pass the ID of the object to sit beside")
+                target = self._router.shard_of(near)
+            else:
+                target = self._router.route(near)[0]
         elif shard is not None:
             if type(shard) is not int or not 0 <= shard < shards:
-                raise IdError(f"shard must be an int in 0..{shards - 1}, got {shard!r}")
+                raise IdError(f"shard must be an int in 0..{shards - 1}, got {brief(shard)}")
             target = shard
         else:
             target = self._router.pick_shard()
@@ -350,11 +358,14 @@ class ObjectService:
         """Merge ``changes`` into the object under a row lock, in one transaction; the new object."""
         if not callable(changes) and not isinstance(changes, dict):
             raise DataError(f"changes must be a dict or a function old -> new, got {type(changes).__name__}")
-        if if_version is not None and (type(if_version) is not int or if_version < 1):
+        if if_version is not None and (type(if_version) is not int or not 1 <= if_version <= MAX_ID):
             raise DataError(
-                f"if_version must be a version from get_with_version (an int >= 1), got {if_version!r}"
+                f"if_version must be a version from get_with_version (an int >= 1), got {brief(if_version)}"
             )
         shard, spec, local_id, host = self._router.route(id, type_name)
+        if isinstance(changes, dict):
+            # Whatever the merge would refuse is in the changes: refused here, before any I/O.
+            self.repo.encode(changes)
         h = self._engines.shard(shard, host)
         unique = self._unique
         if unique is None or not unique.indexes(spec.name):
@@ -409,6 +420,7 @@ class ObjectService:
             raise NotFound(f"no live object {id_}")
         old = self.repo.decode(seen[0])
         new = applied(changes, old, str(id_))
+        self.repo.encode(new)  # data the write would refuse is refused before any claim
         before = {c.spec.name: c for c in unique.claims(spec.name, old)}
         after = {c.spec.name: c for c in unique.claims(spec.name, new)}
         wanted = [c for name, c in after.items() if before.get(name) != c]
@@ -466,7 +478,7 @@ class ObjectService:
     def lookup(self, name: str, value: str | int) -> int | None:
         """The ID of the live object whose unique key ``name`` is ``value``, or None."""
         if self._unique is None:
-            raise UnknownTypeError(f"no unique key {name!r}; add a unique: section to the config")
+            raise UnknownTypeError(f"no unique key {brief(name)}; add a unique: section to the config")
         return self._unique.lookup(name, value)
 
     # -- reads -------------------------------------------------------------------
@@ -493,25 +505,37 @@ class ObjectService:
         got = self.repo.get_with_version(self._engines.shard(shard, host), spec.table, local_id)
         return None if got is None else Versioned(self.repo.decode(got[0]), got[1])
 
-    def get_many(self, ids: Iterable[int], *, type_name: str | None) -> dict[int, dict[str, Any]]:
-        """Live objects by ID, absent and deleted ones left out."""
-        route = self._router.route
-        decode = self.repo.decode
+    def get_many(
+        self, ids: Iterable[int], *, type_name: str | None, bounded: bool = True
+    ) -> dict[int, dict[str, Any]]:
+        """Live objects by ID, absent and deleted ones left out.
+
+        Every ID is checked before any I/O, and more than ``limits.max_ids``
+        is a `LimitError` (unless not ``bounded``: the store's own reads of
+        the objects of pages it read). A query carries at most ``limits.id_chunk`` IDs
+        (a host given more gets several, run at once); with a cache, a call
+        over that many goes through it in batches of ``id_chunk`` per master
+        host, so that neither a cache batch nor a query is unbounded.
+        """
+        wanted = id_list(ids, "ids", unique=False, limit=self._config.max_ids if bounded else None)
+        if type_name is not None:
+            self._router.type(type_name)
+        chunk = self._config.id_chunk
         cache = self._cache
         if cache is not None and not self._instagram:
             # The hot path (a page's objects): Pinterest IDs name their cache
             # keys, so only the misses are routed in full.
-            wanted = ids if isinstance(ids, list) else list(ids)
             self._router.check_ids(wanted, type_name)
-            p = self._object_prefix
-            by_key = {f"{p}{id_}": id_ for id_ in wanted}
-
-            def load_ids(missing: list[str]) -> dict[str, bytes]:
-                routed = {by_key[k]: route(by_key[k], type_name) for k in missing}
-                return {f"{p}{i}": text.encode() for i, text in self._read_texts(routed).items()}
-
-            return {by_key[k]: decode(v) for k, v in cache.get_many(list(by_key), load_ids).items()}
-        routed = {id_: route(id_, type_name) for id_ in ids}
+            if len(wanted) <= chunk:
+                return self._get_cached(cache, wanted, type_name)
+            out: dict[int, dict[str, Any]] = {}
+            step = self._slice(chunk)
+            for k in range(0, len(wanted), step):
+                out.update(self._get_cached(cache, wanted[k : k + step], type_name))
+            return out
+        route = self._router.route
+        decode = self.repo.decode
+        routed = {id_: route(id_, type_name) for id_ in wanted}
         if cache is None:
             return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
         keys = {self.key(id_, r[1]): id_ for id_, r in routed.items()}
@@ -520,10 +544,39 @@ class ObjectService:
             wanted = {keys[k]: routed[keys[k]] for k in missing}
             return {self.key(i, wanted[i][1]): text.encode() for i, text in self._read_texts(wanted).items()}
 
-        return {keys[k]: decode(v) for k, v in cache.get_many(list(keys), load).items()}
+        key_list = list(keys)
+        found: dict[int, dict[str, Any]] = {}
+        step = chunk if len(key_list) <= chunk else self._slice(chunk)
+        for k in range(0, len(key_list), step):
+            got = cache.get_many(key_list[k : k + step], load)
+            found.update({keys[key]: decode(v) for key, v in got.items()})
+        return found
+
+    def _slice(self, chunk: int) -> int:
+        """IDs per cache batch of a call over ``chunk``: about ``chunk`` per master host (one query each)."""
+        return chunk * len({r.master for r in self._router.shard_map})
+
+    def _get_cached(
+        self, cache: ObjectCache, wanted: list[int], type_name: str | None
+    ) -> dict[int, dict[str, Any]]:
+        """Checked Pinterest IDs through the object cache; the misses routed and read."""
+        route = self._router.route
+        p = self._object_prefix
+        by_key = {f"{p}{id_}": id_ for id_ in wanted}
+
+        def load_ids(missing: list[str]) -> dict[str, bytes]:
+            routed = {by_key[k]: route(by_key[k], type_name) for k in missing}
+            return {f"{p}{i}": text.encode() for i, text in self._read_texts(routed).items()}
+
+        decode = self.repo.decode
+        return {by_key[k]: decode(v) for k, v in cache.get_many(list(by_key), load_ids).items()}
 
     def _read_texts(self, routed: dict[int, tuple[int, TypeSpec, int, str]]) -> dict[int, str]:
-        """JSON text of live objects from the databases, one query per host (or per shard)."""
+        """JSON text of live objects from the databases, one query per host (or per shard).
+
+        A host (shard file) given more than ``limits.id_chunk`` IDs gets
+        several queries of at most that many; all of them run at once.
+        """
         by_host: dict[str, dict[tuple[int, str], list[int]]] = {}
         keys: dict[tuple[int, str, int], int] = {}
         for id_, (shard, spec, local_id, host) in routed.items():
@@ -535,6 +588,7 @@ class ObjectService:
                 group = groups[(shard, spec.table)] = []
             group.append(local_id)
             keys[(shard, spec.table, local_id)] = id_
+        chunk = self._config.id_chunk
         jobs: list[Callable[[], list[tuple[int, str, int, str]]]] = []
         for host, groups in by_host.items():
             parts = [(shard, table, local_ids) for (shard, table), local_ids in groups.items()]
@@ -549,7 +603,8 @@ class ObjectService:
                 batches = [parts]
             for batch in batches:
                 h = self._engines.shard(batch[0][0], host)
-                jobs.append(partial(self.repo.get_many, h, batch))
+                for piece in _pieces(batch, chunk):
+                    jobs.append(partial(self.repo.get_many, h, piece))
         out: dict[int, str] = {}
         # Several hosts (or shard files) are asked at once, not one after another.
         for rows in self._engines.run_all(jobs):
@@ -576,3 +631,25 @@ class ObjectService:
     def _invalidate(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
         if self._cache is not None:
             self._cache.invalidate([self.key(id, spec)])
+
+
+def _pieces(parts: list[tuple[int, str, list[int]]], cap: int) -> list[list[tuple[int, str, list[int]]]]:
+    """``parts`` (shard, table, local ids) cut into queries of at most ``cap`` local ids each."""
+    if sum(len(ids) for _s, _t, ids in parts) <= cap:
+        return [parts]
+    out: list[list[tuple[int, str, list[int]]]] = []
+    run: list[tuple[int, str, list[int]]] = []
+    n = 0
+    for shard, table, ids in parts:
+        k = 0
+        while k < len(ids):
+            take = min(cap - n, len(ids) - k)
+            run.append((shard, table, ids[k : k + take]))
+            n += take
+            k += take
+            if n == cap:
+                out.append(run)
+                run, n = [], 0
+    if run:
+        out.append(run)
+    return out

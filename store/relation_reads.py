@@ -37,13 +37,14 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from itertools import islice
+from typing import Any, TypeVar, cast
 
 from store.backends.statements import with_part
 from store.cache.lists import FillItem, decode_members, decode_to_ids, encode_member
 from store.cursors import encode_cursor
 from store.engines import Engines, ShardHandle
-from store.exceptions import IdError
+from store.exceptions import IdError, LimitError, brief
 from store.relations import Page, RelationService, fill_size
 from store.routing import Router
 
@@ -55,31 +56,85 @@ MAX_PARAMS = 30_000
 #: to_ids per ``IN`` list at most; more for one from_id become several parts of the query.
 IN_CHUNK = 1000
 
+T = TypeVar("T")
 Row = tuple[int, int]  # (sequence, to_id)
 #: One list to read: its from_id, the key to go on after (None: from the start), rows wanted.
 Ask = tuple[int, Row | None, int]
 
 
-def id_list(values: Iterable[int], what: str, *, unique: bool = True) -> list[int]:
+def id_list(values: Iterable[int], what: str, *, unique: bool = True, limit: int | None = None) -> list[int]:
     """``values`` as a list (each once if ``unique``, in order); `IdError` unless an iterable of IDs.
 
-    A str, bytes or a lone int is refused here; the IDs themselves are checked by routing.
+    A str, bytes or a lone int is refused here, and so is an unhashable item
+    where ``unique``; the IDs themselves are checked by routing. More than
+    ``limit`` values (``limits.max_ids``) is a `LimitError`, raised before any
+    query and without reading an iterator further than ``limit + 1`` items.
+    A list passed with ``unique=False`` comes back as it is (no copy).
     """
-    if isinstance(values, (str, bytes, int)) or not isinstance(values, Iterable):
-        raise IdError(f"{what} must be an iterable of IDs, got {type(values).__name__}")
-    return list(dict.fromkeys(values)) if unique else list(values)
+    if isinstance(values, str | bytes | bytearray | int) or not isinstance(values, Iterable):
+        raise IdError(f"{what} must be an iterable of IDs (a list), got {type(values).__name__}")
+    if type(values) is list:
+        out: list[Any] = values
+    else:
+        out = list(values if limit is None else islice(values, limit + 1))
+    if limit is not None and len(out) > limit:
+        held = f"{len(out)} IDs" if out is values else f"more than {limit} IDs"
+        raise LimitError(f"{what} holds {held}, over limits.max_ids ({limit}); split the call")
+    if not unique:
+        return out
+    try:
+        return list(dict.fromkeys(out))
+    except TypeError:
+        raise IdError(_unhashable(out, what)) from None
 
 
-def pair_list(pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``pairs`` as a list of (from_id, to_id), each once; `IdError` for anything else."""
-    if isinstance(pairs, (str, bytes, int)) or not isinstance(pairs, Iterable):
+def pair_list(pairs: Iterable[tuple[int, int]], *, limit: int | None = None) -> list[tuple[int, int]]:
+    """``pairs`` as a list of (from_id, to_id), each once; `IdError` for anything else.
+
+    More than ``limit`` pairs (``limits.max_ids``) is a `LimitError`, as in `id_list`.
+    """
+    if isinstance(pairs, str | bytes | bytearray | int) or not isinstance(pairs, Iterable):
         raise IdError(f"pairs must be an iterable of (from_id, to_id), got {type(pairs).__name__}")
+    given = pairs if type(pairs) is list or limit is None else list(islice(pairs, limit + 1))
+    if limit is not None and isinstance(given, list) and len(given) > limit:
+        held = f"{len(given)} pairs" if given is pairs else f"more than {limit} pairs"
+        raise LimitError(f"pairs holds {held}, over limits.max_ids ({limit}); split the call")
     out: dict[tuple[int, int], None] = {}
-    for pair in pairs:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise IdError(f"pairs must hold (from_id, to_id) tuples, got {pair!r}")
-        out[(pair[0], pair[1])] = None
+    for pair in given:
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise IdError(f"pairs must hold (from_id, to_id) tuples, got {brief(pair)}")
+        try:
+            out[(pair[0], pair[1])] = None
+        except TypeError:
+            raise IdError(_unhashable(list(pair), "a pair")) from None
     return list(out)
+
+
+def _unhashable(values: list[Any], what: str) -> str:
+    """The message for a list of IDs holding something unhashable (a list, a dict)."""
+    for v in values:
+        try:
+            hash(v)
+        except TypeError:
+            return f"{what} must hold int IDs, got {type(v).__name__} {brief(v)}"
+    return f"{what} must hold int IDs"
+
+
+def _slices(items: list[T], cap: int, weight: Callable[[T], int]) -> list[list[T]]:
+    """``items`` in order, cut into runs whose weights add up to at most ``cap`` (one item at least)."""
+    out: list[list[T]] = []
+    run: list[T] = []
+    total = 0
+    for item in items:
+        w = weight(item)
+        if run and total + w > cap:
+            out.append(run)
+            run, total = [], 0
+        run.append(item)
+        total += w
+    if run:
+        out.append(run)
+    return out
 
 
 _LOW4 = bytes(b & 0x0F for b in range(256))
@@ -187,7 +242,7 @@ class RelationReads:
         """
         spec = self._router.relation(relation)
         h = self._rel.handle(spec, from_id)
-        wanted = to_ids if type(to_ids) is list else id_list(to_ids, "to_ids", unique=False)
+        wanted = id_list(to_ids, "to_ids", unique=False, limit=self._router.config.max_ids)
         check_to_ids(self._router, wanted, spec.to_type)  # (repeats do no harm)
         if not wanted:
             return set()
@@ -203,18 +258,39 @@ class RelationReads:
                     want = _Want(h, from_id, head=lists.entries, fits=True, linked=wanted)
                     return self._answer_and_fill(relation, [want], [read.version])[0].linked
         stmts = self._rel.repo.statements(h, relation)
-        sql = stmts.in_list(self._rel.repo.sql(h, relation).linked, len(wanted))
-        return {int(t) for (t,) in h.read(sql, [from_id, *wanted], one=False)}
+        linked = self._rel.repo.sql(h, relation).linked
+        chunk = max(1, self._router.config.id_chunk - 1)  # to_ids beside the from_id
+        if len(wanted) <= chunk:
+            sql = stmts.in_list(linked, len(wanted))
+            return {int(t) for (t,) in h.read(sql, [from_id, *wanted], one=False)}
+        # More than one query carries (limits.id_chunk): several bounded ones, at once.
+        ids = list(dict.fromkeys(wanted))
+        jobs = [
+            partial(h.read, stmts.in_list(linked, len(part)), [from_id, *part], one=False)
+            for part in (ids[k : k + chunk] for k in range(0, len(ids), chunk))
+        ]
+        return {int(t) for rows in self._engines.run_all(jobs) for (t,) in rows}
 
     def has_links_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
         """Which of ``pairs`` (from_id, to_id) exist: cached whole lists, then one query per host."""
         spec = self._router.relation(relation)
-        wanted = pair_list(pairs)
+        config = self._router.config
+        wanted = pair_list(pairs, limit=config.max_ids)
         check_to_ids(self._router, [t for _f, t in wanted], spec.to_type)
         groups: dict[int, list[int]] = {}
         for f, t in wanted:
             groups.setdefault(f, []).append(t)
         wants = [_Want(self._rel.handle(spec, f), f, linked=ts) for f, ts in groups.items()]
+        if len(wanted) <= config.id_chunk:
+            return self._has_links_of(relation, wants)
+        # Every ID is checked above; the call goes on in pieces of at most limits.id_chunk pairs.
+        found: set[tuple[int, int]] = set()
+        for piece in _slices(wants, config.id_chunk, lambda w: len(w.linked or ())):
+            found |= self._has_links_of(relation, piece)
+        return found
+
+    def _has_links_of(self, relation: str, wants: list[_Want]) -> set[tuple[int, int]]:
+        """`has_links_many` for checked lists: cached whole lists, then one query per host."""
         if not wants:
             return set()
         found: set[tuple[int, int]] = set()
@@ -266,7 +342,7 @@ class RelationReads:
         """The first page (oldest first) of each list, as `RelationService.page` gives it, by from_id."""
         self._router.relation(relation)
         self._rel.check_limit(limit)
-        ids = id_list(from_ids, "from_ids")
+        ids = id_list(from_ids, "from_ids", limit=self._router.config.max_ids)
         got = self.rows_many(relation, [(f, None, limit + 1) for f in ids])
         out: dict[int, Page] = {}
         for f, rows in zip(ids, got, strict=True):
@@ -292,7 +368,7 @@ class RelationReads:
         """
         self._router.relation(relation)
         self._rel.check_limit(limit)
-        ids = id_list(from_ids, "from_ids")
+        ids = id_list(from_ids, "from_ids", limit=self._router.config.max_ids)
         cap = self._router.config.max_page
         state = {f: _Filling(limit) for f in ids}
         pending = ids
@@ -340,6 +416,17 @@ class RelationReads:
         """
         spec = self._router.relation(relation)
         handles = [self._rel.handle(spec, f) for f, _a, _w in asks]
+        chunk = self._router.config.id_chunk
+        if len(asks) <= chunk:
+            return self._rows_of(relation, asks, handles)
+        # Every ID is checked above; the lists are read in pieces of at most limits.id_chunk.
+        out: list[list[Row]] = []
+        for k in range(0, len(asks), chunk):
+            out += self._rows_of(relation, asks[k : k + chunk], handles[k : k + chunk])
+        return out
+
+    def _rows_of(self, relation: str, asks: Sequence[Ask], handles: list[ShardHandle]) -> list[list[Row]]:
+        """`rows_many` for checked lists, ``handles`` their shards: the cache, then one query per host."""
         out: list[list[Row] | None] = [None] * len(asks)
         seen: dict[int, bytes | None] = {}  # ask -> the version its list had when it missed
         lists = self._rel.lists
@@ -412,8 +499,9 @@ class RelationReads:
             if w.linked:
                 stmts = repo.statements(h, relation)
                 member = with_part(sql.part_linked, 4 * i + 3)
-                for k in range(0, len(w.linked), IN_CHUNK):
-                    chunk = w.linked[k : k + IN_CHUNK]
+                step = max(1, min(IN_CHUNK, self._router.config.id_chunk - 1))  # (+ the from_id)
+                for k in range(0, len(w.linked), step):
+                    chunk = w.linked[k : k + step]
                     parts.append((h, stmts.in_list(member, len(chunk)), [f, *chunk]))
         got = [_Got() for _ in wants]
         for label, a, b in self._run(parts):
@@ -435,12 +523,17 @@ class RelationReads:
     # -- running the parts ---------------------------------------------------------
 
     def _run(self, parts: list[tuple[ShardHandle, str, list[Any]]]) -> list[Any]:
-        """Every row of ``parts``: UNION ALL per host (per shard file), the hosts at once."""
+        """Every row of ``parts``: UNION ALL per host (per shard file), the hosts at once.
+
+        A query carries at most ``limits.id_chunk`` parameters (and `MAX_PARAMS`):
+        a host given more gets several queries.
+        """
+        cap = min(MAX_PARAMS, self._router.config.id_chunk)
         batches: dict[tuple[str, int], list[_Batch]] = {}
         for h, text, params in parts:
             key = (h.host, h.shard if h.backend.pool_per_shard else -1)
             queue = batches.setdefault(key, [])
-            if not queue or len(queue[-1].params) + len(params) > MAX_PARAMS:
+            if not queue or len(queue[-1].params) + len(params) > cap:
                 queue.append(_Batch(h))
             queue[-1].texts.append(text)
             queue[-1].params.extend(params)

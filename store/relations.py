@@ -30,7 +30,7 @@ from store.cache.follower import log_entries
 from store.cache.lists import ListCache, decode_members, encode_member, lex_bound
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
-from store.exceptions import DataError, LimitError
+from store.exceptions import DataError, LimitError, brief
 from store.pairs import Guard, PairWriter, Side
 from store.routing import Router
 from store.specs import RelationSpec
@@ -338,20 +338,49 @@ class RelationService:
         """``limit`` if it is a page size this store accepts, else `LimitError`."""
         cap = self._router.config.max_page
         if type(limit) is not int or not 1 <= limit <= cap:
-            raise LimitError(f"limit must be an int in 1..{cap} (limits.max_page), got {limit!r}")
+            raise LimitError(f"limit must be an int in 1..{cap} (limits.max_page), got {brief(limit)}")
         return limit
+
+    @staticmethod
+    def check_order(newest_first: bool) -> None:
+        """`LimitError` unless ``newest_first`` is True or False (a string "false" is not False)."""
+        if newest_first is not True and newest_first is not False:
+            raise LimitError(f"newest_first must be True or False, got {brief(newest_first)}")
 
     @staticmethod
     def check_range(since: int | None, until: int | None) -> None:
         """`LimitError` unless ``since`` and ``until`` are None or 64-bit signed ints, since <= until."""
         for name, value in (("since", since), ("until", until)):
             if value is not None and (type(value) is not int or not _SEQ_MIN <= value <= _SEQ_MAX):
-                raise LimitError(f"{name} must be None or a 64-bit signed int (a sequence), got {value!r}")
+                raise LimitError(
+                    f"{name} must be None or a 64-bit signed int (a sequence), got {brief(value)}"
+                )
         if since is not None and until is not None and since > until:
             raise LimitError(
                 f"since ({since}) is after until ({until}): since is inclusive, until exclusive, "
                 "so since <= until"
             )
+
+    def decode_cursor(
+        self,
+        cursor: str,
+        relation: str,
+        from_id: int,
+        newest_first: bool,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> tuple[int, int]:
+        """`store.cursors.decode_cursor` with this store's ``limits.max_cursor_bytes``."""
+        return decode_cursor(
+            cursor,
+            relation,
+            from_id,
+            newest_first,
+            since=since,
+            until=until,
+            max_bytes=self._router.config.max_cursor_bytes,
+        )
 
     # -- writes --------------------------------------------------------------
 
@@ -359,7 +388,7 @@ class RelationService:
         """Add the pair (and its inverse); True if the pair is new."""
         spec = self._router.relation(relation)
         if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
-            raise DataError(f"sequence must be a 64-bit signed int, got {sequence!r}")
+            raise DataError(f"sequence must be a 64-bit signed int, got {brief(sequence)}")
         primary, inverse = self._sides(spec, from_id, to_id, guarded=True)
         seq = self._clock_us() if sequence is None else sequence
         move = sequence is not None
@@ -433,12 +462,13 @@ class RelationService:
         self, spec: RelationSpec, from_id: int, to_id: int, *, guarded: bool
     ) -> tuple[Side, Side | None]:
         """(primary side, inverse side or None), routed and type-checked, primary first."""
-        here = self._side(spec, from_id, to_id)
+        here = self._side(spec, from_id, None)
         side = Side(here, spec.name, from_id, to_id)
         if spec.inverse is None:
+            self._router.route(to_id, spec.to_type)  # (None too: it is no ID)
             return side, None
         inverse = self._router.relation(spec.inverse)
-        there = self._side(inverse, to_id, from_id)
+        there = self._side(inverse, to_id, None)  # the inverse's from type is this one's to type
         other = Side(there, inverse.name, to_id, from_id)
         if guarded:
             side = Side(here, spec.name, from_id, to_id, self._guard(spec.from_type, from_id))
@@ -461,8 +491,12 @@ class RelationService:
         """``to_id``s in sequence order: ``ORDER BY sequence LIMIT limit OFFSET offset``."""
         spec = self._router.relation(relation)
         self.check_limit(limit)
-        if type(offset) is not int or offset < 0:
-            raise LimitError(f"offset must be an int >= 0, got {offset!r}")
+        self.check_order(newest_first)
+        if type(offset) is not int or not 0 <= offset <= _SEQ_MAX:
+            raise LimitError(
+                f"offset must be an int in 0..{_SEQ_MAX}, got {brief(offset)}; "
+                "for deep pages use page() with a cursor"
+            )
         h = self._side(spec, from_id, None)
         if self.lists is not None:
             op = ("rank", offset, offset + limit - 1, newest_first)
@@ -487,11 +521,14 @@ class RelationService:
         ``since`` (inclusive) and ``until`` (exclusive) keep the page to
         entries whose sequence lies in that range; the cursor carries the range.
         """
+        spec = self._router.relation(relation)
         self.check_limit(limit)
+        self.check_order(newest_first)
         self.check_range(since, until)
+        self._router.route(from_id, spec.from_type)
         after = None
         if cursor is not None:
-            after = decode_cursor(cursor, relation, from_id, newest_first, since=since, until=until)
+            after = self.decode_cursor(cursor, relation, from_id, newest_first, since=since, until=until)
         rows, more = self.rows_after(
             relation, from_id, after, limit, newest_first=newest_first, since=since, until=until
         )
@@ -622,7 +659,8 @@ class RelationService:
     def has_link(self, relation: str, from_id: int, to_id: int) -> bool:
         """Whether the pair exists: one primary-key read on ``from_id``'s shard."""
         spec = self._router.relation(relation)
-        h = self._side(spec, from_id, to_id)
+        h = self._side(spec, from_id, None)
+        self._router.route(to_id, spec.to_type)  # (None too: it is no ID)
         return self.repo.sequence_of(h, relation, from_id, to_id) is not None
 
     def count(self, relation: str, from_id: int) -> int:

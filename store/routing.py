@@ -12,7 +12,7 @@ from bisect import bisect_right
 from collections.abc import Collection, Mapping
 from typing import NamedTuple, Protocol
 
-from store.exceptions import IdError, UnknownRelationError, UnknownTypeError, WrongTypeError
+from store.exceptions import IdError, UnknownRelationError, UnknownTypeError, WrongTypeError, brief
 from store.ids import MAX_ID, PINTEREST, decode_instagram, decode_pinterest
 from store.shardmap import ShardMap
 from store.specs import RelationSpec, TypeSpec
@@ -58,6 +58,18 @@ class RoutingConfig(Protocol):
     @property
     def max_page(self) -> int:
         """The largest page a list read may ask for."""
+
+    @property
+    def max_ids(self) -> int:
+        """The most IDs (or pairs) one call may take."""
+
+    @property
+    def id_chunk(self) -> int:
+        """The most IDs one query carries."""
+
+    @property
+    def max_cursor_bytes(self) -> int:
+        """The longest page cursor accepted."""
 
 
 class Router:
@@ -158,19 +170,27 @@ class Router:
 
     def type(self, type_name: str) -> TypeSpec:
         """The type called ``type_name``; `UnknownTypeError` listing the known ones."""
-        spec = self.config.types.get(type_name)
+        try:
+            spec = self.config.types.get(type_name)
+        except TypeError:  # unhashable: a list, a dict
+            spec = None
         if spec is None:
+            what = "unknown type" if isinstance(type_name, str) else "a type name must be a str, got"
             raise UnknownTypeError(
-                f"unknown type {type_name!r}; the config defines: {', '.join(self.config.types)}"
+                f"{what} {brief(type_name)}; the config defines: {', '.join(self.config.types)}"
             )
         return spec
 
     def relation(self, name: str) -> RelationSpec:
         """The relation called ``name``; `UnknownRelationError` listing the known ones."""
-        spec = self.config.relations.get(name)
+        try:
+            spec = self.config.relations.get(name)
+        except TypeError:  # unhashable: a list, a dict
+            spec = None
         if spec is None:
             known = ", ".join(self.config.relations) or "none"
-            raise UnknownRelationError(f"unknown relation {name!r}; the config defines: {known}")
+            what = "unknown relation" if isinstance(name, str) else "a relation name must be a str, got"
+            raise UnknownRelationError(f"{what} {brief(name)}; the config defines: {known}")
         return spec
 
     def pick_shard(self) -> int:

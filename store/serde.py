@@ -4,8 +4,11 @@ Objects are stored as JSON text. The default `JsonSerde` accepts only plain
 JSON values (dict with str keys, list, str, int, float, bool, None), because
 anything else would not come back as it went in: orjson alone would turn NaN
 into null, a tuple into a list and a datetime into a string. It checks the
-value first, then encodes with orjson (3-10x faster than the standard json
-module here) and enforces the size limit on the encoded bytes.
+value first (types, 64-bit ints, finite floats, nesting depth), then encodes
+with orjson (3-10x faster than the standard json module here), which also
+refuses text that is not valid Unicode (a lone surrogate such as ``"\\ud800"``),
+and enforces the size limit on the encoded bytes. Whatever it refuses raises
+a `DataError` subclass naming the path to the bad value, before any I/O.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ from typing import Any, Protocol
 
 import orjson
 
-from store.exceptions import NotSerializableError, ObjectTooLargeError
+from store.exceptions import NotSerializableError, ObjectTooLargeError, brief
 
-__all__ = ["JsonSerde", "Serde"]
+__all__ = ["ENCODER_MAX_DEPTH", "JsonSerde", "Serde"]
 
-_MAX_DEPTH = 100
+#: The deepest nesting orjson encodes (it refuses 255 levels); a larger ``max_depth`` acts as this.
+ENCODER_MAX_DEPTH = 254
+_DEFAULT_MAX_DEPTH = 100
 _INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # what orjson encodes
+_PATH_CHARS = 120  # of a path quoted in a message
 
 
 class Serde(Protocol):
@@ -36,12 +42,19 @@ class Serde(Protocol):
 
 
 class JsonSerde:
-    """Strict JSON with a size limit in bytes of UTF-8."""
+    """Strict JSON with a size limit in bytes of UTF-8 and a nesting limit.
 
-    __slots__ = ("max_bytes",)
+    ``max_depth`` counts containers: the object itself is level 1, so
+    ``max_depth=1`` allows only scalar values in it. A `Store` passes
+    ``limits.max_object_bytes`` and ``limits.max_depth``.
+    """
 
-    def __init__(self, *, max_bytes: int = 1 << 20) -> None:
+    __slots__ = ("_depth", "max_bytes", "max_depth")
+
+    def __init__(self, *, max_bytes: int = 1 << 20, max_depth: int = _DEFAULT_MAX_DEPTH) -> None:
         self.max_bytes = max_bytes
+        self.max_depth = max_depth
+        self._depth = min(max_depth, ENCODER_MAX_DEPTH)
 
     def dumps(self, data: dict[str, Any]) -> str:
         """Check that ``data`` is a plain JSON object and encode it."""
@@ -49,8 +62,13 @@ class JsonSerde:
             raise NotSerializableError(
                 f"object data must be a dict (a JSON object), got {type(data).__name__}"
             )
-        _check(data, "data", 0)
-        encoded = orjson.dumps(data)
+        _check(data, "data", 0, self._depth)
+        try:
+            encoded = orjson.dumps(data)
+        except orjson.JSONEncodeError as exc:
+            # What the check lets through and orjson refuses: text with a lone surrogate.
+            _check_text(data, "data")
+            raise NotSerializableError(f"object data cannot be encoded as JSON: {exc}") from None
         if len(encoded) > self.max_bytes:
             raise ObjectTooLargeError(
                 f"object is {len(encoded)} bytes as JSON, over the limit of {self.max_bytes}; "
@@ -64,7 +82,14 @@ class JsonSerde:
         return value
 
 
-def _check(value: object, path: str, depth: int) -> None:
+def _shown(path: str) -> str:
+    """A path for a message: one printable line (newlines, controls, lone surrogates escaped), cut short."""
+    if not path.isprintable():
+        path = "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)
+    return path if len(path) <= _PATH_CHARS else path[: _PATH_CHARS - 3] + "..."
+
+
+def _check(value: object, path: str, depth: int, max_depth: int) -> None:
     # Exact type checks on purpose: subclasses (IntEnum, OrderedDict, str
     # enums) serialise in surprising ways and do not round-trip.
     t = type(value)
@@ -73,31 +98,76 @@ def _check(value: object, path: str, depth: int) -> None:
     if t is int:
         assert isinstance(value, int)
         if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
-            raise NotSerializableError(f"{path} = {value} is outside the 64-bit integer range")
+            raise NotSerializableError(
+                f"{_shown(path)} = {brief(value)} is outside the 64-bit integer range; store it as a string"
+            )
         return
     if t is float:
         assert isinstance(value, float)
         if not math.isfinite(value):
             raise NotSerializableError(
-                f"{path} = {value} is not a finite number; JSON has no NaN or Infinity"
+                f"{_shown(path)} = {value} is not a finite number; JSON has no NaN or Infinity"
             )
         return
-    if depth >= _MAX_DEPTH:
-        raise NotSerializableError(f"{path} is nested more than {_MAX_DEPTH} levels deep")
+    if depth >= max_depth:
+        raise NotSerializableError(
+            f"{_shown(path)} is nested more than {max_depth} levels deep; flatten the object "
+            + (
+                "or raise limits.max_depth"
+                if max_depth < ENCODER_MAX_DEPTH
+                else f"(JSON encoding stops at {ENCODER_MAX_DEPTH} levels)"
+            )
+        )
     if t is dict:
         assert isinstance(value, dict)
         for k, v in value.items():
             if type(k) is not str:
                 raise NotSerializableError(
-                    f"{path} has key {k!r} of type {type(k).__name__}; JSON keys are strings"
+                    f"{_shown(path)} has key {brief(k)} of type {type(k).__name__}; JSON keys are strings"
                 )
-            _check(v, f"{path}.{k}", depth + 1)
+            _check(v, f"{path}.{k}", depth + 1, max_depth)
         return
     if t is list:
         assert isinstance(value, list)
         for i, v in enumerate(value):
-            _check(v, f"{path}[{i}]", depth + 1)
+            _check(v, f"{path}[{i}]", depth + 1, max_depth)
         return
     raise NotSerializableError(
-        f"{path} is a {t.__name__}, which is not JSON; use dict, list, str, int, float, bool or None"
+        f"{_shown(path)} is a {t.__name__}, which is not JSON; use dict, list, str, int, float, bool or None"
     )
+
+
+def _check_text(value: object, path: str) -> None:
+    """`NotSerializableError` for the first key or string (of a checked value) that is not valid Unicode.
+
+    Only after orjson refused the value: strings are not walked on the way in.
+    """
+    if type(value) is str:
+        assert isinstance(value, str)
+        if not _valid(value):
+            raise NotSerializableError(
+                f"{_shown(path)} = {brief(value)} holds a lone surrogate, which is not valid "
+                "Unicode (UTF-8); decode the text properly or drop the bad character"
+            )
+    elif type(value) is dict:
+        assert isinstance(value, dict)
+        for k, v in value.items():
+            if not _valid(k):
+                raise NotSerializableError(
+                    f"{_shown(path)} has key {brief(k)} with a lone surrogate, which is not valid "
+                    "Unicode (UTF-8); decode the text properly or drop the bad character"
+                )
+            _check_text(v, f"{path}.{k}")
+    elif type(value) is list:
+        assert isinstance(value, list)
+        for i, v in enumerate(value):
+            _check_text(v, f"{path}[{i}]")
+
+
+def _valid(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

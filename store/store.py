@@ -20,10 +20,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from store.cache import Caches, build_caches
 from store.cache.follower import Follower, build_follower
 from store.config import StoreConfig
-from store.cursors import decode_cursor, encode_cursor
+from store.cursors import encode_cursor
 from store.defaults import embedded_config
 from store.engines import Engines, ShardHandle
-from store.exceptions import NotFound, StoreError
+from store.exceptions import ConfigError, NotFound, StoreError, brief
 from store.livemap import LiveMap
 from store.mapsource import MapSource
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
@@ -113,7 +113,8 @@ class Store:
             lists=self._caches.lists,
             prefix=self._caches.prefix,
         )
-        repo = ObjectRepository(serde=serde or JsonSerde(max_bytes=config.max_object_bytes), ids=config.ids)
+        serde = serde or JsonSerde(max_bytes=config.max_object_bytes, max_depth=config.max_depth)
+        repo = ObjectRepository(serde=serde, ids=config.ids)
         self._unique = (
             UniqueKeys(
                 config=config,
@@ -148,8 +149,13 @@ class Store:
             config = source
         elif isinstance(source, Mapping):
             config = StoreConfig.from_dict(source)
-        else:
+        elif isinstance(source, str | os.PathLike):
             config = StoreConfig.from_file(source)
+        else:
+            raise ConfigError(
+                "a store's config is a YAML file's path, a mapping, a StoreConfig or None (the embedded "
+                f"default), got {type(source).__name__} {brief(source)}"
+            )
         return cls(config)
 
     # -- the live map -----------------------------------------------------------
@@ -190,14 +196,16 @@ class Store:
         """The object with ``id``, or None if it does not exist or was deleted."""
         return self._objects.get(id, type_name=type_name)
 
-    @_rerouted
     def get_many(self, ids: Iterable[int], *, type_name: str | None = None) -> dict[int, dict[str, Any]]:
         """Objects by ID, absent and deleted ones left out.
 
         Cache first (one round trip per cache server); the misses are read
-        with one query per host (per shard on SQLite).
+        with one query per host (per shard on SQLite). Every ID is checked
+        before any I/O; more than ``limits.max_ids`` IDs is a `LimitError`, and
+        a host given more than ``limits.id_chunk`` gets several bounded queries.
         """
-        return self._objects.get_many(ids, type_name=type_name)
+        wanted = id_list(ids, "ids", unique=False, limit=self.config.max_ids)  # (an iterator, once)
+        return self._live.run(lambda: self._objects.get_many(wanted, type_name=type_name))
 
     @_rerouted
     def get_with_version(self, id: int, *, type_name: str | None = None) -> Versioned | None:  # noqa: A002
@@ -332,7 +340,7 @@ class Store:
         One query on ``from_id``'s shard (a primary-key ``IN`` read), or none
         when the list cache holds the whole list and trusts it.
         """
-        wanted = id_list(to_ids, "to_ids", unique=False)
+        wanted = id_list(to_ids, "to_ids", unique=False, limit=self.config.max_ids)
         return self._live.run(lambda: self._reads.has_links(relation, from_id, wanted))
 
     def has_links_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -341,7 +349,7 @@ class Store:
         Lists the cache holds whole answer from one round trip to it; the rest
         take one query per host, covering all its shards, hosts asked at once.
         """
-        wanted = pair_list(pairs)
+        wanted = pair_list(pairs, limit=self.config.max_ids)
         return self._live.run(lambda: self._reads.has_links_many(relation, wanted))
 
     def pages_many(self, relation: str, from_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
@@ -352,7 +360,7 @@ class Store:
         index), hosts asked at once, and are cached. Each ``next_cursor``
         works with `page`.
         """
-        ids = id_list(from_ids, "from_ids")
+        ids = id_list(from_ids, "from_ids", limit=self.config.max_ids)
         return self._live.run(lambda: self._reads.pages_many(relation, ids, limit=limit))
 
     def board_pins_many(self, board_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
@@ -367,11 +375,11 @@ class Store:
         relation = "board_has_pins"
         spec = self.config.relations.get(relation)
         pin_type = None if spec is None else spec.to_type
-        ids = id_list(board_ids, "board_ids")
+        ids = id_list(board_ids, "board_ids", limit=self.config.max_ids)
 
         def load(pins: list[int]) -> dict[int, dict[str, Any]]:
             # The service, not the public get_many: this call already runs through the live map.
-            return self._objects.get_many(pins, type_name=pin_type)
+            return self._objects.get_many(pins, type_name=pin_type, bounded=False)
 
         return self._live.run(
             lambda: self._reads.first_pages_with_objects(relation, ids, limit=limit, load=load)
@@ -391,16 +399,18 @@ class Store:
         the end of the list.
         """
         relation = "board_has_pins"
-        pin_type = self.config.relations[relation].to_type
+        spec = self._router.relation(relation)
+        pin_type = spec.to_type
         self._relations.check_limit(limit)
-        after = None if cursor is None else decode_cursor(cursor, relation, board_id, False)
+        self._router.route(board_id, spec.from_type)
+        after = None if cursor is None else self._relations.decode_cursor(cursor, relation, board_id, False)
         ids: list[int] = []
         objects: list[dict[str, Any]] = []
         want = limit
         while True:
             rows, more = self._relations.rows_after(relation, board_id, after, want)
             # The service, not the public get_many: this call already runs through the live map.
-            found = self._objects.get_many([t for _s, t in rows], type_name=pin_type)
+            found = self._objects.get_many([t for _s, t in rows], type_name=pin_type, bounded=False)
             for i, (seq, to_id) in enumerate(rows):
                 after = (seq, to_id)
                 if to_id in found:

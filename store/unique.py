@@ -43,7 +43,7 @@ from store.backends.tables import MAX_UNIQUE_VALUE_BYTES, unique_table
 from store.cache.leases import ObjectCache
 from store.config import StoreConfig
 from store.engines import Engines, ShardHandle
-from store.exceptions import BackendError, DataError, DuplicateKeyError, UnknownTypeError
+from store.exceptions import BackendError, DataError, DuplicateKeyError, UnknownTypeError, brief
 from store.routing import Router
 from store.specs import UniqueSpec
 
@@ -176,7 +176,18 @@ class UniqueKeys:
                 f"{spec.field!r} is a unique key ({spec.name}); its value must be a string or an int, "
                 f"got {type(raw).__name__}"
             )
-        value = str(raw).encode()
+        if isinstance(raw, int) and not -(1 << 63) <= raw < 1 << 64:
+            raise DataError(
+                f"{spec.field!r} is a unique key ({spec.name}); an int value must fit 64 bits "
+                f"(as every int an object holds), got {brief(raw)}"
+            )
+        try:
+            value = str(raw).encode()
+        except UnicodeEncodeError:
+            raise DataError(
+                f"{spec.field!r} is a unique key ({spec.name}); its value {brief(raw)} holds a lone "
+                "surrogate, which is not valid Unicode (UTF-8)"
+            ) from None
         if not value or len(value) > MAX_UNIQUE_VALUE_BYTES:
             raise DataError(
                 f"{spec.field!r} is a unique key ({spec.name}); its value must be 1 to "
@@ -185,10 +196,13 @@ class UniqueKeys:
         return Claim(spec, value)
 
     def _spec(self, name: str) -> UniqueSpec:
-        spec = self._config.unique.get(name)
+        try:
+            spec = self._config.unique.get(name)
+        except TypeError:  # unhashable: a list, a dict
+            spec = None
         if spec is None:
             known = ", ".join(self._config.unique) or "none: add a unique: section to the config"
-            raise UnknownTypeError(f"no unique key {name!r}; configured: {known}")
+            raise UnknownTypeError(f"no unique key {brief(name)}; configured: {known}")
         return spec
 
     def _where(self, name: str, value: bytes) -> tuple[ShardHandle, dict[str, str], UniqueStatements]:

@@ -7,6 +7,7 @@ reachable they skip on a developer's laptop; with STORE_REQUIRE_SERVICES=1
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import subprocess
@@ -71,7 +72,7 @@ def require_port(name: str, port: int, host: str = "127.0.0.1") -> None:
 
 def base_config(**overrides: Any) -> dict[str, Any]:
     """The embedded default's types and relations with other hosts and map."""
-    raw = {k: v for k, v in EMBEDDED.items() if k not in ("hosts", "map", "shards", "cache")}
+    raw = {k: copy.deepcopy(v) for k, v in EMBEDDED.items() if k not in ("hosts", "map", "shards", "cache")}
     raw.update(overrides)
     return raw
 
