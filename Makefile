@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test faults moves check lint typecheck services bench clean
+.PHONY: demo test faults moves browser check lint typecheck services bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 ## test: start services if down, then format check, lint, type check, whole test suite
 test: $(STAMP) services $(VENV)/.mysqlclient lint typecheck
+	bash scripts/browser.sh
 	$(BIN)/pytest
 
 # mysqlclient compiles against MariaDB's client headers, which services.sh installs.
@@ -34,6 +35,11 @@ faults: $(STAMP) services
 ## moves: moves, tombstones and `store check` alone, on MariaDB servers the tests start
 moves: $(STAMP) services
 	$(BIN)/pytest -m moves
+
+## browser: the operator page in headless Chromium during a real move (installs Chromium if missing)
+browser: $(STAMP) services
+	bash scripts/browser.sh
+	$(BIN)/pytest -m browser
 
 services:
 	bash scripts/services.sh

@@ -7,7 +7,9 @@ result. A `StoreError` becomes one line on stderr and exit code 1.
 from __future__ import annotations
 
 import json
+import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ import click
 from store.backends import DEFAULT_BACKEND, backend_names
 from store.config import StoreConfig
 from store.defaults import embedded_config
-from store.exceptions import ConfigError, IdError, LimitError, StoreError
+from store.exceptions import ConfigError, IdError, LimitError, StoreError, brief
 from store.ids import (
     INSTAGRAM_EPOCH_MS,
     decode_instagram,
@@ -67,7 +69,7 @@ def _parse_id(text: str) -> int:
     try:
         return int(text, 0)
     except ValueError:
-        raise IdError(f"{text!r} is not an integer ID") from None
+        raise IdError(f"{brief(text)} is not an integer ID") from None
 
 
 def _parse_shards(text: str | None, shards: int) -> range | None:
@@ -88,10 +90,90 @@ def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
+# -- logging ---------------------------------------------------------------------
+
+#: Admin commands log their phases under this logger (``store.admin.move``, ``store.admin.check`` ...).
+ADMIN_LOGGER = "store.admin"
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields = getattr(record, "fields", None)
+    return dict(fields) if isinstance(fields, dict) else {}
+
+
+class _TextFormatter(logging.Formatter):
+    """``2026-01-02T03:04:05.678Z INFO store.admin.move: message key=value ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        extra = "".join(f" {k}={v}" for k, v in _fields(record).items())
+        text = f"{ts} {record.levelname} {record.name}: {record.getMessage()}{extra}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg and the record's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        doc: dict[str, Any] = {
+            "ts": ts,
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in _fields(record).items():
+            doc.setdefault(k, v)
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(*, json_lines: bool = False, level: int = logging.INFO) -> logging.Handler:
+    """Send the ``store`` loggers to stderr with timestamps (``json_lines``: one JSON object a line).
+
+    The library's request path logs nothing at INFO; admin commands log each
+    phase under ``store.admin``. Called once per process; again, it only
+    changes the format.
+    """
+    root = logging.getLogger("store")
+    handler = next((h for h in root.handlers if isinstance(h, _StderrHandler)), None)
+    if handler is None:
+        handler = _StderrHandler()
+        root.addHandler(handler)
+        root.propagate = False
+    handler.setFormatter(_JsonFormatter() if json_lines else _TextFormatter())
+    root.setLevel(level)
+    return handler
+
+
+def _admin_log(command: str) -> logging.Logger:
+    return logging.getLogger(f"{ADMIN_LOGGER}.{command}")
+
+
 @click.group(cls=_Group)
 @click.version_option(package_name="store")
-def main() -> None:
+@click.option("--log-json", is_flag=True, help="Admin commands log one JSON object per line on stderr.")
+def main(log_json: bool) -> None:
     """Sharded object/relation store over MariaDB: IDs, shard map, objects."""
+    setup_logging(json_lines=log_json, level=logging.INFO)
 
 
 # -- ids ---------------------------------------------------------------------
@@ -167,8 +249,22 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
 
     config = _load_config(config_path)
     wanted = _parse_shards(shard_text, config.shards) or range(config.shards)
+    log = _admin_log("init")
+    log.info("init: starting", extra={"fields": {"shards": f"{wanted.start}-{wanted.stop - 1}"}})
     with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
         report = init_shards(config, shards=wanted, on_shard=lambda _s: bar.update(1))
+    log.info(
+        "init: done",
+        extra={
+            "fields": {
+                "shards": report.shards,
+                "hosts": len(report.per_host),
+                "databases_created": report.databases_created,
+                "tables_created": report.tables_created,
+                "seconds": round(report.seconds, 3),
+            }
+        },
+    )
     click.echo(
         f"{report.shards} shards checked on {len(report.per_host)} host(s) in {report.seconds:.1f} s: "
         f"{report.databases_created} databases and {report.tables_created} tables created"
@@ -182,17 +278,27 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
     "--sample", default=200, show_default=True, help="Lists and pairs checked per relation and shard."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def check(config_path: Path | None, full: bool, sample: int, as_json: bool) -> None:
+@click.option(
+    "--result-file",
+    envvar="STORE_CHECK_RESULT",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also keep the result as JSON here, for `store serve --check-file` (default: $STORE_CHECK_RESULT).",
+)
+def check(config_path: Path | None, full: bool, sample: int, as_json: bool, result_file: Path | None) -> None:
     """Check every shard is live exactly once where the live map says, with its tables, counts and inverses.
 
     Exits 1 if anything is wrong; changes nothing.
     """
     from store.admin import check_store
+    from store.admin.check import save_report
 
     with _open_admin(config_path) as store:
         shards = store.config.shards
         with click.progressbar(length=shards, label="shards", file=sys.stderr) as bar:
             report = check_store(store, full=full, sample=sample, on_shard=lambda _s: bar.update(1))
+    if result_file is not None:
+        save_report(report, result_file)
+        _admin_log("check").info("check: result kept", extra={"fields": {"file": str(result_file)}})
     if as_json:
         _echo_json(report.as_dict())
     else:
@@ -339,6 +445,19 @@ def move(
         wanted = _parse_shards(shard_text, store.config.shards)
         assert wanted is not None
         plan = mover.plan(wanted.start, wanted.stop - 1, to_host, slave_host)
+        _admin_log("move").info(
+            "move: planned",
+            extra={
+                "fields": {
+                    "shards": f"{plan.low}-{plan.high}",
+                    "source": plan.source,
+                    "target": plan.target,
+                    "tables": len(plan.tables),
+                    "rows": plan.rows,
+                    "bytes": plan.bytes,
+                }
+            },
+        )
         click.echo(
             f"plan: shards {plan.low}-{plan.high} from {plan.source} to {plan.target}"
             f"{f' (slave {plan.slave})' if plan.slave else ''}: {len(plan.databases())} databases, "
@@ -365,7 +484,14 @@ def promote(config_path: Path | None, shard_text: str, force: bool, yes: bool) -
         assert wanted is not None
         if not yes:
             click.confirm(f"promote the slave of shards {shard_text}?", abort=True)
-        run_promote(store, wanted.start, wanted.stop - 1, force=force, say=click.echo)
+        log = _admin_log("promote")
+        log.info("promote: starting", extra={"fields": {"shards": shard_text, "force": force}})
+
+        def say(msg: str) -> None:
+            log.info(msg, extra={"fields": {"shards": shard_text}})
+            click.echo(msg)
+
+        run_promote(store, wanted.start, wanted.stop - 1, force=force, say=say)
 
 
 @main.command()
@@ -384,13 +510,19 @@ def grants(config_path: Path | None, app_user: str, app_host: str, apply_: bool)
 
     config = _load_config(config_path)
     plan = grant_plan(config, app_user, app_host)
+    _admin_log("grants").info(
+        "grants: planned", extra={"fields": {"servers": len(plan), "app_user": app_user, "apply": apply_}}
+    )
     if not plan:
         click.echo("-- no server here has accounts (SQLite): protect the shard files with file permissions")
         return
     if apply_:
-        ran = apply_grants(
-            plan, app_user, app_host, on_server=lambda server: click.echo(f"granted on {server}")
-        )
+
+        def granted(server: str) -> None:
+            _admin_log("grants").info("grants: applied", extra={"fields": {"server": server}})
+            click.echo(f"granted on {server}")
+
+        ran = apply_grants(plan, app_user, app_host, on_server=granted)
         click.echo(f"{ran} statements on {len(plan)} server(s)")
         return
     for g in plan:
@@ -398,6 +530,57 @@ def grants(config_path: Path | None, app_user: str, app_host: str, apply_: bool)
         click.echo(f"-- {g.server}{hosts}: {len(g.statements)} statements")
         for stmt in g.statements:
             click.echo(stmt + ";")
+
+
+@main.command()
+@_config_option
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (others need --token)."
+)
+@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--token",
+    envvar="STORE_SERVE_TOKEN",
+    help="Every request must carry it (?token=, X-Store-Token or Bearer); needed beyond 127.0.0.1.",
+)
+@click.option(
+    "--journal",
+    default="store-move.json",
+    show_default=True,
+    help="The journal of the move to show (as given to store move --journal).",
+)
+@click.option(
+    "--check-file",
+    envvar="STORE_CHECK_RESULT",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The result `store check --result-file` keeps (default: $STORE_CHECK_RESULT).",
+)
+@click.option("--metrics", "with_metrics", is_flag=True, help="Also serve Prometheus metrics on /metrics.")
+def serve(
+    config_path: Path | None,
+    host: str,
+    port: int,
+    token: str | None,
+    journal: str,
+    check_file: Path | None,
+    with_metrics: bool,
+) -> None:
+    """Serve the operator page: live map, hosts, caches, a running move, the last check (JSON under /api)."""
+    from store.serve import check_bind
+    from store.serve import serve as run_serve
+
+    check_bind(host, token)
+    with _open_admin(config_path) as store:
+        click.echo(f"serving on http://{host}:{port}/", err=True)
+        run_serve(
+            store,
+            host=host,
+            port=port,
+            token=token,
+            journal=journal,
+            check_file=check_file,
+            metrics=with_metrics,
+        )
 
 
 # -- objects -------------------------------------------------------------------
@@ -611,8 +794,14 @@ def relations_repair(
         if relation is not None:
             store.admin_context().router.relation(relation)  # fail before the progress bar starts
         with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
+            log = _admin_log("repair")
+            log.info("repair: starting", extra={"fields": {"relation": relation, "dry_run": dry_run}})
             report = repair_relations(
                 store, relation, shards=wanted, dry_run=dry_run, on_shard=lambda _s: bar.update(1)
+            )
+            log.info(
+                "repair: done",
+                extra={"fields": {"rows_scanned": report.rows_scanned, "changes": report.changes}},
             )
         unique = bool(store.config.unique)
     if as_json:
@@ -728,6 +917,15 @@ def _parse_json(text: str) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise NotSerializableError(f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise NotSerializableError(
+            "JSON nested too deeply to read; an object may nest limits.max_depth levels"
+        ) from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise NotSerializableError(
+            "JSON holds an integer too long to read; objects hold 64-bit integers "
+            "(write big numbers as strings)"
+        ) from None
     if not isinstance(data, dict):
         raise NotSerializableError(f"expected a JSON object, got {type(data).__name__}")
     return data
@@ -750,8 +948,17 @@ def demo(config_path: Path | None) -> None:
 @_config_option
 @click.option("-n", "--iterations", default=2000, show_default=True, help="Calls per case.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Run with metrics on, served on 127.0.0.1:PORT/metrics, and time get and warm get "
+    "with metrics on against off (needs the metrics extra).",
+)
 @click.pass_context
-def bench(ctx: click.Context, config_path: Path | None, iterations: int, as_json: bool) -> None:
+def bench(
+    ctx: click.Context, config_path: Path | None, iterations: int, as_json: bool, metrics_port: int | None
+) -> None:
     """Time store operations next to the raw driver doing the same work.
 
     `store bench mix` runs a mixed workload over threads instead.
@@ -761,8 +968,17 @@ def bench(ctx: click.Context, config_path: Path | None, iterations: int, as_json
     from store_tools.bench import format_results, run_bench
 
     say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
+    metrics = None
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from store.metrics import Metrics
+
+        metrics = Metrics()
+        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        click.echo(f"metrics on http://127.0.0.1:{metrics_port}/metrics", err=True)
     with _open(config_path) as store:
-        results = run_bench(store, n=iterations, progress=say)
+        results = run_bench(store, n=iterations, progress=say, metrics=metrics)
         stats = store.stats()
         last_errors = store.admin_context().caches.last_errors()
     if as_json:

@@ -192,6 +192,8 @@ class _Checkout:
 
     def __enter__(self) -> DBAPIConnection:
         h = self._h
+        if h.observe is not None:  # metrics on (`store.metrics`): tell it the host this call runs on
+            h.observe(h.host)
         try:
             self._conn, self._born = h.pool.checkout()
         except BackendError:
@@ -259,7 +261,7 @@ def _moved(
 class ShardHandle:
     """Everything needed to run statements on one shard: its host's backend and pool."""
 
-    __slots__ = ("_log", "backend", "host", "pool", "shard")
+    __slots__ = ("_log", "backend", "host", "observe", "pool", "shard")
 
     def __init__(
         self,
@@ -268,12 +270,15 @@ class ShardHandle:
         pool: ConnectionPool,
         backend: Backend,
         log: Callable[[ShardHandle], str | None] | None = None,
+        observe: Callable[[str], None] | None = None,
     ) -> None:
         self.shard = shard
         self.host = host
         self.pool = pool
         self.backend = backend
         self._log = log
+        #: Told the host at every checkout when metrics are on (`Engines.set_observer`); else None.
+        self.observe = observe
 
     def log_sql(self) -> str | None:
         """The INSERT of an invalidation log row on this host, if writes here are logged (else None)."""
@@ -459,6 +464,7 @@ class Engines:
         #: Writes are logged for the followers (`store.cache.follower`) where caches are shared.
         self.logging = c.follow and bool(c.memcached or c.redis)
         self._logs: dict[str, str] = {}
+        self._observe: Callable[[str], None] | None = None
 
     def _log_sql(self, h: ShardHandle) -> str | None:
         """The log INSERT of ``h``'s host, once the log is known to exist (checked once per process).
@@ -511,8 +517,22 @@ class Engines:
                 pool = self._make_pool(host, shard, backend)
                 self._pools[key] = pool
             log = self._log_sql if self.logging and backend.change_log else None
-            handle = self._handles[(host, shard)] = ShardHandle(shard, host, pool, backend, log)
+            handle = self._handles[(host, shard)] = ShardHandle(
+                shard, host, pool, backend, log, self._observe
+            )
             return handle
+
+    def set_observer(self, observe: Callable[[str], None] | None) -> None:
+        """Have ``observe(host)`` called at each connection checkout (metrics); None stops it."""
+        with self._lock:
+            self._observe = observe
+            for handle in self._handles.values():
+                handle.observe = observe
+
+    def pools(self) -> dict[str, ConnectionPool]:
+        """The pools made so far, by name (the host, or host/shard file where pools are per shard)."""
+        with self._lock:
+            return {pool.name: pool for pool in self._pools.values()}
 
     def _make_pool(self, host: str, shard: int, backend: Backend) -> ConnectionPool:
         c = self._config

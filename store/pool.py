@@ -202,6 +202,16 @@ class ConnectionPool:
         return self._in_use
 
     @property
+    def waiting(self) -> int:
+        """How many callers wait for a connection (every one is in use)."""
+        return self._waiting
+
+    @property
+    def max_open(self) -> int:
+        """The most connections open at once."""
+        return self._max_open
+
+    @property
     def idle(self) -> int:
         """How many connections are idle."""
         return len(self._idle)

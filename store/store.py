@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
 from store.cache.follower import Follower, build_follower
@@ -33,6 +33,9 @@ from store.routing import Location, Router
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
 from store.unique import UniqueKeys
+
+if TYPE_CHECKING:
+    from store.metrics import Metrics
 
 __all__ = ["AdminContext", "Location", "Store"]
 
@@ -88,7 +91,11 @@ class AdminContext:
 
 
 class Store:
-    """Objects sharded over many hosts, addressed by 64-bit IDs that carry their shard."""
+    """Objects sharded over many hosts, addressed by 64-bit IDs that carry their shard.
+
+    ``metrics``: a `store.metrics.Metrics` (pip install 'store[metrics]') that
+    times every call by operation and host for Prometheus; None costs nothing.
+    """
 
     def __init__(
         self,
@@ -100,6 +107,7 @@ class Store:
         clock_us: Callable[[], int] | None = None,
         caches: Caches | None = None,
         map_source: MapSource | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self._engines = engines or Engines(config)
@@ -137,6 +145,10 @@ class Store:
             unique=self._unique,
         )
         self._follower = _start_follower(config, self._engines, self._router, self._caches)
+        if metrics is not None:  # store.metrics (and prometheus_client) only load when asked for
+            from store.metrics import instrument
+
+            instrument(self, metrics)
 
     @classmethod
     def from_config(

@@ -1148,11 +1148,6 @@ def test_cli_named_edges(sqlite_world: World, cli_config: Path, args: list[str])
     assert _check_cli(w, cli_config, filled) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store/cli.py's _parse_json lets RecursionError and ValueError out, and _parse_id quotes a "
-    "whole argument (see the cli.py patch that came with this file); drop this marker once it is in",
-)
 @pytest.mark.parametrize(
     "args",
     [

@@ -133,6 +133,45 @@ class Runner:
             assert done.returncode != 0, f"store {line} should have failed"
         return done.stdout
 
+    def serve(self, *pages: str) -> None:
+        """`store serve --metrics` for a moment: every page and endpoint read, then stopped."""
+        import socket
+        import time
+        import urllib.request
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "store.cli", "serve", "--port", str(port), "--metrics",
+             "--journal", "move.json", "--check-file", "check.json", "--config", str(self.config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=self.folder,
+            env={**os.environ, ADMIN_PW_ENV: ADMIN_PW},
+        )  # fmt: skip
+        try:
+            body = []
+            deadline = time.monotonic() + 30
+            for page in pages:
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}{page}", timeout=10) as r:
+                            body.append(r.read().decode())
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline or proc.poll() is not None:
+                            raise
+                        time.sleep(0.2)
+        finally:
+            proc.terminate()
+            out, _ = proc.communicate(timeout=30)
+        self.outputs.append(("serve", "\n".join([*body, out])))
+        self.commands.add("serve")
+        assert "Traceback" not in out, out
+        assert len(body) == len(pages)
+
 
 def _command_names(group: click.Group, prefix: str = "") -> set[str]:
     out: set[str] = set()
@@ -191,7 +230,7 @@ def test_no_command_prints_or_writes_a_password(
     run("lookup", "username", "ann")
     run("lookup", "username", "ann", "--json")
     run("create", "user", '{"name": "ann"}', ok=False)  # a duplicate key: its error names no password
-    run("check")
+    run("check", "--result-file", "check.json")
     run("check", "--json")
     run("relations", "repair")
     run("relations", "repair", "--json")
@@ -207,6 +246,18 @@ def test_no_command_prints_or_writes_a_password(
     run("move", "--shards", "8-15", "--to", "B", "--yes", "--journal", "move.json")
     run("map", "diff")
     run("map", "diff", "--json")
+    run.serve(
+        "/",
+        "/panels",
+        "/api/all",
+        "/api/map",
+        "/api/hosts",
+        "/api/caches",
+        "/api/move",
+        "/api/check",
+        "/metrics",
+    )
+    run("--log-json", "map", "show")  # log lines too
     run("get", pin)  # now served by B
     run("move", "--cleanup", "--journal", "move.json")
     run("promote", "--shards", "0-7", "--yes", ok=False)  # no slave to promote

@@ -20,10 +20,15 @@ to run) and notes; `CheckReport.ok` is False when any problem was found.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import random
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import URL
@@ -35,7 +40,9 @@ from store.naming import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
 from store.specs import RelationSpec
 from store.store import AdminContext, Store
 
-__all__ = ["CheckReport", "Finding", "check_store"]
+__all__ = ["CheckReport", "Finding", "check_store", "load_report", "save_report"]
+
+log = logging.getLogger("store.admin.check")
 
 #: Lists (per relation and shard) whose count is compared with the rows, and pairs checked on the other side.
 SAMPLE = 200
@@ -124,6 +131,7 @@ def check_store(
     ctx.refresh_map(force=True)
     placed = ctx.shard_map
     config = ctx.config
+    log.info("check: starting", extra={"fields": {"map_version": placed.version, "full": full}})
     report = CheckReport(map_version=placed.version, shards=placed.shards, full=full)
     servers: dict[str, list[str]] = {}
     for host, url in config.hosts.items():
@@ -164,7 +172,39 @@ def check_store(
                 report.note("not created yet", None, label[ident], why, "made on first use, or by store init")
             else:
                 report.problem("missing", None, label[ident], why, f"store init --shards {low}-{high}")
+    log.info(
+        "check: %s",
+        "ok" if report.ok else f"{len(report.problems)} problem(s)",
+        extra={
+            "fields": {
+                "map_version": report.map_version,
+                "problems": len(report.problems),
+                "notes": len(report.notes),
+                "lists_checked": report.lists_checked,
+                "pairs_checked": report.pairs_checked,
+            }
+        },
+    )
     return report
+
+
+def save_report(report: CheckReport, path: str | os.PathLike[str]) -> Path:
+    """Keep ``report`` (with the time it was made) as JSON at ``path``, for `store serve`; the path."""
+    out = Path(path)
+    doc = {**report.as_dict(), "checked_at": time.time()}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=str))
+    os.replace(tmp, out)
+    return out
+
+
+def load_report(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The report `save_report` last kept at ``path``, or None if there is none (or it is unreadable)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _spans(shards: list[int]) -> list[tuple[int, int]]:

@@ -37,6 +37,7 @@ target must be able to connect to it as the configured user.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -55,7 +56,9 @@ from store.exceptions import BackendError, ConfigError, MoveError
 from store.naming import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
-__all__ = ["MoveError", "MovePlan", "Mover"]
+__all__ = ["MoveError", "MovePlan", "MoveProgress", "Mover"]
+
+log = logging.getLogger("store.admin.move")
 
 REPLICATION_NAME = "store_move"
 CATCH_UP_TIMEOUT_S = 120
@@ -121,6 +124,137 @@ class Journal:
             raise MoveError(f"cannot read the move journal {path}: {exc}") from exc
 
 
+#: How often a running move samples its target (rows loaded, replication lag) into its progress file.
+PROGRESS_EVERY_S = 0.25
+
+# Where the progress bar stands at each step (the load fills LOAD_FROM..LOAD_TO by rows on the target).
+_STEP_AT = {
+    "plan": 0.0,
+    "dump": 0.02,
+    "load": 0.1,
+    "loaded": 0.6,
+    "catch_up": 0.65,
+    "fence": 0.8,
+    "verify": 0.88,
+    "switch": 0.95,
+    "done": 1.0,
+    "aborted": 0.0,
+}
+_LOAD_FROM, _LOAD_TO = 0.1, 0.6
+
+
+class MoveProgress:
+    """Where a running move stands, for operators (`store serve`, metrics): a JSON file beside the journal.
+
+    Written at every step and, while the move runs, every
+    `PROGRESS_EVERY_S` by a sampler thread that reads the target's row count
+    while the copy loads and its replication lag while it catches up. It is
+    only ever read by others: a move never depends on it, and a sampler error
+    is ignored.
+    """
+
+    def __init__(self, mover: Mover, j: Journal) -> None:
+        from store.metrics import move_progress_path  # no prometheus_client needed: a path helper
+
+        self._mover = mover
+        self.path = move_progress_path(mover.journal_path)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.data: dict[str, Any] = {
+            "low": j.low,
+            "high": j.high,
+            "source": j.source,
+            "target": j.target,
+            "phase": j.phase,
+            "step": j.phase,
+            "progress": 0.0,
+            "rows_total": 0,
+            "rows_copied": 0,
+            "bytes_total": 0,
+            "bytes_copied": 0,
+            "lag_s": None,
+            "fence_started": None,
+            "fence_ended": None,
+            "fenced_s": None,
+            "started": time.time(),
+            "updated": time.time(),
+            "pid": os.getpid(),
+            "running": True,
+            "error": "",
+        }
+        self._dbs: list[str] = [database_name(s) for s in range(j.low, j.high + 1)]
+
+    def set(self, **changes: Any) -> None:
+        """Record ``changes`` (and the progress their step implies) and write the file."""
+        with self._lock:
+            self.data.update(changes)
+            d = self.data
+            at = _STEP_AT.get(str(d["step"]), d["progress"])
+            if d["step"] == "load" and d["rows_total"]:
+                share = min(1.0, d["rows_copied"] / d["rows_total"])
+                at = _LOAD_FROM + (_LOAD_TO - _LOAD_FROM) * share
+            if d["step"] not in ("aborted",):
+                at = max(at, d["progress"])  # a bar never goes back
+            d["progress"] = round(at, 4)
+            if d["fence_started"] is not None:
+                end = d["fence_ended"] if d["fence_ended"] is not None else time.time()
+                d["fenced_s"] = round(end - d["fence_started"], 3)
+            d["updated"] = time.time()
+            text = json.dumps(d)
+            with suppress(OSError):
+                tmp = self.path.with_name(self.path.name + ".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, self.path)
+
+    def start(self) -> None:
+        """Begin sampling the target in a background thread."""
+        self.set()
+        self._thread = threading.Thread(target=self._sample, name="store-move-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self, **final: Any) -> None:
+        """Stop sampling; write ``final`` changes with ``running`` false."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.set(running=False, **final)
+
+    def _sample(self) -> None:
+        marks = ", ".join(["%s"] * len(self._dbs))
+        conn: Any = None
+        while not self._stop.wait(PROGRESS_EVERY_S):
+            step = self.data["step"]
+            try:
+                if conn is None:
+                    conn = mysql_connector(self._mover._url(self.data["target"]))()
+                cur = conn.cursor()
+                if step == "load":
+                    cur.execute(
+                        "SELECT COALESCE(SUM(table_rows), 0) FROM information_schema.tables "
+                        f"WHERE table_schema IN ({marks}) AND table_type = 'BASE TABLE'",
+                        self._dbs,
+                    )
+                    self.set(rows_copied=int(cur.fetchone()[0]))
+                elif step == "catch_up":
+                    cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+                    names = [c[0] for c in cur.description]
+                    row = dict(zip(names, cur.fetchone() or (), strict=False))
+                    lag = row.get("Seconds_Behind_Master")
+                    self.set(lag_s=None if lag is None else float(lag))
+                else:
+                    self.set()
+                cur.close()
+            except Exception:  # progress is for people: never let it disturb the move
+                with suppress(Exception):
+                    if conn is not None:
+                        conn.close()
+                conn = None
+        with suppress(Exception):
+            if conn is not None:
+                conn.close()
+
+
 class Mover:
     """Runs, resumes, aborts and cleans up one move, journaled in ``journal``."""
 
@@ -129,7 +263,17 @@ class Mover:
     ) -> None:
         self.store = store
         self.journal_path = Path(journal)
-        self.say = say
+        self._say = say
+        self.progress: MoveProgress | None = None
+
+    def say(self, msg: str) -> None:
+        """Tell the operator ``msg`` (the ``say`` given) and log it on ``store.admin.move``."""
+        log.info(msg, extra={"fields": {"journal": str(self.journal_path)}})
+        self._say(msg)
+
+    def _step(self, **changes: Any) -> None:
+        if self.progress is not None:
+            self.progress.set(**changes)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -259,27 +403,44 @@ class Mover:
                 "date; run store move --abort"
             )
         dbs = [database_name(s) for s in range(j.low, j.high + 1)]
-        if j.phase == "copy":
-            self._copy(j, dbs)
-        if j.phase == "catch_up":
-            self._catch_up(j, dbs)
-        if j.phase == "switch":
-            self._switch(j, dbs)
+        self.progress = MoveProgress(self, j)
+        self.progress.start()
+        try:
+            if j.phase == "copy":
+                self._copy(j, dbs)
+            if j.phase == "catch_up":
+                self._catch_up(j, dbs)
+            if j.phase == "switch":
+                self._switch(j, dbs)
+        except BaseException as exc:
+            self.progress.set(error=f"{type(exc).__name__}: {exc}"[:300])
+            raise
+        finally:
+            self.progress.stop(phase=j.phase, **({"step": "done"} if j.phase == "done" else {}))
+            self.progress = None
         return j
 
     def _phase(self, j: Journal, phase: str, started: float, step: str) -> None:
         j.timings[step] = round(time.monotonic() - started, 3)
         j.phase = phase
         j.save(self.journal_path)
+        self._step(phase=phase)
 
     def _copy(self, j: Journal, dbs: list[str]) -> None:
         t0 = time.monotonic()
         self.say(f"copy: dumping {len(dbs)} shard database(s) from {j.source}")
+        if self.progress is not None:
+            with suppress(Exception):  # only for the progress bar
+                measured = self._tables(j.source, dbs)
+                self._step(rows_total=sum(t[2] for t in measured), bytes_total=sum(t[3] for t in measured))
+        self._step(phase="copy", step="dump")
         self._drop_target_copy(j, dbs)
         try:
             dump, gtid = dump_databases(self._url(j.source), dbs)
             self.say(f"copy: loading {len(dump) / 1e6:.1f} MB into {j.target}")
+            self._step(step="load", bytes_copied=0, bytes_total=len(dump))
             load_dump(self._url(j.target), dump)
+            self._step(step="loaded", bytes_copied=len(dump))
         except BackendError as exc:
             raise MoveError(f"copying from {j.source} to {j.target}: {exc}") from exc
         j.gtid = gtid
@@ -325,7 +486,9 @@ class Mover:
             cur.execute("SELECT @@gtid_binlog_pos")
             position = str(cur.fetchone()[0])
         self.say(f"catch up: {j.target} replicating from {j.source} up to {position}")
+        self._step(phase="catch_up", step="catch_up")
         self._wait_level(j, position, CATCH_UP_TIMEOUT_S)
+        self._step(lag_s=0.0)
         self._phase(j, "switch", t0, "catch_up_s")
 
     def _switch(self, j: Journal, dbs: list[str]) -> None:
@@ -350,6 +513,7 @@ class Mover:
         self._forget_replication(j)
         j.phase = "done"
         j.save(self.journal_path)
+        self._step(phase="done", step="done", map_version=j.switched_version)
         self.say(
             f"done: shards {j.low}-{j.high} are served by {j.target} (map version {j.switched_version}); "
             f"{left} tombstone(s) on {j.source}"
@@ -365,6 +529,7 @@ class Mover:
         t0 = time.monotonic()
         marks: dict[str, float] = {}
         fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in tables))
+        self._step(phase="switch", step="fence", fence_started=time.time(), fence_ended=None)
         try:
             marks["lock_s"] = time.monotonic()
             fence.execute("SELECT @@gtid_binlog_pos")
@@ -372,6 +537,7 @@ class Mover:
             self.say(f"fence: {len(tables)} tables locked on {j.source}; {j.target} to reach {position}")
             self._wait_level(j, position, FENCE_WAIT_TIMEOUT_S)
             marks["level_s"] = time.monotonic()
+            self._step(step="verify", lag_s=0.0)
             self._verify(j, fence, tables)
             marks["verify_s"] = time.monotonic()
             with self._conn(j.target) as cur:
@@ -379,6 +545,7 @@ class Mover:
             for d, t in tables:
                 fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
             marks["rename_s"] = time.monotonic()
+            self._step(step="switch")
             if not self._map_switched(j):
                 self._write_map(j)
             j.switched_version = self.store.shard_map.version
@@ -386,6 +553,7 @@ class Mover:
             with suppress(Exception):  # a dead session has released the lock already
                 fence.execute("UNLOCK TABLES")
                 fence.execute("SET SESSION sql_log_bin = 1")
+        self._step(fence_ended=time.time())
         end = time.monotonic()
         j.timings["fenced_s"] = round(end - t0, 3)
         last = t0
@@ -452,6 +620,7 @@ class Mover:
                 cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
         j.phase = "aborted"
         j.save(self.journal_path)
+        MoveProgress(self, j).stop(phase="aborted", step="aborted")
         self.say(f"aborted: shards {j.low}-{j.high} stay on {j.source}")
         return j
 

@@ -1,0 +1,382 @@
+"""Prometheus metrics for a running store (optional: ``pip install 'store[metrics]'``).
+
+Nothing here is imported unless metrics are asked for, and a store without
+metrics runs exactly as before. With them (``Store(metrics=Metrics())`` or
+`instrument`), each public `Store` call is timed:
+
+* the op label is the `Store` method (``get``, ``create``, ``link`` ...);
+* the host label is the host whose connection the call last checked out on
+  its own thread (`store.engines` tells it, one ``is None`` check when
+  metrics are off), or ``none`` when no database was asked (a cache hit).
+
+The hot path takes no lock: every thread counts into its own bucket lists
+(plain integer increments under the GIL), and a custom collector sums them
+when Prometheus scrapes. Everything else (cache counters, breakers, pools,
+the live map version, a running move) is read at scrape time from the
+objects that already keep it, so it costs nothing between scrapes.
+
+Metric names (all prefixed ``store_``) are listed in `METRIC_NAMES` and in
+the README.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import weakref
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
+    from store.store import Store
+
+__all__ = [
+    "BUCKETS_S",
+    "INSTRUMENTED_OPS",
+    "METRIC_NAMES",
+    "Metrics",
+    "instrument",
+    "move_progress_path",
+    "read_move_progress",
+]
+
+#: Latency buckets in seconds: 50 us (a warm cache hit) up to 1 s.
+BUCKETS_S: tuple[float, ...] = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+
+#: The `Store` methods that are timed, each under its own op label.
+INSTRUMENTED_OPS: tuple[str, ...] = (
+    "create",
+    "get",
+    "get_many",
+    "get_with_version",
+    "update",
+    "delete",
+    "lookup",
+    "link",
+    "unlink",
+    "links",
+    "page",
+    "has_link",
+    "has_links",
+    "has_links_many",
+    "pages_many",
+    "board_pins",
+    "board_pins_many",
+    "count",
+)
+
+#: Every metric family this module exports (names as Prometheus shows them, without _total/_bucket).
+METRIC_NAMES: tuple[str, ...] = (
+    "store_op_seconds",
+    "store_errors",
+    "store_cache_hits",
+    "store_cache_misses",
+    "store_cache_fills",
+    "store_cache_invalidations",
+    "store_cache_errors",
+    "store_cache_breaker_open",
+    "store_pool_in_use",
+    "store_pool_waiting",
+    "store_pool_idle",
+    "store_map_version",
+    "store_move_phase",
+    "store_move_rows_copied",
+    "store_move_rows_total",
+    "store_move_bytes_copied",
+    "store_move_replication_lag_seconds",
+    "store_move_fenced_seconds",
+)
+
+_BOUNDS_NS: tuple[int, ...] = tuple(round(b * 1e9) for b in BUCKETS_S)
+_NBUCKETS = len(_BOUNDS_NS) + 1  # the last one is +Inf
+_MOVE_PHASES = ("copy", "catch_up", "switch", "done", "aborted")
+
+
+def move_progress_path(journal: str | Path) -> Path:
+    """Where `store move` keeps the progress of the move journaled in ``journal`` (beside it)."""
+    p = Path(journal)
+    return p.with_name(p.stem + ".progress.json")
+
+
+def read_move_progress(journal: str | Path) -> dict[str, Any] | None:
+    """The progress `store move` last wrote for ``journal``, or None if there is none (or unreadable)."""
+    try:
+        data = json.loads(move_progress_path(journal).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class _Local(threading.local):
+    """One thread's counters: ``hist[(op, host)]`` is bucket counts then the sum in ns."""
+
+    host: str
+    hist: dict[tuple[str, str], list[int]]
+
+    def __init__(self, registry: list[dict[tuple[str, str], list[int]]], lock: threading.Lock) -> None:
+        self.host = "none"
+        self.hist = {}
+        with lock:
+            registry.append(self.hist)
+
+
+class Metrics:
+    """The metrics of one or more stores, registered with a Prometheus registry as one collector.
+
+    ``registry`` defaults to a private `CollectorRegistry` (use
+    `render` or `registry` to expose it); pass
+    ``prometheus_client.REGISTRY`` to join the process-wide one.
+    ``move_journal``: a `store move` journal whose progress is exported too.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, move_journal: str | Path | None = None
+    ) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self._lock = threading.Lock()
+        self._threads: list[dict[tuple[str, str], list[int]]] = []
+        self._local = _Local(self._threads, self._lock)
+        self._errors: dict[tuple[str, str], int] = {}
+        self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self.move_journal = None if move_journal is None else Path(move_journal)
+        self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
+        self.registry.register(self)
+
+    # -- the hot path --------------------------------------------------------------
+
+    def observe_host(self, host: str) -> None:
+        """Called by `store.engines` at each checkout: the host the current call runs on."""
+        self._local.host = host
+
+    def timed(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` timed under ``op``: one histogram observation per call, errors counted by kind."""
+        local = self._local
+        perf = time.perf_counter_ns
+        bounds = _BOUNDS_NS
+        count_error = self._count_error
+
+        def record(t0: int) -> None:
+            dt = perf() - t0
+            key = (op, local.host)
+            hist = local.hist
+            cell = hist.get(key)
+            if cell is None:
+                cell = hist[key] = [0] * (_NBUCKETS + 1)
+            cell[bisect_left(bounds, dt)] += 1
+            cell[-1] += dt
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            local.host = "none"
+            t0 = perf()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                record(t0)
+                count_error(op, exc)
+                raise
+            dt = perf() - t0
+            key = (op, local.host)
+            cell = local.hist.get(key)
+            if cell is None:
+                cell = local.hist[key] = [0] * (_NBUCKETS + 1)
+            cell[bisect_left(bounds, dt)] += 1
+            cell[-1] += dt
+            return result
+
+        wrapper.__name__ = getattr(fn, "__name__", op)
+        wrapper.__doc__ = getattr(fn, "__doc__", None)
+        return wrapper
+
+    def _count_error(self, op: str, exc: BaseException) -> None:
+        key = (op, type(exc).__name__)
+        with self._lock:
+            self._errors[key] = self._errors.get(key, 0) + 1
+
+    # -- wiring --------------------------------------------------------------------
+
+    def attach(self, store: Store) -> None:
+        """Time ``store``'s calls and export its caches, pools and map (see `instrument`)."""
+        for op in INSTRUMENTED_OPS:
+            method = getattr(store, op, None)
+            if method is not None and op not in vars(store):  # an instance attribute: wrapped already
+                setattr(store, op, self.timed(op, method))
+        store.admin_context().engines.set_observer(self.observe_host)
+        self._stores.add(store)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus' text format (what ``/metrics`` serves)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+    # -- scrape time ---------------------------------------------------------------
+
+    def latencies(self) -> dict[tuple[str, str], list[int]]:
+        """Every thread's counts summed: ``(op, host) -> [bucket counts..., +Inf count, sum ns]``."""
+        with self._lock:
+            tables = list(self._threads)
+        out: dict[tuple[str, str], list[int]] = {}
+        for table in tables:
+            for key, cell in list(table.items()):
+                got = out.get(key)
+                if got is None:
+                    out[key] = list(cell)
+                else:
+                    for i, v in enumerate(cell):
+                        got[i] += v
+        return out
+
+    def errors(self) -> dict[tuple[str, str], int]:
+        """Errors raised through timed calls: ``(op, exception class) -> count``."""
+        with self._lock:
+            return dict(self._errors)
+
+    def describe(self) -> Iterable[Any]:
+        """Nothing up front: the families are made at each scrape (Prometheus' custom collector)."""
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families, read now (called by the registry at each scrape)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        hist = HistogramMetricFamily(
+            "store_op_seconds", "Latency of store calls by op and the host they ran on", labels=["op", "host"]
+        )
+        for (op, host), cell in sorted(self.latencies().items()):
+            cum, buckets = 0, []
+            for i, bound in enumerate(BUCKETS_S):
+                cum += cell[i]
+                buckets.append((_le(bound), float(cum)))
+            cum += cell[_NBUCKETS - 1]
+            buckets.append(("+Inf", float(cum)))
+            hist.add_metric([op, host], buckets, cell[-1] / 1e9)
+        yield hist
+        errors = CounterMetricFamily("store_errors", "Errors raised by store calls", labels=["op", "kind"])
+        for (op, kind), n in sorted(self.errors().items()):
+            errors.add_metric([op, kind], n)
+        yield errors
+        yield from self._store_families(CounterMetricFamily, GaugeMetricFamily)
+        yield from self._move_families(GaugeMetricFamily)
+
+    def _store_families(self, counter: Any, gauge: Any) -> Iterator[Any]:
+        names = ("hits", "misses", "fills", "invalidations", "errors")
+        counters = {n: counter(f"store_cache_{n}", f"Cache {n}", labels=["cache"]) for n in names}
+        breaker = gauge(
+            "store_cache_breaker_open", "1 if the server's breaker is open", labels=["cache", "server"]
+        )
+        in_use = gauge("store_pool_in_use", "Connections checked out", labels=["host"])
+        waiting = gauge("store_pool_waiting", "Callers waiting for a connection", labels=["host"])
+        idle = gauge("store_pool_idle", "Idle pooled connections", labels=["host"])
+        version = gauge("store_map_version", "Version of the live shard map this process routes by")
+        totals: dict[str, dict[str, int]] = {}
+        breakers: dict[tuple[str, str], int] = {}
+        is_open: int | bool
+        pools: dict[str, list[int]] = {}
+        newest = 0
+        for store in list(self._stores):
+            for cache, stats in store.stats().items():
+                mine = totals.setdefault(cache, dict.fromkeys(names, 0))
+                for n in names:
+                    mine[n] += stats.get(n, 0)
+            for key, is_open in cache_breakers(store).items():
+                breakers[key] = max(breakers.get(key, 0), int(is_open))
+            for name, pool in store.admin_context().engines.pools().items():
+                got = pools.setdefault(name, [0, 0, 0])
+                got[0] += pool.in_use
+                got[1] += pool.waiting
+                got[2] += pool.idle
+            newest = max(newest, store.shard_map.version)
+        for cache, values in sorted(totals.items()):
+            for n in names:
+                counters[n].add_metric([cache], values[n])
+        for (cache, server), is_open in sorted(breakers.items()):
+            breaker.add_metric([cache, server], is_open)
+        for name, (u, w, i) in sorted(pools.items()):
+            in_use.add_metric([name], u)
+            waiting.add_metric([name], w)
+            idle.add_metric([name], i)
+        if self._stores:
+            version.add_metric([], newest)
+        yield from counters.values()
+        yield from (breaker, in_use, waiting, idle, version)
+
+    def _move_families(self, gauge: Any) -> Iterator[Any]:
+        if self.move_journal is None:
+            return
+        p = read_move_progress(self.move_journal)
+        if p is None:
+            return
+        phase = gauge("store_move_phase", "1 for the phase the move is in", labels=["phase"])
+        for name in _MOVE_PHASES:
+            phase.add_metric([name], 1 if p.get("phase") == name else 0)
+        yield phase
+        for name, key, text in (
+            ("store_move_rows_copied", "rows_copied", "Rows on the target so far"),
+            ("store_move_rows_total", "rows_total", "Rows to copy"),
+            ("store_move_bytes_copied", "bytes_copied", "Bytes of the dump loaded"),
+            ("store_move_replication_lag_seconds", "lag_s", "Target's replication lag behind the source"),
+            ("store_move_fenced_seconds", "fenced_s", "How long the source has been (or was) fenced"),
+        ):
+            value = p.get(key)
+            if isinstance(value, int | float):
+                g = gauge(name, text)
+                g.add_metric([], float(value))
+                yield g
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def cache_breakers(store: Store) -> dict[tuple[str, str], bool]:
+    """``(cache, server) -> open?`` for each cache server of ``store`` (in-process caches have none)."""
+    caches = store.admin_context().caches
+    out: dict[tuple[str, str], bool] = {}
+    if caches.objects is not None:
+        for server in getattr(caches.objects.store, "servers", []):
+            out[("memcached", str(server.address))] = not server.breaker.allow()
+    if caches.lists is not None:
+        backend = caches.lists.backend
+        breaker = getattr(backend, "breaker", None)
+        if breaker is not None:
+            out[("redis", redis_address(backend))] = not breaker.allow()
+    return out
+
+
+def redis_address(backend: Any) -> str:
+    """``host:port/db`` of a Redis list backend (never its password)."""
+    try:
+        kw = backend.client.connection_pool.connection_kwargs
+        return f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    except AttributeError:
+        return "redis"
+
+
+def instrument(store: Store, metrics: Metrics) -> Metrics:
+    """Time ``store``'s public calls into ``metrics`` and export its caches, pools and map; returns it.
+
+    What ``Store(metrics=...)`` calls. Calling it twice on one store wraps once.
+    """
+    metrics.attach(store)
+    return metrics
