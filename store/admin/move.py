@@ -51,9 +51,18 @@ from sqlalchemy.engine import URL
 
 from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
 from store.backends import backend_for
-from store.backends.mysql import MySQLBackend, dump_databases, leave_tombstones, load_dump, mysql_connector
+from store.backends.mysql import (
+    STASH_SUFFIX,
+    MySQLBackend,
+    dump_databases,
+    id_trigger,
+    leave_tombstones,
+    load_dump,
+    mysql_connector,
+    table_triggers,
+)
 from store.exceptions import BackendError, ConfigError, MoveError
-from store.naming import ARCHIVE_PREFIX, TOMBSTONE_TABLE, database_name
+from store.naming import ARCHIVE_PREFIX, DATABASE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
 __all__ = ["MoveError", "MovePlan", "MoveProgress", "Mover"]
@@ -281,9 +290,102 @@ class Mover:
         url = self.store.config.hosts.get(host)
         if url is None:
             raise MoveError(f"host {host!r} is not under hosts in the config")
-        if not backend_for(url).can_move:
+        backend = backend_for(url)
+        if backend.name == "postgresql":
+            raise MoveError(
+                f"host {host!r} is PostgreSQL: moving PostgreSQL schema shards is not supported yet "
+                "(moves copy MariaDB shard databases)"
+            )
+        if not backend.can_move:
             raise MoveError(f"host {host!r} is not MariaDB: moves copy MariaDB shard databases")
         return url
+
+    def _id_triggers(self) -> dict[str, str]:
+        """Object table -> its ID trigger's name, for the config's types (none with Pinterest IDs)."""
+        if self.store.config.ids != "instagram":
+            return {}
+        return {t.table: f"{t.table}_next_id" for t in self.store.config.types.values()}
+
+    def _check_source_binlog(self, source: str) -> None:
+        with self._conn(source) as cur:
+            cur.execute("SELECT @@log_bin, @@binlog_format")
+            log_bin, fmt = cur.fetchone()
+        if not log_bin or str(fmt).upper() != "ROW":
+            raise MoveError(f"the source {source} needs --log-bin with --binlog-format=ROW for a move")
+
+    def _refuse_what_cannot_move(self, source: str, to: str, dbs: list[str]) -> None:
+        """`MoveError` for anything on the hosts or in the shard databases that a move could not finish."""
+        for host in (source, to):
+            with self._conn(host) as cur:
+                cur.execute("SELECT @@version")
+                version = str(cur.fetchone()[0])
+            if "mariadb" not in version.lower():
+                raise MoveError(
+                    f"{host} runs {version}, not MariaDB: moves replicate by MariaDB GTID "
+                    "(named replication connections)"
+                )
+        self._check_source_binlog(source)
+        marks = ", ".join(["%s"] * len(dbs))
+        archives = [ARCHIVE_PREFIX + d for d in dbs]
+        with self._conn(source) as cur:
+            cur.execute(
+                f"SELECT schema_name FROM information_schema.schemata WHERE schema_name IN ({marks})", dbs
+            )
+            missing = sorted(set(dbs) - {str(r[0]) for r in cur.fetchall()})
+            if missing:
+                raise MoveError(
+                    f"{source} has no database {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}: "
+                    "nothing to move there; run store init first"
+                )
+            cur.execute(
+                f"SELECT schema_name FROM information_schema.schemata WHERE schema_name IN ({marks})",
+                archives,
+            )
+            left = sorted(str(r[0]) for r in cur.fetchall())
+            if left:
+                raise MoveError(
+                    f"{source} still holds the archive {', '.join(left[:3])}{' ...' if len(left) > 3 else ''}"
+                    " of an earlier move of these shards: run store move --cleanup (or --abort) with that "
+                    "move's journal first"
+                )
+            cur.execute(
+                "SELECT table_schema, table_name, table_type FROM information_schema.tables "
+                f"WHERE table_schema IN ({marks}) AND (table_type <> 'BASE TABLE' OR table_name LIKE %s) "
+                "ORDER BY 1, 2",
+                [*dbs, "%" + STASH_SUFFIX.replace("_", "\\_")],
+            )
+            odd = [(str(d), str(t), str(k)) for d, t, k in cur.fetchall()]
+            if odd:
+                d, t, kind = odd[0]
+                if t.endswith(STASH_SUFFIX):
+                    raise MoveError(
+                        f"{source} holds {d}.{t}, a table an interrupted move was fencing: finish that move "
+                        "with store move --resume, or undo it with --abort, using its journal"
+                    )
+                raise MoveError(
+                    f"{d}.{t} on {source} is a {kind.lower()}, not a table: store move copies and fences "
+                    "only tables; drop it first"
+                )
+            for what, query in (
+                ("routine", f"SELECT routine_schema, routine_name FROM information_schema.routines "
+                            f"WHERE routine_schema IN ({marks}) ORDER BY 1, 2"),
+                ("event", f"SELECT event_schema, event_name FROM information_schema.events "
+                          f"WHERE event_schema IN ({marks}) ORDER BY 1, 2"),
+            ):  # fmt: skip
+                cur.execute(query, dbs)
+                found = cur.fetchone()
+                if found is not None:
+                    raise MoveError(
+                        f"{found[0]} on {source} has the {what} {found[1]}, which store move does not carry: "
+                        f"drop it, or move the shard by hand"
+                    )
+            ours = self._id_triggers()
+            for (d, t), names in table_triggers(cur, dbs).items():
+                if names != [ours.get(t)]:
+                    raise MoveError(
+                        f"{d}.{t} on {source} has the trigger(s) {', '.join(names)}; store move carries only "
+                        "the Instagram ID trigger of each object table (ids: instagram): drop the others"
+                    )
 
     @contextmanager
     def _conn(self, host: str) -> Iterator[Any]:
@@ -336,7 +438,11 @@ class Mover:
         source = sources.pop()
         if source == to:
             raise MoveError(f"shards {low}-{high} are already on {to}")
-        self._url(to)
+        there_id, here_id = _MYSQL.server_identity(self._url(to)), _MYSQL.server_identity(self._url(source))
+        if there_id == here_id:  # the copy would first drop the databases it is about to copy
+            raise MoveError(
+                f"{source} and {to} are the same server ({here_id}): a move copies shards between two servers"
+            )
         if slave is not None:
             self._url(slave)
         if self.store.config.map_source is None:
@@ -359,6 +465,7 @@ class Mover:
                 f"which the live map (version {m.version}) does not give it: a leftover copy? Run store "
                 "check, and drop them before moving these shards there"
             )
+        self._refuse_what_cannot_move(source, to, plan.databases())
         return plan
 
     # -- run -------------------------------------------------------------------
@@ -372,11 +479,7 @@ class Mover:
                     f"a move of shards {j.low}-{j.high} is in phase {j.phase}: "
                     "run store move --resume or --abort"
                 )
-        with self._conn(plan.source) as cur:
-            cur.execute("SELECT @@log_bin, @@binlog_format")
-            log_bin, fmt = cur.fetchone()
-        if not log_bin or str(fmt).upper() != "ROW":
-            raise MoveError(f"the source {plan.source} needs --log-bin with --binlog-format=ROW for a move")
+        self._check_source_binlog(plan.source)
         j = Journal(
             plan.low,
             plan.high,
@@ -498,6 +601,7 @@ class Mover:
         src = conn.cursor()
         try:
             with _MYSQL.admin_lock(src, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S):
+                self._archive_stashed(j.source, dbs)  # a crash in the switch left some on their way
                 tables = [(db, t) for db, t, _r, _b in self._tables(j.source, dbs) if t != TOMBSTONE_TABLE]
                 if tables:
                     self._start_replication(j, dbs)  # again after a crash: the lock died with its session
@@ -525,6 +629,7 @@ class Mover:
         fence.execute("SET SESSION sql_log_bin = 0")  # the archive and renames stay off the binlog
         for db in dbs:
             fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
+        triggered = table_triggers(fence, dbs)  # MariaDB renames these only within their database
         fence.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
         t0 = time.monotonic()
         marks: dict[str, float] = {}
@@ -542,8 +647,13 @@ class Mover:
             marks["verify_s"] = time.monotonic()
             with self._conn(j.target) as cur:
                 cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
-            for d, t in tables:
-                fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
+            for d, t in sorted(tables, key=lambda dt: dt not in triggered):
+                if (d, t) in triggered:  # out of reach first; to the archive below (`_archive_stashed`)
+                    fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{d}`.`{t}{STASH_SUFFIX}`")
+                else:
+                    fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
+            if triggered:
+                self._archive_stashed(j.source, dbs)
             marks["rename_s"] = time.monotonic()
             self._step(step="switch")
             if not self._map_switched(j):
@@ -562,6 +672,61 @@ class Mover:
             last = at
         j.timings["fence_map_s"] = round(end - last, 3)
         j.save(self.journal_path)
+
+    def _archive_stashed(self, host: str, dbs: list[str]) -> int:
+        """Drop the triggers of the fenced tables under their stash names and rename them into the archive.
+
+        From a session of its own: the fence session's renames took them out
+        of its lock. They are out of reach of every writer already, and their
+        contents were verified before they were renamed, so a resumed move
+        finishes this too. How many tables it moved.
+        """
+        stashed = [(d, t) for d, t, _r, _b in self._tables(host, dbs) if t.endswith(STASH_SUFFIX)]
+        if not stashed:
+            return 0
+        with self._conn(host) as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            triggers = table_triggers(cur, sorted({d for d, _t in stashed}))
+            for d, t in stashed:
+                for name in triggers.get((d, t), []):
+                    cur.execute(f"DROP TRIGGER IF EXISTS `{d}`.`{name}`")
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{d}`")
+                cur.execute(
+                    f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t[: -len(STASH_SUFFIX)]}`"
+                )
+        return len(stashed)
+
+    def _restore_source(self, j: Journal, dbs: list[str]) -> None:
+        """Put every table a switch had fenced back where it was on the source, with its ID trigger.
+
+        A table whose trigger must come back goes through its stash name: the
+        trigger is made on it there, and only the rename within the database,
+        which keeps it, makes the table reachable again. The counter table
+        comes back first. Idempotent: an abort that crashed is run again.
+        """
+        ours = self._id_triggers()
+        epoch = self.store.config.instagram_epoch_ms
+        archived = [(d, t) for d, t, _r, _b in self._tables(j.source, [ARCHIVE_PREFIX + d for d in dbs])]
+        with self._conn(j.source) as cur:
+            cur.execute("SET SESSION sql_log_bin = 0")
+            leftover = table_triggers(cur, sorted({d for d, _t in archived}))
+            for a, t in sorted(archived, key=lambda at: at[1] in ours):
+                for name in leftover.get((a, t), []):  # none made by a move; a rename would refuse them
+                    cur.execute(f"DROP TRIGGER IF EXISTS `{a}`.`{name}`")
+                live = a[len(ARCHIVE_PREFIX) :]
+                cur.execute(
+                    f"ALTER TABLE `{a}`.`{t}` RENAME `{live}`.`{t}{STASH_SUFFIX if t in ours else ''}`"
+                )
+            for d, stash, _r, _b in self._tables(j.source, dbs):
+                if not stash.endswith(STASH_SUFFIX):
+                    continue
+                t = stash[: -len(STASH_SUFFIX)]
+                if t in ours:
+                    shard = int(d[len(DATABASE_PREFIX) :])
+                    cur.execute(id_trigger(shard, t, epoch, on=stash))
+                cur.execute(f"ALTER TABLE `{d}`.`{stash}` RENAME `{d}`.`{t}`")
+            for db in dbs:
+                cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
 
     def _verify(self, j: Journal, fence: Any, tables: list[tuple[str, str]]) -> None:
         names = ", ".join(f"`{d}`.`{t}`" for d, t in tables)
@@ -611,13 +776,7 @@ class Mover:
                 "the map already names the target: finish with --resume, then move back if needed"
             )
         self._drop_target_copy(j, dbs)
-        archived = self._tables(j.source, [ARCHIVE_PREFIX + d for d in dbs])
-        with self._conn(j.source) as cur:
-            cur.execute("SET SESSION sql_log_bin = 0")
-            for d, t, _r, _b in archived:  # tables a crashed switch had renamed: back they go
-                cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{d[len(ARCHIVE_PREFIX) :]}`.`{t}`")
-            for db in dbs:
-                cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
+        self._restore_source(j, dbs)  # tables a crashed switch had fenced: back they go
         j.phase = "aborted"
         j.save(self.journal_path)
         MoveProgress(self, j).stop(phase="aborted", step="aborted")

@@ -43,12 +43,15 @@ __all__ = [
     "READ_TIMEOUT_S",
     "TOMBSTONE_ERRNO",
     "MySQLBackend",
+    "STASH_SUFFIX",
     "dump_databases",
+    "id_trigger",
     "load_dump",
     "leave_tombstones",
     "mysql_connector",
     "mysql_driver_error",
     "parse_tombstone",
+    "table_triggers",
     "tombstone_statements",
 ]
 
@@ -191,10 +194,7 @@ class MySQLBackend(Backend):
         if ids != "instagram":
             return before, []
         before += [("id_counter", _ID_COUNTER.format(db=db)), ("id_counter", _ID_COUNTER_ROW.format(db=db))]
-        after = [
-            (t.table + NEXT_ID, _IG_TRIGGER.format(db=db, table=t.table, shard=shard, epoch=epoch_ms))
-            for t in types
-        ]
+        after = [(t.table + NEXT_ID, id_trigger(shard, t.table, epoch_ms)) for t in types]
         return before, after
 
     change_log = "`store_log`.`cache_log`"
@@ -506,7 +506,7 @@ _ID_COUNTER_ROW = "INSERT IGNORE INTO `{db}`.`id_counter` (`one`, `v`) VALUES (1
 
 # The time is read when the row is made (SYSDATE, not the statement's NOW).
 _IG_TRIGGER = """\
-CREATE TRIGGER IF NOT EXISTS `{db}`.`{table}_next_id` BEFORE INSERT ON `{db}`.`{table}` FOR EACH ROW
+CREATE TRIGGER IF NOT EXISTS `{db}`.`{table}_next_id` BEFORE INSERT ON `{db}`.`{on}` FOR EACH ROW
 BEGIN
   DECLARE units BIGINT;
   DECLARE nv BIGINT;
@@ -524,6 +524,49 @@ BEGIN
     SET NEW.id = ((nv >> 10) << 23) | ({shard} << 10) | (nv & 1023);
   END IF;
 END"""
+
+
+def id_trigger(shard: int, table: str, epoch_ms: int, *, on: str | None = None) -> str:
+    """``CREATE TRIGGER IF NOT EXISTS`` of the Instagram ID trigger of ``table`` in shard ``shard``.
+
+    The trigger is named after ``table`` (``pins_next_id``); ``on`` names the
+    table it is made on when that is not ``table`` itself (a move puts it back
+    on a table under its `STASH_SUFFIX` name, then renames the table).
+    """
+    return _IG_TRIGGER.format(
+        db=database_name(shard), table=table, on=on or table, shard=shard, epoch=epoch_ms
+    )
+
+
+# -- moving tables that carry triggers -------------------------------------------------------
+#
+# MariaDB refuses to rename a table with triggers into another database
+# (error 1435, "Trigger in wrong schema"), yet renames it within its own
+# database, triggers and all. So a move fences such a table by renaming it to
+# ``<table>__moving`` in its own database (still under the fence's lock: from
+# then on a write finds no table, as after an archive rename), and only then
+# drops its triggers and renames it into the archive, from another session
+# (a renamed table leaves the lock). A table that has lost its trigger is never
+# reachable under its own name; an abort puts the trigger back on the stashed
+# name before the rename that makes it live again.
+
+#: What a fenced table with triggers is called in its own database until it reaches the archive.
+STASH_SUFFIX = "__moving"
+
+
+def table_triggers(cur: Any, databases: Sequence[str]) -> dict[tuple[str, str], list[str]]:
+    """(database, table) -> the names of its triggers, for each table of ``databases`` that has any."""
+    if not databases:
+        return {}
+    cur.execute(
+        "SELECT event_object_schema, event_object_table, trigger_name FROM information_schema.triggers "
+        "WHERE event_object_schema IN (" + ", ".join(["%s"] * len(databases)) + ") ORDER BY 1, 2, 3",
+        list(databases),
+    )
+    out: dict[tuple[str, str], list[str]] = {}
+    for db, table, name in cur.fetchall():
+        out.setdefault((str(db), str(table)), []).append(str(name))
+    return out
 
 
 # -- tombstones: what a moved shard leaves on its old host -------------------------------------
@@ -658,7 +701,7 @@ def dump_databases(url: URL, databases: Sequence[str]) -> tuple[bytes, str]:
     args, env = _client(url)
     dump = subprocess.run(
         ["mariadb-dump", *args, "--single-transaction", "--gtid", "--master-data=2",
-         "--skip-lock-tables", "--databases", *databases],
+         "--skip-lock-tables", "--triggers", "--skip-routines", "--skip-events", "--databases", *databases],
         capture_output=True,
         env=env,
     )  # fmt: skip
@@ -667,7 +710,14 @@ def dump_databases(url: URL, databases: Sequence[str]) -> tuple[bytes, str]:
     found = re.search(rb"gtid_slave_pos\s*=\s*'([^']*)'", dump.stdout)
     if found is None:
         raise BackendError("mariadb-dump printed no GTID position: is the source's binlog on?")
-    return dump.stdout, found.group(1).decode()
+    # Triggers are dumped with their definer (``DEFINER=`admin`@`10.0.0.5```), an account the
+    # target may not have: a trigger whose definer is missing refuses every insert there.
+    # Without the clause the account that loads the dump becomes the definer, as when
+    # `store init` makes the trigger.
+    return _DEFINER.sub(b"", dump.stdout), found.group(1).decode()
+
+
+_DEFINER = re.compile(rb"/\*!50017 DEFINER=(?:`[^`]*`|[^ @*]+)@(?:`[^`]*`|[^ *]+)\s*\*/ ?")
 
 
 def load_dump(url: URL, dump: bytes) -> None:
