@@ -413,6 +413,10 @@ def map_diff(
 @click.option("--abort", "abort_", is_flag=True, help="Undo a move that has not switched the map.")
 @click.option("--cleanup", is_flag=True, help="After a move: drop the source's archived copies.")
 @click.option("--journal", default="store-move.json", show_default=True, help="The move's journal file.")
+@click.option(
+    "--status", is_flag=True, help="Print the journaled move's phase, timings and progress; change nothing."
+)
+@click.option("--json", "as_json", is_flag=True, help="With --status: print one JSON object.")
 def move(
     config_path: Path | None,
     shard_text: str | None,
@@ -424,10 +428,26 @@ def move(
     abort_: bool,
     cleanup: bool,
     journal: str,
+    status: bool,
+    as_json: bool,
 ) -> None:
     """Move shards A-B to another MariaDB host: copy, catch up, fence, verify, switch."""
     from store.admin.move import Mover
 
+    if status:  # files only: no config or server needed
+        from store.admin.status import format_move_status, move_status
+
+        if any((shard_text, to_host, slave_host, dry_run, resume, abort_, cleanup)):
+            raise ConfigError("store move --status takes only --journal and --json")
+        found = move_status(journal)
+        if as_json:
+            click.echo(json.dumps(found, sort_keys=True, default=str))
+        else:
+            for line in format_move_status(found):
+                click.echo(line)
+        return
+    if as_json:
+        raise ConfigError("--json goes with store move --status")
     with _open_admin(config_path) as store:
         mover = Mover(store, journal, say=click.echo)
         if resume or abort_ or cleanup:
@@ -468,6 +488,94 @@ def move(
         if not yes:
             click.confirm("start the move?", abort=True)
         mover.start(plan)
+
+
+@main.command()
+@_config_option
+@click.option("--hosts", "hosts_text", help="The MariaDB hosts to spread the shards over, H1,H2,...")
+@click.option("--dry-run", is_flag=True, help="Print the plan and stop.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--resume", is_flag=True, help="Carry on a rebalance that stopped (its journal holds the plan)."
+)
+@click.option(
+    "--journal", default="store-rebalance.json", show_default=True, help="The rebalance's journal file."
+)
+def rebalance(
+    config_path: Path | None, hosts_text: str | None, dry_run: bool, yes: bool, resume: bool, journal: str
+) -> None:
+    """Spread the shards evenly over --hosts, moving the fewest rows, one store move at a time.
+
+    Hosts holding shards that are not in --hosts are drained. Each move's
+    own journal is the rebalance journal's name + .move.
+    """
+    from store.admin.rebalance import (
+        check_hosts,
+        estimate_shard_rows,
+        plan_rebalance,
+        plan_summary,
+        run_rebalance,
+    )
+
+    log = _admin_log("rebalance")
+
+    def say(msg: str) -> None:
+        click.echo(msg)
+
+    if resume:
+        if hosts_text is not None or dry_run:
+            raise ConfigError("store rebalance --resume takes the plan from its journal: give no --hosts")
+        with _open_admin(config_path) as store:
+            run_rebalance(store, None, journal, say)
+        return
+    if hosts_text is None:
+        raise ConfigError("store rebalance needs --hosts H1,H2,... (or --resume)")
+    hosts = list(dict.fromkeys(h.strip() for h in hosts_text.split(",") if h.strip()))
+    if not hosts:
+        raise ConfigError(f"--hosts takes host names separated by commas, got {hosts_text!r}")
+    with _open_admin(config_path) as store:
+        store.refresh_map(force=True)
+        m = store.shard_map
+        check_hosts(store.config, hosts, m)
+        rows, why = estimate_shard_rows(store, m)
+        plan = plan_rebalance(m, hosts, rows)
+        summary = plan_summary(m, hosts, plan)
+        log.info(
+            "rebalance: planned",
+            extra={
+                "fields": {
+                    "hosts": ",".join(hosts),
+                    "moves": summary["moves"],
+                    "shards_moved": summary["shards_moved"],
+                    "rows_moved": summary["rows_moved"],
+                    "map_version": m.version,
+                }
+            },
+        )
+        measured = (
+            f"{summary['rows_moved']} rows"
+            if rows is not None
+            else f"rows not measured: {why}; counting shards"
+        )
+        click.echo(
+            f"plan (map version {m.version}): {summary['moves']} move(s), "
+            f"{summary['shards_moved']} of {summary['shards']} shards, {measured}"
+        )
+        for host in summary["drained"]:
+            click.echo(f"drain: {host} is not in --hosts; its shards move to the given hosts")
+        for mv in plan:
+            click.echo(mv.line())
+        click.echo(f"{'host':<16}{'before':>8}{'after':>8}")
+        for host, n in summary["hosts"].items():
+            click.echo(f"{host:<16}{n['before']:>8}{n['after']:>8}")
+        if dry_run:
+            return
+        if not plan:
+            click.echo("nothing to move: the shards are spread evenly already")
+            return
+        if not yes:
+            click.confirm(f"run {len(plan)} move(s)?", abort=True)
+        run_rebalance(store, plan, journal, say)
 
 
 @main.command()

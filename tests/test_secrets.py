@@ -259,6 +259,9 @@ def test_no_command_prints_or_writes_a_password(
     )
     run("--log-json", "map", "show")  # log lines too
     run("get", pin)  # now served by B
+    run("move", "--status", "--journal", "move.json")
+    run("move", "--status", "--json", "--journal", "move.json")
+    run("rebalance", "--hosts", "A,B", "--dry-run")
     run("move", "--cleanup", "--journal", "move.json")
     run("promote", "--shards", "0-7", "--yes", ok=False)  # no slave to promote
     run("unlink", "board_has_pins", board, pin)
