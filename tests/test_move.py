@@ -26,6 +26,7 @@ from store import Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Journal, MoveError, Mover
 from tests.conftest import base_config, require_port
+from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
 from tests.servers import MariaDBServer, binlog_pair
 
 SHARDS = 16
@@ -274,22 +275,10 @@ def test_plan_refuses_what_it_cannot_do(pair: tuple[MariaDBServer, MariaDBServer
             mover.plan(10, 99, "B")
 
 
-@pytest.mark.parametrize(
-    ("phase", "then"),
-    [
-        ("copy:", "resume"),
-        ("catch up:", "abort"),
-        ("fence:", "resume"),
-        ("verify:", "abort"),
-        ("switch:", "resume"),
-    ],
-)
+@pytest.mark.parametrize(("phase", "then"), KILL_PHASES)
 def test_a_move_killed_in_each_phase_resumes_or_aborts_without_loss(
     pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, phase: str, then: str
 ) -> None:
-    import os
-    import signal
-
     source, target = pair
     raw = config_for(source, target, tmp_path, poll_s=0.2)
     config_file = tmp_path / "store.yaml"
@@ -315,29 +304,9 @@ def test_a_move_killed_in_each_phase_resumes_or_aborts_without_loss(
         w = threading.Thread(target=writer)
         w.start()
         journal = tmp_path / "move.json"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "store.cli", "move", "--shards", "8-15", "--to", "B", "--yes",
-             "--config", str(config_file), "--journal", str(journal)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(phase):
-                os.kill(proc.pid, signal.SIGKILL)  # mid-phase, no chance to clean up
-                break
-        proc.wait()
-        proc.stdout.close()
-        assert proc.returncode == -signal.SIGKILL
+        kill_move_in_phase(config_file, journal, phase)
         time.sleep(0.3)  # writers carry on against whatever state the crash left
-        mover = Mover(store, journal, say=lambda _m: None)
-        if then == "abort" and not mover._map_switched(Journal.load(journal)):
-            mover.abort()
-            expected_master = "A"
-        else:
-            mover.resume()
-            expected_master = "B"
+        expected_master = finish_killed_move(store, journal, then)
         time.sleep(0.3)
         done.set()
         w.join()

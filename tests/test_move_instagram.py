@@ -10,9 +10,7 @@ with the source's clock running ahead.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -27,10 +25,11 @@ import yaml
 
 from store import Store, StoreConfig, decode_instagram
 from store.admin import check_store, init_shards
-from store.admin.move import Journal, MoveError, Mover
+from store.admin.move import MoveError, Mover
 from store.exceptions import StoreError
 from store.ids import INSTAGRAM_EPOCH_MS
 from tests.conftest import base_config
+from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
 from tests.servers import MariaDBServer, binlog_pair
 
 SHARDS = 16
@@ -300,16 +299,7 @@ def _rename_stays_refused(server: MariaDBServer) -> None:
     rows(server, "DROP DATABASE scratch_b")
 
 
-@pytest.mark.parametrize(
-    ("phase", "then"),
-    [
-        ("copy:", "resume"),
-        ("catch up:", "abort"),
-        ("fence:", "resume"),
-        ("verify:", "abort"),
-        ("switch:", "resume"),
-    ],
-)
+@pytest.mark.parametrize(("phase", "then"), KILL_PHASES)
 def test_instagram_move_killed_in_each_phase_resumes_or_aborts_without_loss(
     pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, phase: str, then: str
 ) -> None:
@@ -341,31 +331,9 @@ def test_instagram_move_killed_in_each_phase_resumes_or_aborts_without_loss(
         for t in threads:
             t.start()
         journal = tmp_path / "move.json"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "store.cli", "move", "--shards", "8-15", "--to", "B", "--yes",
-             "--config", str(config_file), "--journal", str(journal)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
-        assert proc.stdout is not None
-        seen = []
-        for line in proc.stdout:
-            seen.append(line)
-            if line.startswith(phase):
-                os.kill(proc.pid, signal.SIGKILL)  # mid-phase, no chance to clean up
-                break
-        proc.wait()
-        proc.stdout.close()
-        assert proc.returncode == -signal.SIGKILL, seen
+        kill_move_in_phase(config_file, journal, phase)
         time.sleep(0.3)  # writers carry on against whatever state the crash left
-        mover = Mover(store, journal, say=lambda _m: None)
-        if then == "abort" and not mover._map_switched(Journal.load(journal)):
-            mover.abort()
-            expected = "A"
-        else:
-            mover.resume()
-            expected = "B"
+        expected = finish_killed_move(store, journal, then)
         time.sleep(0.3)
         after = [store.create("pin", {"after": s}, shard=s) for s in MOVING]
         made.extend(after)
