@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from store.backends.statements import GuardedInsertStatements, RelationStatements
+from store.backends.statements import GuardedInsertStatements, RelationStatements, with_part
 from store.cache.follower import log_entries
 from store.cache.lists import ListCache, decode_members, encode_member, lex_bound
 from store.cursors import decode_cursor, encode_cursor
@@ -38,17 +38,19 @@ from store.specs import RelationSpec
 __all__ = ["Page", "RelationRepository", "RelationService", "fill_size"]
 
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
-#: A list fill reads at least this many entries (up to ``cache.list_entries``), or four
-#: times what the read asked for: a first page's fill serves the next pages too, and a
-#: fill never reads a thousand rows to answer for fifty.
-MIN_FILL = 200
+#: A list fill reads at least this many entries (up to ``cache.list_entries``), or twice
+#: what the read asked for: a first page's fill serves the next page too, and a fill never
+#: reads a thousand rows to answer for fifty. (Every row read costs the client its parse:
+#: under a mix of writes, where hot lists are dropped and filled again all the time, four
+#: times the page cost more than the pages it saved.)
+MIN_FILL = 100
 #: Pairs of a deleted object's list read (and removed) per round.
 REMOVE_CHUNK = 200
 
 
 def fill_size(entries: int, want: int) -> int:
     """How many entries a list fill reads for a read of ``want``: see `MIN_FILL`."""
-    return min(entries, max(MIN_FILL, 4 * want))
+    return min(entries, max(MIN_FILL, 2 * want))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,7 @@ class RelationRepository:
         self._stmts: dict[tuple[str, str], RelationStatements] = {}
         self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
         self._guarded: dict[tuple[str, int, str, str, str], str] = {}
+        self._heads: dict[tuple[str, int, str, str], str] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -221,6 +224,30 @@ class RelationRepository:
             query = sql.page_desc_range_after if newest_first else sql.page_asc_range_after
             params = (from_id, low, high, after[0], after[0], after[1], limit)
         return [(int(s), int(t)) for s, t in h.read(query, params, one=False)]
+
+    def head_and_count(
+        self, h: ShardHandle, relation: str, from_id: int, limit: int
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """The kept count and the first ``limit`` (sequence, to_id) rows, in one statement.
+
+        One round trip, and one snapshot: the count and the rows agree.
+        """
+        sql = self.sql(h, relation)
+        key = (h.host, h.shard, relation, "head_and_count")
+        query = self._heads.get(key)
+        if query is None:
+            query = self._heads[key] = (
+                f"{with_part(sql.part_page_asc, 0)} UNION ALL {with_part(sql.part_count, 1)}"
+            )
+        n = 0
+        head: list[tuple[int, int]] = []
+        for part, a, b in h.read(query, (from_id, limit, relation, from_id), one=False):
+            if int(part) == 1:
+                n = int(a)
+            else:
+                head.append((int(a), int(b)))
+        head.sort()  # UNION ALL promises no order
+        return n, head
 
     def count(self, h: ShardHandle, relation: str, from_id: int) -> int:
         """The kept count of pairs from ``from_id``."""
@@ -734,13 +761,12 @@ class RelationService:
     ) -> tuple[int, list[tuple[int, int]]]:
         """Read the head and the kept count from the database and cache them (if still current).
 
-        The head is ``4 * want`` entries, at least `MIN_FILL`, at most
-        ``list_entries``.
+        The head is ``2 * want`` entries, at least `MIN_FILL`, at most
+        ``list_entries``; it and the count are one statement (`head_and_count`).
         """
         assert self.lists is not None
         size = fill_size(self.lists.entries, want)
         read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
-        head = self.repo.page(h, relation, from_id, size, None, False)
-        n = self.repo.count(h, relation, from_id)
+        n, head = self.repo.head_and_count(h, relation, from_id, size)
         self.lists.fill(self.list_key(relation, from_id), version, n, head, read_ms)
         return n, head

@@ -501,10 +501,11 @@ def test_redis_list_cache_over_tls(redis_tls: int, files: TLSFiles) -> None:
     )
     backend = RedisListBackend(url, timeout_s=2, connect_timeout_s=2)
     try:
-        assert backend.fill("tls:list", None, 2, [b"a", b"b"], 60, 0)
+        a, b = b"a" * 16, b"b" * 16
+        assert backend.fill("tls:list", None, 2, a + b, 60, 0)
         read = backend.read("tls:list", ("rank", 0, 9, False))
         assert read is not None
-        assert list(read.members) == [b"a", b"b"]
+        assert list(read.members) == [a, b]
         assert backend.client.connection_pool.connection_kwargs["ssl_ca_certs"] == str(files.ca)
     finally:
         backend.close()

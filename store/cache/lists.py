@@ -48,7 +48,9 @@ __all__ = [
     "decode_members",
     "decode_to_ids",
     "encode_member",
+    "encode_members",
     "lex_bound",
+    "split_members",
 ]
 
 _PACK = struct.Struct(">QQ")
@@ -58,6 +60,17 @@ _OFFSET = 1 << 63
 def encode_member(sequence: int, to_id: int) -> bytes:
     """16 bytes whose byte order is the order of ``(sequence, to_id)``."""
     return _PACK.pack(sequence + _OFFSET, to_id)
+
+
+def encode_members(head: Sequence[tuple[int, int]]) -> bytes:
+    """The members of ``head``, packed end to end in one call (16 bytes each, in the same order)."""
+    off = _OFFSET
+    return struct.pack(f">{2 * len(head)}Q", *[x for s, t in head for x in (s + off, t)])
+
+
+def split_members(packed: bytes) -> list[bytes]:
+    """The 16-byte members of an `encode_members` blob."""
+    return [packed[i : i + 16] for i in range(0, len(packed), 16)]
 
 
 def decode_member(member: bytes) -> tuple[int, int]:
@@ -135,16 +148,16 @@ class ListBackend(Protocol):
         """`read` of each key with its op, in one round trip; None for each if the server failed."""
         ...
 
-    def fill(
-        self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
-    ) -> bool:
-        """Replace the cached list if the version is still ``version``; True if filled."""
+    def fill(self, key: str, version: bytes | None, n: int, members: bytes, ttl_s: int, read_ms: int) -> bool:
+        """Replace the cached list if the version is still ``version``; True if filled.
+
+        ``members`` is the head packed by `encode_members` (one bytes object,
+        not one per entry: a fill of 100 entries costs one argument to pack).
+        """
         ...
 
-    def fill_many(
-        self, items: Sequence[tuple[str, bytes | None, int, Sequence[bytes], int]], ttl_s: int
-    ) -> int:
-        """`fill` of each (key, version, n, members, read_ms), in one round trip; how many filled."""
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
+        """`fill` of each (key, version, n, packed members, read_ms), in one round trip; how many filled."""
         ...
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
@@ -224,8 +237,7 @@ class ListCache:
         """
         if self.after_load is not None:
             self.after_load()
-        members = [encode_member(s, t) for s, t in head]
-        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms):
+        if self.backend.fill(key, version, n, encode_members(head), self._ttl_s, read_ms):
             self.stats.add(fills=1)
 
     def fill_many(self, items: Sequence[FillItem]) -> None:
@@ -234,7 +246,7 @@ class ListCache:
             return
         if self.after_load is not None:
             self.after_load()
-        batch = [(k, v, n, [encode_member(s, t) for s, t in head], ms) for k, v, n, head, ms in items]
+        batch = [(k, v, n, encode_members(head), ms) for k, v, n, head, ms in items]
         filled = self.backend.fill_many(batch, self._ttl_s)
         if filled:
             self.stats.add(fills=filled)
@@ -276,20 +288,17 @@ class MemoryListBackend:
         """`read` of each key (each under the lock)."""
         return [self.read(k, op) for k, op in zip(keys, ops, strict=True)]
 
-    def fill(
-        self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
-    ) -> bool:
+    def fill(self, key: str, version: bytes | None, n: int, members: bytes, ttl_s: int, read_ms: int) -> bool:
         """Replace the list if its version is unchanged."""
+        entries = split_members(members)
         with self._lock:
             current = self._versions.get(key)
             if (None if current is None else str(current).encode()) != version:
                 return False
-            self._lists[key] = ((n, len(members)), sorted(members), self._clock() + ttl_s, read_ms)
+            self._lists[key] = ((n, len(entries)), sorted(entries), self._clock() + ttl_s, read_ms)
             return True
 
-    def fill_many(
-        self, items: Sequence[tuple[str, bytes | None, int, Sequence[bytes], int]], ttl_s: int
-    ) -> int:
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
         """`fill` of each item; how many were filled."""
         return sum(self.fill(k, v, n, members, ttl_s, ms) for k, v, n, members, ms in items)
 

@@ -32,24 +32,27 @@ from store.cache.stats import Breaker, CacheStats
 
 __all__ = ["RedisListBackend"]
 
-# KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, members...
+# KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
+# packed end to end (16 bytes each: one argument to pack and send, not one per member).
 _FILL = """
 local v = redis.call('GET', KEYS[3])
 if (v or '') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 local ttl = tonumber(ARGV[3])
+local packed = ARGV[5] or ''
+local count = math.floor(#packed / 16)
 local batch = {}
-for i = 5, #ARGV do
+for i = 0, count - 1 do
   batch[#batch + 1] = 0
-  batch[#batch + 1] = ARGV[i]
+  batch[#batch + 1] = string.sub(packed, 16 * i + 1, 16 * i + 16)
   if #batch >= 1000 then
     redis.call('ZADD', KEYS[1], unpack(batch))
     batch = {}
   end
 end
 if #batch > 0 then redis.call('ZADD', KEYS[1], unpack(batch)) end
-if #ARGV >= 5 then redis.call('EXPIRE', KEYS[1], ttl) end
-redis.call('SET', KEYS[2], ARGV[2] .. ':' .. (#ARGV - 4) .. ':' .. ARGV[4], 'EX', ttl)
+if count > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
+redis.call('SET', KEYS[2], ARGV[2] .. ':' .. count .. ':' .. ARGV[4], 'EX', ttl)
 return 1
 """
 
@@ -239,14 +242,12 @@ class RedisListBackend:
                 raise r
         return reply
 
-    def fill_many(
-        self, items: Sequence[tuple[str, bytes | None, int, Sequence[bytes], int]], ttl_s: int
-    ) -> int:
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
         """`fill` of each (key, version, n, members, read_ms): one pipeline; how many were filled."""
         if not items or not self._guard():
             return 0
         calls = [
-            (self._keys(key), [version or b"", n, ttl_s, read_ms, *members])
+            (self._keys(key), [version or b"", n, ttl_s, read_ms, members])
             for key, version, n, members, read_ms in items
         ]
         try:
@@ -279,14 +280,12 @@ class RedisListBackend:
             return list(replies)
         raise AssertionError("unreachable")
 
-    def fill(
-        self, key: str, version: bytes | None, n: int, members: Sequence[bytes], ttl_s: int, read_ms: int
-    ) -> bool:
+    def fill(self, key: str, version: bytes | None, n: int, members: bytes, ttl_s: int, read_ms: int) -> bool:
         """Replace the list if the version is unchanged (one Lua call)."""
         if not self._guard():
             return False
         try:
-            args: list[bytes | int] = [version or b"", n, ttl_s, read_ms, *members]
+            args: list[bytes | int] = [version or b"", n, ttl_s, read_ms, members]
             done = self._fill(keys=list(self._keys(key)), args=args)
         except redis.RedisError as exc:
             self._failed(exc)
