@@ -74,7 +74,7 @@ class RelationRepository:
         self._stmts: dict[tuple[str, str], RelationStatements] = {}
         self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
         self._guarded: dict[tuple[str, int, str, str, str], str] = {}
-        self._heads: dict[tuple[str, int, str, str], str] = {}
+        self._heads: dict[tuple[str, int, str], str] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -227,18 +227,28 @@ class RelationRepository:
 
     def head_and_count(
         self, h: ShardHandle, relation: str, from_id: int, limit: int
-    ) -> tuple[int, list[tuple[int, int]]]:
+    ) -> tuple[int, list[tuple[int, int]], bytes | None]:
         """The kept count and the first ``limit`` (sequence, to_id) rows, in one statement.
 
-        One round trip, and one snapshot: the count and the rows agree.
+        One round trip, and one snapshot: the count and the rows agree. On
+        MariaDB/MySQL the rows come packed in one value (``head_packed``),
+        returned too (the list cache's members as they are), else None.
         """
         sql = self.sql(h, relation)
-        key = (h.host, h.shard, relation, "head_and_count")
+        packed_sql = getattr(sql, "head_packed", None)
+        if packed_sql is not None:
+            row = h.read(packed_sql, (relation, from_id, from_id, limit), one=True)
+            n = 0 if row is None or row[0] is None else int(row[0])
+            packed = b"" if row is None or row[1] is None else bytes(row[1])
+            got, odd = divmod(len(packed), 16)
+            # Fewer entries than the list holds, up to the limit: cut short (group_concat_max_len).
+            if not odd and got <= limit and (got == limit or got >= n):
+                return n, decode_members([packed]), packed
+        key = (h.host, h.shard, relation)
         query = self._heads.get(key)
         if query is None:
-            query = self._heads[key] = (
-                f"{with_part(sql.part_page_asc, 0)} UNION ALL {with_part(sql.part_count, 1)}"
-            )
+            page, count = with_part(sql.part_page_asc, 0), with_part(sql.part_count, 1)
+            query = self._heads[key] = f"{page} UNION ALL {count}"
         n = 0
         head: list[tuple[int, int]] = []
         for part, a, b in h.read(query, (from_id, limit, relation, from_id), one=False):
@@ -247,7 +257,7 @@ class RelationRepository:
             else:
                 head.append((int(a), int(b)))
         head.sort()  # UNION ALL promises no order
-        return n, head
+        return n, head, None
 
     def count(self, h: ShardHandle, relation: str, from_id: int) -> int:
         """The kept count of pairs from ``from_id``."""
@@ -767,6 +777,6 @@ class RelationService:
         assert self.lists is not None
         size = fill_size(self.lists.entries, want)
         read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
-        n, head = self.repo.head_and_count(h, relation, from_id, size)
-        self.lists.fill(self.list_key(relation, from_id), version, n, head, read_ms)
+        n, head, packed = self.repo.head_and_count(h, relation, from_id, size)
+        self.lists.fill(self.list_key(relation, from_id), version, n, head, read_ms, packed=packed)
         return n, head

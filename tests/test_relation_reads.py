@@ -482,7 +482,7 @@ def test_has_links_answers_from_a_whole_cached_list_only(
         assert (len(calls), short_lists.stats.fills) == (before + 2, fills)
         assert short.page(BHP, other, limit=2).ids == pins[:2]  # caches a head of 3 of 5
         assert short.has_links(BHP, other, pins) == set(pins[:5])
-        assert len(calls) == before + 4  # the page (head and count: one statement), then not whole: the database
+        assert len(calls) == before + 4  # the page (head and count in one), then not whole: the database
 
 
 @on_cached_backends

@@ -6,6 +6,7 @@ import random
 import threading
 from collections.abc import Iterator
 
+import pymysql
 import pytest
 
 from store import (
@@ -339,3 +340,58 @@ def test_deleting_a_board_with_more_pins_than_one_round_empties_every_list(store
     assert store.links(BHP, board) == []
     assert all(store.links(POB, p) == [] for p in ps[:: len(ps) // 7])
     assert store.delete(board) is False  # again: nothing left to do, nothing fails
+
+
+@pytest.mark.parametrize("backend", ["mariadb"], indirect=True)
+def test_a_fills_packed_head_is_the_head_the_rows_give(store: Store, board: int) -> None:
+    """MariaDB packs a fill's head into one value: the same entries, in the same order, as the rows.
+
+    Sequences below zero, at both ends of BIGINT, and ties broken by to_id;
+    then a group_concat_max_len too small for the head, which must not cut
+    the list short (the rows are read instead).
+    """
+    ps = pins(store, 12)
+    sequences = [-(1 << 63), -5, -5, 0, 1, 1 << 40, (1 << 63) - 1, 7, 7, 7, -1, 3]
+    for p, s in zip(ps, sequences, strict=True):
+        store.link(BHP, board, p, sequence=s)
+    ctx = store.admin_context()
+    relations = ctx.relations
+    h = relations.handle(store.config.relations[BHP], board)
+    rows = relations.repo.page(h, BHP, board, 100, None, False)
+    assert rows == sorted((s, p) for p, s in zip(ps, sequences, strict=True))
+    for limit in (1, 5, 12, 100):
+        n, head, packed = relations.repo.head_and_count(h, BHP, board, limit)
+        assert (n, head) == (12, rows[:limit])
+        assert packed is not None
+        assert len(packed) == 16 * min(limit, 12)
+    with h.connect() as conn:
+        cur = conn.cursor()
+        cur.execute("SET SESSION group_concat_max_len = 40")  # two and a half entries
+        cur.execute(relations.repo.sql(h, BHP).head_packed, (BHP, board, board, 12))
+        n_cut, cut = cur.fetchone()
+        cur.execute("SET SESSION group_concat_max_len = DEFAULT")
+    assert int(n_cut) == 12
+    assert len(cut) == 40
+    root = pymysql.connect(host="127.0.0.1", port=3306, user="root")
+    try:
+        rc = root.cursor()
+        rc.execute("SELECT @@GLOBAL.group_concat_max_len")
+        (old,) = rc.fetchone()
+        rc.execute("SET GLOBAL group_concat_max_len = 40")  # the new store's connections start so
+        try:
+            with Store(store.config) as short:
+                sh = short.admin_context().relations
+                side = sh.handle(short.config.relations[BHP], board)
+                assert sh.repo.head_and_count(side, BHP, board, 12) == (
+                    12,
+                    rows,
+                    None,
+                )  # rows, not a cut head
+                assert short.page(BHP, board, limit=12).ids == [p for _s, p in rows]
+        finally:
+            rc.execute("SET GLOBAL group_concat_max_len = %s", (int(old),))
+    finally:
+        root.close()
+    # The cache gets the same members either way, and pages from it are the rows'.
+    assert store.page(BHP, board, limit=12).ids == [p for _s, p in rows]
+    assert store.page(BHP, board, limit=12).ids == [p for _s, p in rows]

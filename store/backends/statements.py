@@ -146,6 +146,8 @@ class RelationStatements(Statements):
       (relation, from), part_head_fits (from, relation, from, fits, limit: the head, only if the
       list's count is <= fits), part_linked (from, tos...): rows labelled with a part number
       (`with_part`), for one UNION ALL query over many lists (`store.relation_reads`);
+    - head_packed (relation, from, from, limit), MariaDB/MySQL only: the kept count and the
+      first entries packed in one value (a list fill's read);
     - linked (from, tos...): which to_ids are linked from one from_id; the IN list is made
       for n to_ids by `in_list`.
     """
@@ -233,6 +235,20 @@ class RelationStatements(Statements):
         fits = keyed.where(func.coalesce(kept, _ZERO) <= _p("fits")).order_by(*asc).limit(lim).offset(_ZERO)
         q = fits.subquery("q")
         self._add("part_head_fits", select(label, q.c.sequence, q.c.to_id), ["f", "r", "cf", "fits", "lim"])
+        if backend.name == "mysql":
+            # A list fill's head as one row: the count, and the first entries packed end to end
+            # as the list cache's members (`store.cache.lists.encode_members`: 8 bytes of
+            # sequence + 2^63, 8 of to_id, big-endian), so the client parses one value, not a
+            # row per entry. Truncated by a small group_concat_max_len: the caller checks.
+            packed: Label[Any] = literal_column(
+                "UNHEX(CONCAT(LPAD(HEX(CAST(sequence AS UNSIGNED) ^ 9223372036854775808), 16, '0'), "
+                "LPAD(HEX(to_id), 16, '0')))"
+            ).label("m")
+            top = select(seq, to, packed).where(f == pf).order_by(*asc).limit(lim).offset(_ZERO).subquery("q")
+            joined: ColumnClause[Any] = literal_column(
+                "GROUP_CONCAT(q.m ORDER BY q.sequence, q.to_id SEPARATOR '')"
+            )
+            self._add("head_packed", select(kept, joined).select_from(top), ["r", "cf", "f", "lim"])
         # Membership: which of the to_ids in `_IN` (n placeholders, see `in_list`) are linked.
         some = to.in_([literal_column(_IN)])
         self._add("linked", select(to).where(f == pf, some), ["f"])

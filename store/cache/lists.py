@@ -229,15 +229,24 @@ class ListCache:
         return out
 
     def fill(
-        self, key: str, version: bytes | None, n: int, head: Sequence[tuple[int, int]], read_ms: int
+        self,
+        key: str,
+        version: bytes | None,
+        n: int,
+        head: Sequence[tuple[int, int]],
+        read_ms: int,
+        *,
+        packed: bytes | None = None,
     ) -> None:
         """Cache ``head`` (the first entries) and the length ``n``, unless invalidated meanwhile.
 
-        ``read_ms`` is when the database read began (`clock_ms` before it).
+        ``read_ms`` is when the database read began (`clock_ms` before it);
+        ``packed`` is ``head`` already packed (`encode_members`), if the database gave it so.
         """
         if self.after_load is not None:
             self.after_load()
-        if self.backend.fill(key, version, n, encode_members(head), self._ttl_s, read_ms):
+        members = encode_members(head) if packed is None else packed
+        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms):
             self.stats.add(fills=1)
 
     def fill_many(self, items: Sequence[FillItem]) -> None:
