@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from store import Store, StoreConfig
-from store.cache import Breaker, MemoryLeaseStore, ObjectCache
+from store.cache import Breaker, CacheStats, MemoryLeaseStore, ObjectCache
 from store.cache.leases import Lookup
 from store.cache.lists import decode_member, decode_members, encode_member
 from store.cache.memcached import MemcachedLeaseStore
@@ -390,3 +391,35 @@ def test_a_list_older_than_max_stale_s_is_read_again() -> None:
     assert stale is not None
     assert stale.meta is None, "a list older than max_stale_s was served"
     assert lists.stats.expired == 1
+
+
+def test_cache_counters_lose_no_count_across_threads() -> None:
+    """Each thread counts into its own table (no lock on the request path); the sums are exact."""
+    stats = CacheStats("t")
+    threads, rounds = 16, 2000
+    start = threading.Barrier(threads)
+
+    def count(k: int) -> None:
+        start.wait()
+        for _ in range(rounds):
+            stats.add(hits=1, misses=k % 2)
+        stats.error("server", OSError(f"thread {k}"))
+
+    pool = [threading.Thread(target=count, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert stats.hits == threads * rounds
+    assert stats.misses == threads // 2 * rounds
+    assert stats.errors == threads
+    assert stats.as_dict() == {
+        "hits": threads * rounds,
+        "misses": threads // 2 * rounds,
+        "fills": 0,
+        "invalidations": 0,
+        "errors": threads,
+        "skipped": 0,
+        "expired": 0,
+    }
+    assert stats.last_error.startswith("server: OSError: thread ")

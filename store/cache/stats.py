@@ -5,51 +5,103 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 __all__ = ["Breaker", "CacheStats"]
 
 
-@dataclass
-class CacheStats:
-    """What one cache did since the store opened. Read with `Store.stats()`."""
+#: The counters of a `CacheStats`, in the order `as_dict` lists them.
+COUNTERS = ("hits", "misses", "fills", "invalidations", "errors", "skipped", "expired")
 
-    name: str
-    hits: int = 0
-    misses: int = 0
-    fills: int = 0
-    invalidations: int = 0
-    errors: int = 0
-    skipped: int = 0  # calls not made because the server was cooling down
-    expired: int = 0  # entries older than max_stale_s: read again (counted in misses too)
-    #: What the latest error was (the server and the exception), for operators; "" if none yet.
-    last_error: str = ""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+class CacheStats:
+    """What one cache did since the store opened. Read with `Store.stats()`.
+
+    The counters are ``hits``, ``misses``, ``fills``, ``invalidations``,
+    ``errors``, ``skipped`` (calls not made because the server was cooling
+    down) and ``expired`` (entries older than ``max_stale_s``: read again,
+    counted in misses too). Each thread counts into a dict of its own, with
+    no lock (the request path adds to them several times a call; a shared
+    lock there was contended by every thread); reading a counter sums the
+    threads' dicts.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        #: What the latest error was (the server and the exception), for operators; "" if none yet.
+        self.last_error = ""
+        self._local = threading.local()
+        self._lock = threading.Lock()  # only to register a thread's dict, and for errors
+        self._tables: list[dict[str, int]] = []
+
+    def _mine(self) -> dict[str, int]:
+        table: dict[str, int] | None = getattr(self._local, "table", None)
+        if table is None:
+            table = dict.fromkeys(COUNTERS, 0)
+            with self._lock:
+                self._tables.append(table)
+            self._local.table = table
+        return table
 
     def add(self, **counts: int) -> None:
-        """Add to several counters at once (thread-safe)."""
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
+        """Add to several counters at once (thread-safe: into this thread's own counters)."""
+        table = self._mine()
+        for name, n in counts.items():
+            table[name] += n
 
     def error(self, where: str, exc: BaseException) -> None:
         """Count one error and remember it as the latest."""
+        self._mine()["errors"] += 1
         with self._lock:
-            self.errors += 1
             self.last_error = f"{where}: {type(exc).__name__}: {exc}"[:300]
+
+    def _sum(self, name: str) -> int:
+        with self._lock:
+            tables = list(self._tables)
+        return sum(t[name] for t in tables)
+
+    @property
+    def hits(self) -> int:
+        """Reads answered by the cache."""
+        return self._sum("hits")
+
+    @property
+    def misses(self) -> int:
+        """Reads the cache could not answer."""
+        return self._sum("misses")
+
+    @property
+    def fills(self) -> int:
+        """Entries stored after a miss."""
+        return self._sum("fills")
+
+    @property
+    def invalidations(self) -> int:
+        """Keys dropped after writes."""
+        return self._sum("invalidations")
+
+    @property
+    def errors(self) -> int:
+        """Calls that failed."""
+        return self._sum("errors")
+
+    @property
+    def skipped(self) -> int:
+        """Calls not made because the server was cooling down."""
+        return self._sum("skipped")
+
+    @property
+    def expired(self) -> int:
+        """Entries older than ``max_stale_s``, read again."""
+        return self._sum("expired")
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
         with self._lock:
-            return {
-                "hits": self.hits,
-                "misses": self.misses,
-                "fills": self.fills,
-                "invalidations": self.invalidations,
-                "errors": self.errors,
-                "skipped": self.skipped,
-                "expired": self.expired,
-            }
+            tables = list(self._tables)
+        return {name: sum(t[name] for t in tables) for name in COUNTERS}
+
+    def __repr__(self) -> str:
+        return f"CacheStats({self.name!r}, {self.as_dict()})"
 
 
 class Breaker:
