@@ -14,6 +14,7 @@ a `DataError` subclass naming the path to the bad value, before any I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
@@ -76,10 +77,9 @@ class JsonSerde:
             )
         return encoded.decode()
 
-    def loads(self, text: str | bytes) -> dict[str, Any]:
-        """Decode stored JSON text."""
-        value: dict[str, Any] = orjson.loads(text)
-        return value
+    #: Decode stored JSON text: orjson's own function, so a page of 50 objects makes no
+    #: wrapper call per object (the store only decodes what it encoded: objects).
+    loads: Callable[[str | bytes], dict[str, Any]] = staticmethod(orjson.loads)
 
 
 def _shown(path: str) -> str:

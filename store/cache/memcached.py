@@ -218,6 +218,9 @@ def _replies(raw: bytes) -> list[tuple[bytes, bytes | None]]:
     return out
 
 
+_tuple_new = tuple.__new__
+
+
 class _LookupParser:
     """Reads the replies to a batch: ``skip`` deletes' lines, then one ``mg k v c N<ttl>`` per key."""
 
@@ -245,7 +248,8 @@ class _LookupParser:
             i += 2
             if parts[0] != b"VA" or len(parts) < 3 or parts[2][:1] != b"c" or len(value) != int(parts[1]):
                 raise _ProtocolError(f"unexpected reply {lines[i - 2][:80]!r}")
-            found[key] = Lookup(value or None, int(parts[2][1:]), b"W" in parts[3:])
+            # (tuple.__new__: a NamedTuple's own __new__ is one more Python call per key)
+            found[key] = _tuple_new(Lookup, (value or None, int(parts[2][1:]), b"W" in parts[3:]))
         return found
 
 
