@@ -1,15 +1,18 @@
-"""Measure `store move` (run by hand: `.venv/bin/python scripts/bench_move.py`).
+"""Measure `store move` (run by hand: `.venv/bin/python scripts/bench_move.py [OBJECTS] [--runs N]`).
 
 Starts two MariaDB servers of its own (ports 3351/3352, temporary data
 directories, ROW binlogs), loads OBJECTS objects into 64 shards on the
 source, then moves shards 32-63 while WRITERS threads write to every shard
-and time each write. Prints copy rows/s and MB/s, how long the fence held,
-and the max and p99 time a write to a moving shard waited or was retried.
-Writes to the other shards must never fail.
+and time each write. Prints copy rows/s and MB/s, how long the fence held
+and where that time went, and the max and p99 time a write to a moving
+shard waited or was retried. Writes to the other shards must never fail.
+With ``--runs N`` it does all that N times (fresh servers each time) and
+ends with one line per run.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import sys
@@ -17,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -31,11 +35,32 @@ from tests.conftest import base_config
 from tests.servers import MariaDBServer
 
 SHARDS, MOVING = 64, range(32, 64)
-OBJECTS = int(sys.argv[1]) if len(sys.argv) > 1 else 400_000  # 200,000 on the moving half
+OBJECTS = 400_000  # 200,000 on the moving half
 WRITERS = 4
 
 
 def main() -> None:
+    """Run the benchmark ``--runs`` times; one summary line per run at the end."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("objects", nargs="?", type=int, default=OBJECTS)
+    parser.add_argument("--runs", type=int, default=1)
+    args = parser.parse_args()
+    results = []
+    for run in range(args.runs):
+        print(f"-- run {run + 1} of {args.runs}")
+        results.append(bench(args.objects))
+    if args.runs > 1:
+        print("-- every run")
+        for i, r in enumerate(results):
+            print(
+                f"run {i + 1}: fence {r['fenced_s']:.3f} s ({r['breakdown']}); "
+                f"copy {r['rows_s']:,.0f} rows/s; max write wait {r['max_wait_ms']:,.0f} ms; "
+                f"other shards refused {r['refused']}"
+            )
+
+
+def bench(objects: int) -> dict[str, Any]:
+    """One run: fresh servers, load, move shards 32-63 under writers; the figures."""
     tmp = Path(tempfile.mkdtemp(prefix="store-bench-move-"))
     source = MariaDBServer(3351, log_bin=True, server_id=1)
     target = MariaDBServer(3352, log_bin=True, server_id=2)
@@ -52,7 +77,7 @@ def main() -> None:
         init_shards(config)
         with Store(config) as store:
             text = orjson.dumps(PIN).decode()
-            per_shard = OBJECTS // SHARDS
+            per_shard = objects // SHARDS
             for s in range(SHARDS):
                 h = store.admin_context().engines.shard(s, "A")
                 with h.connect() as conn:
@@ -84,10 +109,12 @@ def main() -> None:
             for t in threads:
                 t.start()
             mover = Mover(store, tmp / "move.json", say=print)
-            plan = mover.plan(MOVING.start, MOVING.stop - 1, "B")
-            journal = mover.start(plan)
-            time.sleep(1)
-            done.set()
+            try:
+                plan = mover.plan(MOVING.start, MOVING.stop - 1, "B")
+                journal = mover.start(plan)
+                time.sleep(1)
+            finally:
+                done.set()
             for t in threads:
                 t.join()
             copy_s = journal.timings["copy_s"]
@@ -100,9 +127,11 @@ def main() -> None:
                 f"catch up: {journal.timings['catch_up_s']:.2f} s; "
                 f"fence held {journal.timings['fenced_s']:.3f} s"
             )
+            breakdown = ", ".join(
+                f"{k[6:-2]} {v:.3f}" for k, v in journal.timings.items() if k.startswith("fence_")
+            )
             print(
-                "fence: "
-                + ", ".join(f"{k[6:]} {v}" for k, v in journal.timings.items() if k.startswith("fence_"))
+                f"fence: {breakdown}; checksums before the fence {journal.timings.get('checksum_s', 0):.2f} s"
             )
             q = statistics.quantiles(waits, n=100)
             print(
@@ -110,6 +139,13 @@ def main() -> None:
                 f"p99 {q[98] * 1000:.1f} ms, max {max(waits) * 1000:.1f} ms"
             )
             print(f"writes to other shards refused: {len(other_errors)}")
+            return {
+                "fenced_s": journal.timings["fenced_s"],
+                "breakdown": breakdown,
+                "rows_s": plan.rows / copy_s,
+                "max_wait_ms": max(waits) * 1000,
+                "refused": len(other_errors),
+            }
     finally:
         source.remove()
         target.remove()

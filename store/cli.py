@@ -10,7 +10,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -402,6 +403,21 @@ def map_diff(
         click.echo(f"  shards {first}-{last}: {a} -> {b}")
 
 
+@contextmanager
+def _move_output() -> Iterator[tuple[Callable[[str], None], Callable[[dict[str, Any]], None] | None]]:
+    """How a move talks: its lines, and on a terminal a live bar per phase under them (else no bar)."""
+    if not sys.stdout.isatty():
+        yield click.echo, None
+        return
+    from store.admin.move import TerminalProgress
+
+    bar = TerminalProgress(sys.stdout)
+    try:
+        yield bar.say, bar.update
+    finally:
+        bar.close()
+
+
 @main.command()
 @_config_option
 @click.option("--shards", "shard_text", help="The range to move, A-B.")
@@ -431,7 +447,7 @@ def move(
     status: bool,
     as_json: bool,
 ) -> None:
-    """Move shards A-B to another MariaDB host: copy, catch up, fence, verify, switch."""
+    """Move shards A-B to another MariaDB (or PostgreSQL) host: copy, catch up, fence, verify, switch."""
     from store.admin.move import Mover
 
     if status:  # files only: no config or server needed
@@ -448,8 +464,9 @@ def move(
         return
     if as_json:
         raise ConfigError("--json goes with store move --status")
-    with _open_admin(config_path) as store:
-        mover = Mover(store, journal, say=click.echo)
+    with _open_admin(config_path) as store, _move_output() as (say, watch):
+        mover = Mover(store, journal, say=say)
+        mover.watch = watch
         if resume or abort_ or cleanup:
             if sum((resume, abort_, cleanup)) > 1:
                 raise ConfigError("give one of --resume, --abort, --cleanup")
@@ -464,6 +481,10 @@ def move(
             raise ConfigError("store move needs --shards A-B and --to HOST (or --resume/--abort/--cleanup)")
         wanted = _parse_shards(shard_text, store.config.shards)
         assert wanted is not None
+        from store.admin.pg_move import PgMover, is_postgres
+
+        if not isinstance(mover, PgMover) and is_postgres(store, store.shard_map.master(wanted.start)):
+            mover = PgMover(store, journal, say=click.echo)  # PostgreSQL shards in a mixed config
         plan = mover.plan(wanted.start, wanted.stop - 1, to_host, slave_host)
         _admin_log("move").info(
             "move: planned",
@@ -501,16 +522,27 @@ def move(
 @click.option(
     "--journal", default="store-rebalance.json", show_default=True, help="The rebalance's journal file."
 )
+@click.option(
+    "--cleanup", is_flag=True, help="After a rebalance: drop every move's archived copies on its source."
+)
 def rebalance(
-    config_path: Path | None, hosts_text: str | None, dry_run: bool, yes: bool, resume: bool, journal: str
+    config_path: Path | None,
+    hosts_text: str | None,
+    dry_run: bool,
+    yes: bool,
+    resume: bool,
+    journal: str,
+    cleanup: bool,
 ) -> None:
     """Spread the shards evenly over --hosts, moving the fewest rows, one store move at a time.
 
     Hosts holding shards that are not in --hosts are drained. Each move's
-    own journal is the rebalance journal's name + .move.
+    own journal is the rebalance journal's name + .move. A moved range gets
+    the target's slave (if all its ranges name one), never its old one.
     """
     from store.admin.rebalance import (
         check_hosts,
+        cleanup_rebalance,
         estimate_shard_rows,
         plan_rebalance,
         plan_summary,
@@ -522,11 +554,18 @@ def rebalance(
     def say(msg: str) -> None:
         click.echo(msg)
 
+    if cleanup:
+        if hosts_text is not None or dry_run or resume:
+            raise ConfigError("store rebalance --cleanup takes only --journal (and --config)")
+        with _open_admin(config_path) as store:
+            dropped = cleanup_rebalance(store, journal, say)
+        click.echo(f"dropped: {len(dropped)} archive database(s)")
+        return
     if resume:
         if hosts_text is not None or dry_run:
             raise ConfigError("store rebalance --resume takes the plan from its journal: give no --hosts")
-        with _open_admin(config_path) as store:
-            run_rebalance(store, None, journal, say)
+        with _open_admin(config_path) as store, _move_output() as (say_, watch):
+            run_rebalance(store, None, journal, say_, watch)
         return
     if hosts_text is None:
         raise ConfigError("store rebalance needs --hosts H1,H2,... (or --resume)")
@@ -575,7 +614,8 @@ def rebalance(
             return
         if not yes:
             click.confirm(f"run {len(plan)} move(s)?", abort=True)
-        run_rebalance(store, plan, journal, say)
+        with _move_output() as (say_, watch):
+            run_rebalance(store, plan, journal, say_, watch)
 
 
 @main.command()

@@ -280,9 +280,10 @@ def _postgres_bin(name: str) -> str:
 class PostgresServer:
     """A PostgreSQL of the tests' own (initdb in a temporary folder) with TLS on ``files``' server
     certificate, on 127.0.0.1 and 127.0.0.2. ``pg_hba.conf``: TLS connections are trusted,
-    others refused. Runs as ``postgres`` when the tests run as root."""
+    others refused. Runs as ``postgres`` when the tests run as root. ``wal_level="logical"``: a
+    server that can publish and subscribe (moves), with room for a move's table copies."""
 
-    def __init__(self, port: int, files: TLSFiles) -> None:
+    def __init__(self, port: int, files: TLSFiles, *, wal_level: str = "replica") -> None:
         initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
         self.port = port
         self.base = Path(tempfile.mkdtemp(prefix=f"store-postgres-{port}-"))
@@ -305,12 +306,15 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(key, "postgres", "postgres")
         log = open(self.base / "postgres.log", "ab")  # noqa: SIM115 - kept by the child
+        logical = [f"-c{k}={v}" for k, v in (("max_replication_slots", 40), ("max_wal_senders", 40),
+                   ("max_logical_replication_workers", 16), ("max_sync_workers_per_subscription", 8),
+                   ("max_worker_processes", 32))]  # fmt: skip
         self.proc = subprocess.Popen(
             [postgres, "-D", str(data), "-p", str(port), "-c", "listen_addresses=127.0.0.1,127.0.0.2",
              "-c", f"unix_socket_directories={self.base}", "-c", "ssl=on",
              "-c", f"ssl_cert_file={files.server_cert}", "-c", f"ssl_key_file={key}",
-             "-c", "fsync=off"],
-            stdout=log, stderr=log, **user,
+             "-c", "fsync=off", "-c", f"wal_level={wal_level}", *(logical if wal_level == "logical" else [])],
+            stdout=log, stderr=log, env={**os.environ, "HOME": str(self.base)}, **user,  # libpq: not ~root
         )  # fmt: skip
         log.close()
         if not wait_port(port, 30):

@@ -236,7 +236,11 @@ def test_move_with_writers_loses_nothing(
         ) == [("store_tombstone",)], "a moved table is still a table on the source"
         with pytest.raises(pymysql.err.MySQLError, match="store-tombstone"):
             rows(source, f"SELECT data FROM {db}.pins WHERE local_id = 1")
-    print(f"fenced for {journal.timings['fenced_s']:.3f} s; copy {journal.timings['copy_s']:.2f} s")
+    print(
+        f"fenced for {journal.timings['fenced_s']:.3f} s by {journal.timings['fenced_sessions']} session(s); "
+        f"copy {journal.timings['copy_s']:.2f} s; "
+        + ", ".join(f"{k} {v}" for k, v in journal.timings.items() if k.startswith("fence_"))
+    )
 
 
 def test_abort_before_the_switch_leaves_the_source_serving(
@@ -315,3 +319,145 @@ def test_a_move_killed_in_each_phase_resumes_or_aborts_without_loss(
         assert {fresh.shard_map.master(s) for s in MOVING} == {expected_master}
         got = fresh.get_many(list(acked))
         assert [p for p in acked if p not in got] == [], "acknowledged writes were lost"
+
+
+def test_a_copy_that_differs_is_caught_before_the_fence_and_the_source_keeps_serving(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        pins = [store.create("pin", {"n": i}, shard=8 + i % 8) for i in range(16)]
+        said: list[str] = []
+
+        def say(msg: str) -> None:
+            said.append(msg)
+            if msg.startswith("catch up:") and sum(m.startswith("catch up:") for m in said) == 1:
+                # The target's copy goes wrong behind replication's back (no event tells the source).
+                conn = pymysql.connect(host="127.0.0.1", port=target.port, user="root", autocommit=True)
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("SET SESSION sql_log_bin = 0")
+                        cur.execute("UPDATE db00009.pins SET data = '{\"n\": -1}' LIMIT 1")
+                        assert cur.rowcount == 1
+                finally:
+                    conn.close()
+
+        mover = Mover(store, tmp_path / "move.json", say=say)
+        with pytest.raises(MoveError, match=r"checksums differ for db00009\.pins at .*, before the fence"):
+            mover.start(mover.plan(8, 15, "B"))
+        assert not [m for m in said if m.startswith(("fence:", "verify:", "switch:"))], said
+        assert Journal.load(tmp_path / "move.json").phase == "switch"
+        assert store.shard_map.version == 1
+        assert store.update(pins[1], {"n": 100}) == {"n": 100}  # the source never stopped serving
+        mover.abort()
+        assert store.get(pins[1]) == {"n": 100}
+
+
+def test_a_target_that_may_skip_row_events_is_checksummed_in_full_under_the_fence(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    source, target = pair
+    conn = pymysql.connect(host="127.0.0.1", port=target.port, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET GLOBAL slave_exec_mode = 'IDEMPOTENT'")
+    finally:
+        conn.close()
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        pins = [store.create("pin", {"n": i}, shard=8 + i % 8) for i in range(16)]
+        said: list[str] = []
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        journal = mover.start(mover.plan(8, 15, "B"))
+        assert journal.phase == "done"
+        assert not [m for m in said if "before the fence" in m], said
+        verify = [m for m in said if m.startswith("verify:")]
+        assert verify == ["verify: 72 table checksums equal on both sides"], said
+        assert "checksum_s" not in journal.timings
+        assert store.get_many(pins) == {p: {"n": i} for i, p in enumerate(pins)}
+
+
+def test_the_fence_reports_where_its_time_went(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        for i in range(16):
+            store.create("pin", {"n": i}, shard=8 + i % 8)
+        said: list[str] = []
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        journal = mover.start(mover.plan(8, 15, "B"))
+    steps = [k for k in journal.timings if k.startswith("fence_")]
+    assert steps == ["fence_lock_s", "fence_level_s", "fence_verify_s", "fence_rename_s", "fence_map_s",
+                     "fence_unlock_s"]  # fmt: skip
+    assert abs(sum(journal.timings[k] for k in steps) - journal.timings["fenced_s"]) < 0.01
+    assert journal.timings["fenced_sessions"] == 4  # no writer: the sessions' locks never crossed one
+    before = [m for m in said if m.startswith("catch up:") and "before the fence" in m]
+    assert len(before) == 1, said
+    assert before[0].startswith("catch up: 72 table checksums equal on both sides at 0-1-")
+    held = [m for m in said if m.startswith("fence: held ")]
+    assert len(held) == 1, said
+    assert f"fence: held {journal.timings['fenced_s']:.3f} s (lock " in held[0]
+    verify = [m for m in said if m.startswith("verify:")]
+    assert len(verify) == 1, said
+    assert "72 tables end with the same row on both sides" in verify[0]
+
+
+def test_fence_sessions_whose_locks_cross_a_writer_give_way_to_one_session(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import store.admin.move as move_module
+
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    init_shards(config)
+
+    def connect() -> Any:
+        return pymysql.connect(host="127.0.0.1", port=source.port, user="root", autocommit=True)
+
+    with Store(config) as store:
+        pins = [store.create("pin", {"n": i}, shard=8 + i % 2) for i in range(4)]
+        mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+        j = Journal(8, 15, "A", "B", None)
+        # A writer's transaction holds db00008.pins and goes on to db00009.pins, which the second
+        # session locked while the first waits for db00008.pins: a wait MariaDB cannot see.
+        writer, fence = connect(), [connect(), connect()]
+        w = writer.cursor()
+        w.execute("BEGIN")
+        w.execute("UPDATE db00008.pins SET data = data")
+        result: list[bool] = []
+        locking = threading.Thread(
+            target=lambda: result.append(
+                mover._lock_together(
+                    j, [c.cursor() for c in fence], [[("db00008", "pins")], [("db00009", "pins")]]
+                )
+            )
+        )
+        t0 = time.monotonic()
+        locking.start()
+        time.sleep(0.2)
+        w.execute("UPDATE db00009.pins SET data = data")  # waits for the second session until it gives way
+        w.execute("COMMIT")
+        locking.join()
+        assert result == [False]
+        assert time.monotonic() - t0 < 5  # not the 10 s lock wait timeout
+        for c in [writer, *fence]:
+            c.close()
+        assert store.update(pins[0], {"n": 10}) == {"n": 10}  # nothing is left locked
+        assert store.update(pins[1], {"n": 11}) == {"n": 11}
+        # A whole move that always gives way: one session fences, and loses nothing.
+        monkeypatch.setattr(move_module, "LOCK_TOGETHER_S", 0.0)
+        journal = mover.start(mover.plan(8, 15, "B"))
+        assert journal.timings["fenced_sessions"] == 1
+        assert store.shard_map.master(8) == "B"
+        assert store.get_many(pins) == {
+            pins[0]: {"n": 10},
+            pins[1]: {"n": 11},
+            pins[2]: {"n": 2},
+            pins[3]: {"n": 3},
+        }

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pymysql
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -127,6 +128,29 @@ def write_config(path: Path, raw: dict[str, Any]) -> Path:
     return path
 
 
+def test_a_moved_range_gets_the_targets_slave_and_the_plan_says_what_becomes_of_its_own() -> None:
+    m = ShardMap([ShardRange(0, 47, "A", "A2"), ShardRange(48, 63, "C", "C2")], shards=64)
+    plan = plan_rebalance(m, ["A", "C"])
+    assert plan == [PlannedMove(32, 47, "A", "C", None, False, slave="C2", old_slaves=("A2",))]
+    assert plan[0].line() == (
+        "move shards 32-47 from A to C (rows not measured); slave A2 stays with A (it replicates A, not C); "
+        "slave C2 (C's)"
+    )
+    assert apply_plan(m, plan).ranges == (ShardRange(0, 31, "A", "A2"), ShardRange(32, 63, "C", "C2"))
+    # A target that names no slave (or several) for its ranges: the range has none, and says so.
+    m = ShardMap([ShardRange(0, 63, "A", "A2")], shards=64)
+    plan = plan_rebalance(m, ["A", "B"], {s: 1 for s in range(64)})
+    assert plan == [PlannedMove(32, 63, "A", "B", 32, False, slave=None, old_slaves=("A2",))]
+    assert plan[0].line() == (
+        "move shards 32-63 from A to B (32 rows); slave A2 stays with A (it replicates A, not B): "
+        "the range has no slave after the move (B has no single slave in the map)"
+    )
+    assert apply_plan(m, plan).ranges == (ShardRange(0, 31, "A", "A2"), ShardRange(32, 63, "B", None))
+    # Without slaves, the line is as before.
+    plain = plan_rebalance(ShardMap([ShardRange(0, 63, "A")], shards=64), ["A", "B"])
+    assert plain[0].line() == "move shards 32-63 from A to B (rows not measured)"
+
+
 def test_dry_run_of_4096_shards_over_four_hosts_needs_no_server(tmp_path: Path) -> None:
     # Nothing listens on these ports: the row estimate fails fast and the plan counts shards.
     raw = base_config(
@@ -206,6 +230,16 @@ def four() -> Iterator[list[MariaDBServer]]:
     finally:
         for s in servers:
             s.remove()
+
+
+def sql(server: MariaDBServer, query: str) -> list[tuple[Any, ...]]:
+    conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
 
 
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -306,6 +340,31 @@ def test_rebalance_64_shards_over_four_servers_killed_and_resumed(
             assert fresh.count("board_has_pins", b) == len(want)
     check = run_cli("check", "--config", str(config_file), check=False)
     assert check.returncode == 0, check.stdout + check.stderr
+
+    # Every move archived its 16 shards on A; the move journal names only the last move, the
+    # rebalance journal all three: --cleanup drops every archive, and the tombstones stay.
+    def archives() -> list[str]:
+        return [r[0] for r in sql(four[0], "SELECT schema_name FROM information_schema.schemata "
+                                           "WHERE schema_name LIKE 'moved\\_%' ORDER BY 1")]  # fmt: skip
+
+    assert len(archives()) == 48
+    cleaned = run_cli("rebalance", "--cleanup", *common)
+    assert "dropped: 48 archive database(s)" in cleaned.stdout, cleaned.stdout
+    assert (
+        len(
+            re.findall(
+                r"rebalance: cleanup of move \d: dropped 16 archive database\(s\) on A", cleaned.stdout
+            )
+        )
+        == 3
+    )
+    assert archives() == []
+    tombstones = sql(
+        four[0], "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'store_tombstone'"
+    )
+    assert tombstones == [(48,)]
+    again = run_cli("rebalance", "--cleanup", *common)  # idempotent
+    assert "dropped: 48 archive database(s)" in again.stdout
     dry = run_cli("rebalance", "--hosts", "A,B,C,D", "--dry-run", *common)
     assert "0 move(s), 0 of 64 shards" in dry.stdout
     print(f"load {loaded - t0:.1f} s, rebalance and checks {time.monotonic() - loaded:.1f} s")

@@ -9,13 +9,24 @@ Phases, recorded in a journal file so that a crash or Ctrl-C can be resumed
 3. catch up: the target replicates those databases from the source (a named
    replication connection with a ``replicate_wild_do_table`` filter, from the
    dump's GTID position) until it is level.
-4. fence: one session on the source takes ``LOCK TABLES ... WRITE`` on every
-   moving table (writers wait; other shards are untouched), reads the
-   source's GTID position and waits until the target has applied it.
-5. verify: ``CHECKSUM TABLE`` on both sides, under the lock; a mismatch
-   unlocks and stops with the journal kept (resume, or abort).
+   Then, still unfenced, ``CHECKSUM TABLE`` of every moving table on both
+   sides at one GTID position (a consistent snapshot on the source; the
+   target's replication stopped ``UNTIL`` that position for its snapshot,
+   then resumed), and the target catches up once more.
+4. fence: `FENCE_SESSIONS` sessions on the source take ``LOCK TABLES ...
+   WRITE`` on the moving tables, each on whole databases (writers wait;
+   other shards are untouched; if the sessions' locks cross a writer's
+   transaction over two shards, one session takes them all instead), read
+   the source's GTID position and wait
+   until the target has applied it (a few events: it was level just before).
+5. verify, under the lock: the target replicates strictly from the
+   checksummed position without error, and each table's newest row is the
+   same on both sides (with a ``slave_exec_mode`` other than STRICT,
+   ``CHECKSUM TABLE`` of everything instead). A mismatch, before or under
+   the fence, unlocks and stops with the journal kept (resume, or abort).
 6. switch: replication stops; under the lock every moving table is renamed
-   into an archive database ``moved_dbNNNNN`` (not binlogged), the new map
+   (each fence session its own tables, side by side) into an archive
+   database ``moved_dbNNNNN`` (not binlogged), the new map
    is written (version + 1), and the lock is released. Then each moved
    shard's database on the source becomes a tombstone (see
    `store.admin.ownership`): views that refuse every read and write where the
@@ -65,7 +76,7 @@ from store.exceptions import BackendError, ConfigError, MoveError
 from store.naming import ARCHIVE_PREFIX, DATABASE_PREFIX, TOMBSTONE_TABLE, database_name
 from store.store import Store
 
-__all__ = ["MoveError", "MovePlan", "MoveProgress", "Mover"]
+__all__ = ["MoveError", "MovePlan", "MoveProgress", "Mover", "TerminalProgress", "progress_line"]
 
 log = logging.getLogger("store.admin.move")
 
@@ -75,6 +86,54 @@ FENCE_WAIT_TIMEOUT_S = 30
 # Moves copy MariaDB shard databases: every host of a move is checked to be one (`_url`).
 _MYSQL = MySQLBackend()
 LOCK_WAIT_TIMEOUT_S = 10
+#: How many source sessions take the fence's locks and rename the fenced tables, side by side.
+FENCE_SESSIONS = 4
+#: Before the fence, the target catches up again until a round takes less than this (at most LEVEL_ROUNDS).
+LEVEL_BEFORE_FENCE_S = 0.05
+LEVEL_ROUNDS = 5
+#: How long the fence sessions may take to hold their locks together before one session takes them all.
+LOCK_TOGETHER_S = 0.2
+
+
+def _together(calls: list[Callable[[], object]]) -> None:
+    """Run ``calls`` at once (each in a thread but the first); the first error, once all have ended."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in calls[1:]]
+    for t in threads:
+        t.start()
+    run(calls[0])
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _first_key_columns(cur: Any, dbs: list[str]) -> dict[tuple[str, str], str]:
+    """(database, table) -> the first column of its primary key, for the tables of ``dbs`` that have one."""
+    cur.execute(
+        "SELECT table_schema, table_name, column_name FROM information_schema.statistics "
+        f"WHERE table_schema IN ({', '.join(['%s'] * len(dbs))}) AND index_name = 'PRIMARY' "
+        "AND seq_in_index = 1",
+        dbs,
+    )
+    return {(str(d), str(t)): str(c) for d, t, c in cur.fetchall()}
+
+
+def _compare(here: dict[str, Any], there: dict[str, Any], where: str, what: str = "checksums") -> None:
+    """`MoveError` naming the tables whose ``what`` differ between the source (``here``) and the target."""
+    wrong = sorted(k for k in here if here[k] != there.get(k))
+    if wrong:
+        raise MoveError(
+            f"verify: {what} differ for {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}{where}: "
+            "resume to try again, or abort"
+        )
 
 
 @dataclass
@@ -182,7 +241,12 @@ class MoveProgress:
             "rows_copied": 0,
             "bytes_total": 0,
             "bytes_copied": 0,
+            "tables_total": 0,
+            "tables_copied": 0,
+            "disk_total": 0,
+            "disk_copied": 0,
             "lag_s": None,
+            "lag_max_s": None,
             "fence_started": None,
             "fence_ended": None,
             "fenced_s": None,
@@ -209,12 +273,19 @@ class MoveProgress:
             if d["fence_started"] is not None:
                 end = d["fence_ended"] if d["fence_ended"] is not None else time.time()
                 d["fenced_s"] = round(end - d["fence_started"], 3)
+            if d["lag_s"] is not None and (d["lag_max_s"] is None or d["lag_s"] > d["lag_max_s"]):
+                d["lag_max_s"] = d["lag_s"]
             d["updated"] = time.time()
             text = json.dumps(d)
+            seen = dict(d)
             with suppress(OSError):
                 tmp = self.path.with_name(self.path.name + ".tmp")
                 tmp.write_text(text)
                 os.replace(tmp, self.path)
+        watch = getattr(self._mover, "watch", None)
+        if watch is not None:
+            with suppress(Exception):  # a progress bar never disturbs the move
+                watch(seen)
 
     def start(self) -> None:
         """Begin sampling the target in a background thread."""
@@ -240,11 +311,13 @@ class MoveProgress:
                 cur = conn.cursor()
                 if step == "load":
                     cur.execute(
-                        "SELECT COALESCE(SUM(table_rows), 0) FROM information_schema.tables "
+                        "SELECT COALESCE(SUM(table_rows), 0), COUNT(*), "
+                        "COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
                         f"WHERE table_schema IN ({marks}) AND table_type = 'BASE TABLE'",
                         self._dbs,
                     )
-                    self.set(rows_copied=int(cur.fetchone()[0]))
+                    got = cur.fetchone()
+                    self.set(rows_copied=int(got[0]), tables_copied=int(got[1]), disk_copied=int(got[2]))
                 elif step == "catch_up":
                     cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
                     names = [c[0] for c in cur.description]
@@ -264,8 +337,131 @@ class MoveProgress:
                 conn.close()
 
 
+#: The fence's bar fills over this many seconds (the time writers may be held, as a budget).
+FENCE_BAR_S = 1.0
+_LABEL = 9  # "catch up" and a space
+
+
+def _bar(share: float, width: int) -> str:
+    n = round(max(0.0, min(1.0, share)) * width)
+    return "[" + "#" * n + "-" * (width - n) + "]"
+
+
+def progress_line(data: dict[str, Any], *, width: int = 24, now: float | None = None) -> str:
+    """The bar of the phase a move is in, as one line for a terminal, from `MoveProgress` figures.
+
+    copy: rows and tables on the target against the source's (InnoDB's
+    estimates) and the bytes they take; catch up: the replication lag
+    against the largest seen; fence (verify and switch too): how long the
+    writers have been held, against `FENCE_BAR_S`. "" for other steps.
+    """
+    step = str(data.get("step"))
+    label = ""
+    if step == "dump":
+        label, share = "copy", 0.0
+        text = f"dumping {int(data.get('tables_total') or 0):,} tables"
+    elif step in ("load", "loaded"):
+        label = "copy"
+        rows, rows_total = int(data.get("rows_copied") or 0), int(data.get("rows_total") or 0)
+        tables, tables_total = int(data.get("tables_copied") or 0), int(data.get("tables_total") or 0)
+        disk, disk_total = int(data.get("disk_copied") or 0), int(data.get("disk_total") or 0)
+        if step == "loaded":
+            share, rows, tables, disk = 1.0, max(rows, rows_total), tables_total, max(disk, disk_total)
+        else:
+            share = min(1.0, rows / rows_total) if rows_total else 0.0
+        text = (
+            f"{share:4.0%}  {min(rows, rows_total) if rows_total else rows:,}/{rows_total:,} rows  "
+            f"{min(tables, tables_total) if tables_total else tables}/{tables_total} tables  "
+            f"{disk / 1e6:.1f}/{disk_total / 1e6:.1f} MB"
+        )
+    elif step == "catch_up":
+        label = "catch up"
+        lag, top = data.get("lag_s"), data.get("lag_max_s")
+        if lag is None:
+            share, text = 0.0, "lag -"
+        else:
+            share = 1.0 - float(lag) / float(top) if top else 1.0
+            text = f"lag {float(lag):.0f} s" + (f" (at most {float(top):.0f} s)" if top else "")
+    elif step in ("fence", "verify", "switch") and data.get("fence_started") is not None:
+        label = "fence"
+        end = data.get("fence_ended")
+        held = (end if end is not None else (time.time() if now is None else now)) - data["fence_started"]
+        share = held / FENCE_BAR_S
+        text = f"writers held {held:.2f} s ({step})"
+    else:
+        return ""
+    return f"{label:<{_LABEL}}{_bar(share, width)} {text}"
+
+
+class TerminalProgress:
+    """Draws `progress_line` in place on a terminal: one live bar under the move's lines.
+
+    Give `say` as the `Mover`'s ``say`` and `update` as its ``watch``: a
+    line said clears the bar, is written, and the bar comes back under it.
+    Redraws at most every ``every_s`` unless the step changed.
+    """
+
+    def __init__(self, stream: Any, *, every_s: float = 0.1, width: int = 24) -> None:
+        self._stream = stream
+        self._every_s = every_s
+        self._width = width
+        self._lock = threading.Lock()
+        self._line = ""
+        self._drawn = 0.0
+        self._step_drawn = ""
+
+    def _draw(self, line: str) -> None:
+        self._stream.write("\r" + line.ljust(len(self._line)))
+        self._stream.flush()
+        self._line = line
+
+    def _clear(self) -> None:
+        if self._line:
+            self._stream.write("\r" + " " * len(self._line) + "\r")
+            self._line = ""
+
+    def update(self, data: dict[str, Any]) -> None:
+        """Redraw the bar for ``data`` (`MoveProgress` figures)."""
+        line = progress_line(data, width=self._width)
+        with self._lock:
+            if not line:
+                self._clear()
+                self._stream.flush()
+                return
+            step = str(data.get("step"))
+            if step == self._step_drawn and time.monotonic() - self._drawn < self._every_s:
+                return
+            self._draw(line)
+            self._drawn, self._step_drawn = time.monotonic(), step
+
+    def say(self, msg: str) -> None:
+        """Write ``msg`` as a line of its own above the bar."""
+        with self._lock:
+            line = self._line
+            self._clear()
+            self._stream.write(msg + "\n")
+            if line:
+                self._draw(line)
+            self._stream.flush()
+
+    def close(self) -> None:
+        """Take the bar away (the move's last line stays)."""
+        with self._lock:
+            self._clear()
+            self._stream.flush()
+
+
 class Mover:
     """Runs, resumes, aborts and cleans up one move, journaled in ``journal``."""
+
+    def __new__(cls, store: Store, journal: str | os.PathLike[str], **_kw: Any) -> Mover:
+        """A `store.admin.pg_move.PgMover` where the move is of PostgreSQL schema shards."""
+        if cls is Mover:
+            from store.admin.pg_move import PgMover, moves_postgres
+
+            if moves_postgres(store, journal):
+                return super().__new__(PgMover)
+        return super().__new__(cls)
 
     def __init__(
         self, store: Store, journal: str | os.PathLike[str], *, say: Callable[[str], None] = print
@@ -274,6 +470,8 @@ class Mover:
         self.journal_path = Path(journal)
         self._say = say
         self.progress: MoveProgress | None = None
+        #: Called with a copy of the progress figures each time they change (`MoveProgress.set`).
+        self.watch: Callable[[dict[str, Any]], None] | None = None
 
     def say(self, msg: str) -> None:
         """Tell the operator ``msg`` (the ``say`` given) and log it on ``store.admin.move``."""
@@ -293,8 +491,8 @@ class Mover:
         backend = backend_for(url)
         if backend.name == "postgresql":
             raise MoveError(
-                f"host {host!r} is PostgreSQL: moving PostgreSQL schema shards is not supported yet "
-                "(moves copy MariaDB shard databases)"
+                f"host {host!r} is PostgreSQL and these shards are on MariaDB: a move copies shards "
+                "between servers of one kind (MariaDB databases to MariaDB, PostgreSQL schemas to PostgreSQL)"
             )
         if not backend.can_move:
             raise MoveError(f"host {host!r} is not MariaDB: moves copy MariaDB shard databases")
@@ -305,6 +503,20 @@ class Mover:
         if self.store.config.ids != "instagram":
             return {}
         return {t.table: f"{t.table}_next_id" for t in self.store.config.types.values()}
+
+    # -- what a kind of move puts in (`store.admin.pg_move.PgMover` for PostgreSQL) --
+
+    def _check_source(self, source: str) -> None:
+        """Refuse a source the move cannot catch up from (MariaDB: ROW binlogs with GTIDs)."""
+        self._check_source_binlog(source)
+
+    def _units(self, j: Journal) -> list[str]:
+        """What is copied, one per shard: the shard databases."""
+        return [database_name(s) for s in range(j.low, j.high + 1)]
+
+    def _progress_for(self, j: Journal) -> MoveProgress:
+        """The progress sampler of this move."""
+        return MoveProgress(self, j)
 
     def _check_source_binlog(self, source: str) -> None:
         with self._conn(source) as cur:
@@ -479,7 +691,7 @@ class Mover:
                     f"a move of shards {j.low}-{j.high} is in phase {j.phase}: "
                     "run store move --resume or --abort"
                 )
-        self._check_source_binlog(plan.source)
+        self._check_source(plan.source)
         j = Journal(
             plan.low,
             plan.high,
@@ -505,16 +717,16 @@ class Mover:
                 f"{', '.join(sorted(masters))}, not to {j.source} as when this move began: it is out of "
                 "date; run store move --abort"
             )
-        dbs = [database_name(s) for s in range(j.low, j.high + 1)]
-        self.progress = MoveProgress(self, j)
+        units = self._units(j)
+        self.progress = self._progress_for(j)
         self.progress.start()
         try:
             if j.phase == "copy":
-                self._copy(j, dbs)
+                self._copy(j, units)
             if j.phase == "catch_up":
-                self._catch_up(j, dbs)
+                self._catch_up(j, units)
             if j.phase == "switch":
-                self._switch(j, dbs)
+                self._switch(j, units)
         except BaseException as exc:
             self.progress.set(error=f"{type(exc).__name__}: {exc}"[:300])
             raise
@@ -535,7 +747,12 @@ class Mover:
         if self.progress is not None:
             with suppress(Exception):  # only for the progress bar
                 measured = self._tables(j.source, dbs)
-                self._step(rows_total=sum(t[2] for t in measured), bytes_total=sum(t[3] for t in measured))
+                self._step(
+                    rows_total=sum(t[2] for t in measured),
+                    bytes_total=sum(t[3] for t in measured),
+                    tables_total=len(measured),
+                    disk_total=sum(t[3] for t in measured),
+                )
         self._step(phase="copy", step="dump")
         self._drop_target_copy(j, dbs)
         try:
@@ -626,43 +843,108 @@ class Mover:
     def _fence_and_rename(
         self, j: Journal, fence: Any, dbs: list[str], tables: list[tuple[str, str]]
     ) -> None:
+        """Fence ``tables`` on the source, check the target has everything, archive them, switch the map.
+
+        Before the lock: the checksums of every table are compared at one
+        GTID position (`_checksum_before_fence`) and the target catches up
+        once more (`_level_before_fence`), so that under the lock only the
+        last few events remain to wait for and cheap checks to make. The
+        lock is taken by `FENCE_SESSIONS` sessions at once, each on whole
+        databases, and each renames its own tables: the renames, most of the
+        fenced time, run side by side. If their locks cross a writer's
+        transaction that spans two of them (`_lock_together`), one session
+        takes every lock, as it always did, and renames alone. A crash
+        releases every session's lock.
+        """
         fence.execute("SET SESSION sql_log_bin = 0")  # the archive and renames stay off the binlog
         for db in dbs:
             fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
         triggered = table_triggers(fence, dbs)  # MariaDB renames these only within their database
-        fence.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
-        t0 = time.monotonic()
+        checked_at = self._checksum_before_fence(j, tables)
+        keys = _first_key_columns(fence, dbs) if checked_at else {}
+        self._level_before_fence(j)
+        by_db: dict[str, list[tuple[str, str]]] = {}
+        for d, t in tables:
+            by_db.setdefault(d, []).append((d, t))
+        groups: list[list[tuple[str, str]]] = [[] for _ in range(min(FENCE_SESSIONS, len(by_db)))]
+        for i, d in enumerate(sorted(by_db)):
+            groups[i % len(groups)].extend(by_db[d])
+        extra = [mysql_connector(self._url(j.source))() for _ in groups]
+        sessions = [c.cursor() for c in extra]
+        own = list(sessions)
         marks: dict[str, float] = {}
-        fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in tables))
-        self._step(phase="switch", step="fence", fence_started=time.time(), fence_ended=None)
         try:
-            marks["lock_s"] = time.monotonic()
-            fence.execute("SELECT @@gtid_binlog_pos")
-            position = str(fence.fetchone()[0])
-            self.say(f"fence: {len(tables)} tables locked on {j.source}; {j.target} to reach {position}")
-            self._wait_level(j, position, FENCE_WAIT_TIMEOUT_S)
-            marks["level_s"] = time.monotonic()
-            self._step(step="verify", lag_s=0.0)
-            self._verify(j, fence, tables)
-            marks["verify_s"] = time.monotonic()
-            with self._conn(j.target) as cur:
-                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
-            for d, t in sorted(tables, key=lambda dt: dt not in triggered):
-                if (d, t) in triggered:  # out of reach first; to the archive below (`_archive_stashed`)
-                    fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{d}`.`{t}{STASH_SUFFIX}`")
-                else:
-                    fence.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
-            if triggered:
-                self._archive_stashed(j.source, dbs)
-            marks["rename_s"] = time.monotonic()
-            self._step(step="switch")
-            if not self._map_switched(j):
-                self._write_map(j)
-            j.switched_version = self.store.shard_map.version
+            for cur in [fence, *sessions]:
+                cur.execute("SET SESSION sql_log_bin = 0")
+                cur.execute(f"SET SESSION lock_wait_timeout = {LOCK_WAIT_TIMEOUT_S}")
+            t0 = time.monotonic()
+            try:
+                if not self._lock_together(j, sessions, groups):
+                    # A writer's transaction across two groups (a link between two shards of
+                    # this host) held a table one session waited for while it waited for a
+                    # table another held. One session takes every lock in one statement: any
+                    # such wait is then one MariaDB sees, and it turns the writer away.
+                    log.info(
+                        "fence: the sessions' locks crossed a writer's transaction; locking in one session"
+                    )
+                    for c in extra:  # whatever they hold goes with them
+                        with suppress(Exception):
+                            c.close()
+                    own, sessions, groups = [], [fence], [[dt for g in groups for dt in g]]
+                    fence.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in groups[0]))
+                j.timings["fenced_sessions"] = len(sessions)
+                self._step(phase="switch", step="fence", fence_started=time.time(), fence_ended=None)
+                marks["lock_s"] = time.monotonic()
+                fence.execute("SELECT @@gtid_binlog_pos")
+                position = str(fence.fetchone()[0])
+                self.say(f"fence: {len(tables)} tables locked on {j.source}; {j.target} to reach {position}")
+                self._wait_level(j, position, FENCE_WAIT_TIMEOUT_S)
+                marks["level_s"] = time.monotonic()
+                self._step(step="verify", lag_s=0.0)
+                if checked_at:
+                    self._verify_fenced(j, sessions, groups, position, checked_at, keys)
+                else:  # the target may skip row events it cannot apply: compare everything, fenced
+                    self._verify(j, sessions, groups)
+                marks["verify_s"] = time.monotonic()
+
+                def stop_replication() -> None:  # on the target, while the source renames
+                    with self._conn(j.target) as cur:
+                        cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+
+                def rename(cur: Any, group: list[tuple[str, str]]) -> None:
+                    for d, t in sorted(group, key=lambda dt: dt not in triggered):
+                        if (d, t) in triggered:  # out of reach first; to the archive below
+                            cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{d}`.`{t}{STASH_SUFFIX}`")
+                        else:
+                            cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
+
+                _together(
+                    [
+                        stop_replication,
+                        *(
+                            lambda cur=cur, group=group: rename(cur, group)
+                            for cur, group in zip(sessions, groups, strict=True)
+                        ),
+                    ]
+                )
+                marks["rename_s"] = time.monotonic()
+                if triggered:
+                    self._archive_stashed(j.source, dbs)
+                    marks["archive_s"] = time.monotonic()
+                self._step(step="switch")
+                if not self._map_switched(j):
+                    self._write_map(j)
+                j.switched_version = self.store.shard_map.version
+                marks["map_s"] = time.monotonic()
+            finally:
+                for cur in [*own, fence]:
+                    with suppress(Exception):  # a dead session has released the lock already
+                        cur.execute("UNLOCK TABLES")
+                        cur.execute("SET SESSION sql_log_bin = 1")
         finally:
-            with suppress(Exception):  # a dead session has released the lock already
-                fence.execute("UNLOCK TABLES")
-                fence.execute("SET SESSION sql_log_bin = 1")
+            for c in extra:
+                with suppress(Exception):
+                    c.close()
         self._step(fence_ended=time.time())
         end = time.monotonic()
         j.timings["fenced_s"] = round(end - t0, 3)
@@ -670,8 +952,211 @@ class Mover:
         for name, at in marks.items():  # where the fenced time went
             j.timings[f"fence_{name}"] = round(at - last, 3)
             last = at
-        j.timings["fence_map_s"] = round(end - last, 3)
+        j.timings["fence_unlock_s"] = round(end - last, 3)
         j.save(self.journal_path)
+        self.say(
+            f"fence: held {j.timings['fenced_s']:.3f} s ("
+            + ", ".join(f"{k[6:-2]} {v:.3f}" for k, v in j.timings.items() if k.startswith("fence_"))
+            + ")"
+        )
+
+    def _lock_together(self, j: Journal, sessions: list[Any], groups: list[list[tuple[str, str]]]) -> bool:
+        """Each of ``sessions`` locks its group of tables (``LOCK TABLES ... WRITE``), all at once.
+
+        True when all hold their locks. False, with none held, when they do
+        not within `LOCK_TOGETHER_S`: a writer's transaction that spans two
+        groups can hold a table one session waits for while it waits for a
+        table another session holds, a wait MariaDB cannot see as a
+        deadlock. The sessions still waiting are interrupted (``KILL
+        QUERY``); they are not used again.
+        """
+        ids = []
+        for cur in sessions:
+            cur.execute("SELECT CONNECTION_ID()")
+            ids.append(int(cur.fetchone()[0]))
+        errors: list[BaseException] = []
+
+        def lock(cur: Any, group: list[tuple[str, str]]) -> None:
+            try:
+                cur.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` WRITE" for d, t in group))
+            except BaseException as exc:  # re-raised below, or the interrupted wait
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=lock, args=(cur, group), daemon=True)
+            for cur, group in zip(sessions, groups, strict=True)
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + LOCK_TOGETHER_S
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        waiting = [i for i, t in enumerate(threads) if t.is_alive()]
+        if waiting:
+            with self._conn(j.source) as cur:
+                for i in waiting:
+                    with suppress(Exception):
+                        cur.execute(f"KILL QUERY {ids[i]}")
+            for t in threads:
+                t.join(LOCK_WAIT_TIMEOUT_S + 5)
+        if waiting or errors:
+            for cur in sessions:
+                with suppress(Exception):
+                    cur.execute("UNLOCK TABLES")
+        if errors and not waiting:
+            raise errors[0]
+        return not waiting
+
+    def _checksum_before_fence(self, j: Journal, tables: list[tuple[str, str]]) -> str:
+        """Compare every table's checksum on both sides at one GTID position, before the fence; that position.
+
+        The source takes a consistent snapshot and the GTID position it
+        stands at; the target's replication applies exactly up to that
+        position (``START SLAVE UNTIL``), takes its snapshot there and goes
+        on. Both checksum in their snapshots while writes go on. The fenced
+        check (`_verify_fenced`) then relies on the target replicating
+        strictly (a row event it cannot apply stops it) from that position:
+        with any other ``slave_exec_mode`` this returns "" and the fence
+        compares checksums itself.
+        """
+        with self._conn(j.target) as cur:
+            cur.execute("SELECT @@slave_exec_mode")
+            if "STRICT" not in str(cur.fetchone()[0]).upper():
+                return ""
+        t0 = time.monotonic()
+        names = ", ".join(f"`{d}`.`{t}`" for d, t in tables)
+        here_conn = mysql_connector(self._url(j.source))()
+        there_conn = mysql_connector(self._url(j.target))()
+        try:
+            here, there = here_conn.cursor(), there_conn.cursor()
+            there.execute(f"STOP SLAVE '{REPLICATION_NAME}'")  # UNTIL needs both threads stopped
+            try:
+                here.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                here.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                snap = {str(k).lower(): str(v) for k, v in here.fetchall()}
+                here.execute(
+                    "SELECT BINLOG_GTID_POS(%s, %s)",
+                    (snap["binlog_snapshot_file"], int(snap["binlog_snapshot_position"])),
+                )
+                at = str(here.fetchone()[0] or "")
+                if not at:
+                    raise MoveError(f"verify: {j.source} gave no GTID position for its snapshot")
+                there.execute(f"START SLAVE '{REPLICATION_NAME}' UNTIL master_gtid_pos = %s", (at,))
+                self._until_stopped(j, there, at)
+                there.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+            finally:  # from another session: START SLAVE would end the snapshot's transaction
+                with self._conn(j.target) as cur:
+                    cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")  # a no-op once UNTIL has stopped it
+                    cur.execute(f"START SLAVE '{REPLICATION_NAME}'")
+            sums: list[dict[str, Any]] = [{}, {}]
+
+            def checksum(cur: Any, into: dict[str, Any]) -> None:
+                cur.execute(f"CHECKSUM TABLE {names}")
+                into.update({str(r[0]): r[1] for r in cur.fetchall()})
+
+            _together([lambda: checksum(here, sums[0]), lambda: checksum(there, sums[1])])
+        finally:
+            here_conn.close()
+            there_conn.close()
+        _compare(sums[0], sums[1], f" at {at}, before the fence; the source keeps serving")
+        j.timings["checksum_s"] = round(time.monotonic() - t0, 3)
+        self.say(f"catch up: {len(sums[0])} table checksums equal on both sides at {at}, before the fence")
+        return at
+
+    def _until_stopped(self, j: Journal, cur: Any, at: str) -> None:
+        """Wait until the target's replication, started ``UNTIL`` ``at``, has applied it and stopped."""
+        deadline = time.monotonic() + FENCE_WAIT_TIMEOUT_S
+        while True:
+            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+            names = [d[0] for d in cur.description]
+            status = dict(zip(names, cur.fetchone() or (), strict=False))
+            if status.get("Last_SQL_Errno"):
+                raise MoveError(
+                    f"{j.target} stopped replicating from {j.source}: {status.get('Last_SQL_Error')}; "
+                    "resume when it has been fixed, or abort"
+                )
+            if status.get("Slave_SQL_Running") == "No" and status.get("Slave_IO_Running") == "No":
+                break
+            if time.monotonic() > deadline:
+                raise MoveError(
+                    f"{j.target} did not reach {at} within {FENCE_WAIT_TIMEOUT_S} s; resume, or abort"
+                )
+            time.sleep(0.005)
+        cur.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (at, 1))
+        if cur.fetchone()[0] != 0:
+            raise MoveError(f"{j.target} stopped replicating before {at}; resume, or abort")
+
+    def _level_before_fence(self, j: Journal) -> None:
+        """Let the target catch up again, until a round takes under `LEVEL_BEFORE_FENCE_S`: little is left
+        for the fence to wait for."""
+        with self._conn(j.source) as cur:
+            for _ in range(LEVEL_ROUNDS):
+                cur.execute("SELECT @@gtid_binlog_pos")
+                position = str(cur.fetchone()[0])
+                t0 = time.monotonic()
+                self._wait_level(j, position, CATCH_UP_TIMEOUT_S)
+                if time.monotonic() - t0 < LEVEL_BEFORE_FENCE_S:
+                    break
+
+    def _verify_fenced(
+        self,
+        j: Journal,
+        sessions: list[Any],
+        groups: list[list[tuple[str, str]]],
+        position: str,
+        at: str,
+        keys: dict[tuple[str, str], str],
+    ) -> None:
+        """The fenced check after `_checksum_before_fence`: the target applied every event from ``at``
+        to ``position`` (waited for already) and still replicates without error (strictly: a row
+        event it could not apply would have stopped it), and each table's newest row, by the first
+        column of its primary key (``keys``; an index lookup, not a scan), is the same on both sides.
+
+        What this does not see, and the full checksums under the fence did: a row changed on the
+        target behind replication's back after ``at`` (nothing of the store's writes there: the map
+        does not name the target until the switch)."""
+        with self._conn(j.target) as cur:
+            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+            names = [d[0] for d in cur.description]
+            status = dict(zip(names, cur.fetchone() or (), strict=False))
+        if status.get("Slave_SQL_Running") != "Yes" or status.get("Last_SQL_Errno"):
+            raise MoveError(
+                f"verify: {j.target} is not replicating ({status.get('Last_SQL_Error') or 'stopped'}); "
+                "the source was unlocked and keeps serving: resume to try again, or abort"
+            )
+        counts: list[dict[str, Any]] = [{} for _ in range(len(sessions) + 1)]
+
+        def count(cur: Any, group: list[tuple[str, str]], into: dict[str, Any]) -> None:
+            if group:
+                cur.execute(
+                    " UNION ALL ".join(
+                        f"SELECT '{d}.{t}', MAX(`{keys[d, t]}`) FROM `{d}`.`{t}`"
+                        if (d, t) in keys
+                        else f"SELECT '{d}.{t}', NULL"  # no primary key: nothing cheap to compare
+                        for d, t in group
+                    )
+                )
+                into.update({str(r[0]): r[1] for r in cur.fetchall()})
+
+        def target_side() -> None:
+            with self._conn(j.target) as cur:
+                count(cur, [dt for g in groups for dt in g], counts[-1])
+
+        _together(
+            [
+                target_side,
+                *(
+                    lambda cur=cur, group=group, into=into: count(cur, group, into)
+                    for cur, group, into in zip(sessions, groups, counts, strict=False)
+                ),
+            ]
+        )
+        here = {k: v for c in counts[:-1] for k, v in c.items()}
+        _compare(here, counts[-1], "; the source was unlocked and keeps serving", "newest rows")
+        self.say(
+            f"verify: {j.target} applied {position} and replicates without error; {len(here)} tables end "
+            f"with the same row on both sides (checksums equal at {at})"
+        )
 
     def _archive_stashed(self, host: str, dbs: list[str]) -> int:
         """Drop the triggers of the fenced tables under their stash names and rename them into the archive.
@@ -728,26 +1213,30 @@ class Mover:
             for db in dbs:
                 cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
 
-    def _verify(self, j: Journal, fence: Any, tables: list[tuple[str, str]]) -> None:
-        names = ", ".join(f"`{d}`.`{t}`" for d, t in tables)
-        there: dict[str, Any] = {}
+    def _verify(self, j: Journal, sessions: list[Any], groups: list[list[tuple[str, str]]]) -> None:
+        """Compare every fenced table's checksum on both sides, each fence session its own tables."""
+        sums: list[dict[str, Any]] = [{} for _ in range(len(sessions) + 1)]
 
-        def target_side() -> None:  # in parallel with the source's: the fence is held meanwhile
+        def checksum(cur: Any, group: list[tuple[str, str]], into: dict[str, Any]) -> None:
+            if group:
+                cur.execute("CHECKSUM TABLE " + ", ".join(f"`{d}`.`{t}`" for d, t in group))
+                into.update({str(r[0]): r[1] for r in cur.fetchall()})
+
+        def target_side() -> None:
             with self._conn(j.target) as cur:
-                cur.execute(f"CHECKSUM TABLE {names}")
-                there.update({str(r[0]): r[1] for r in cur.fetchall()})
+                checksum(cur, [dt for g in groups for dt in g], sums[-1])
 
-        worker = threading.Thread(target=target_side)
-        worker.start()
-        fence.execute(f"CHECKSUM TABLE {names}")
-        here = {str(r[0]): r[1] for r in fence.fetchall()}
-        worker.join()
-        wrong = sorted(k for k in here if here[k] != there.get(k))
-        if wrong:
-            raise MoveError(
-                f"verify: checksums differ for {', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}; "
-                "the source was unlocked and keeps serving: resume to try again, or abort"
-            )
+        _together(
+            [
+                target_side,
+                *(
+                    lambda cur=cur, group=group, into=into: checksum(cur, group, into)
+                    for cur, group, into in zip(sessions, groups, sums, strict=False)
+                ),
+            ]
+        )
+        here = {k: v for s in sums[:-1] for k, v in s.items()}
+        _compare(here, sums[-1], "; the source was unlocked and keeps serving")
         self.say(f"verify: {len(here)} table checksums equal on both sides")
 
     def _map_switched(self, j: Journal) -> bool:
@@ -785,7 +1274,10 @@ class Mover:
 
     def cleanup(self) -> list[str]:
         """After a finished move: drop the archived copies on the source; its tombstones stay."""
-        j = Journal.load(self.journal_path)
+        return self.cleanup_journaled(Journal.load(self.journal_path))
+
+    def cleanup_journaled(self, j: Journal) -> list[str]:
+        """`cleanup` for the move journaled in ``j`` (a rebalance keeps each of its moves' journals)."""
         if j.phase != "done":
             raise MoveError(f"the move is in phase {j.phase}: cleanup comes after it is done")
         dropped = []

@@ -18,11 +18,19 @@ shard ranges from one host to another such that
 Every move's source is a host that only sheds, so each move's range is held
 by its source when its turn comes, whatever ran before it.
 
+Slaves: a range's slave replicates its master's host, so it cannot follow
+the range to another host. Each move gives the range the target's slave
+(when every range the target masters names the same one; otherwise none),
+and the plan's line says what becomes of the slave the range had
+(`PlannedMove.line`).
+
 `run_rebalance` runs the plan move by move with `store.admin.move.Mover`,
 recording in one rebalance journal (JSON) the plan and which moves are
 done. Each move is journaled by the Mover in the rebalance journal's name +
 ``.move``; after a crash, `run_rebalance` with no plan resumes the
-interrupted move, then carries on with the rest.
+interrupted move, then carries on with the rest. `cleanup_rebalance` drops
+the archive databases of every move of a finished rebalance (each move's
+journal is kept in the rebalance journal), not only the last one's.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,7 @@ __all__ = [
     "PlannedMove",
     "apply_plan",
     "check_hosts",
+    "cleanup_rebalance",
     "estimate_shard_rows",
     "minimum_shards_moved",
     "move_journal_path",
@@ -53,6 +62,7 @@ __all__ = [
     "plan_summary",
     "quotas",
     "run_rebalance",
+    "target_slave",
 ]
 
 #: How long the row estimate waits for each host to answer (a dry run then falls back to shard counts).
@@ -71,6 +81,10 @@ class PlannedMove:
     rows: int | None = None
     #: True when ``source`` is not among the hosts to spread over (it is being emptied).
     drain: bool = False
+    #: The slave the range has after the move: the target's (`target_slave`), or None.
+    slave: str | None = None
+    #: The slaves the range had on its source (they replicate the source: they do not follow it).
+    old_slaves: tuple[str, ...] = ()
 
     @property
     def shards(self) -> int:
@@ -78,12 +92,44 @@ class PlannedMove:
         return self.high - self.low + 1
 
     def line(self) -> str:
-        """``move shards A-B from X to Y (N rows)``, as `store rebalance` prints it."""
+        """``move shards A-B from X to Y (N rows)``, as `store rebalance` prints it, and what
+        becomes of the range's slave if it has or gets one."""
         rows = "rows not measured" if self.rows is None else f"{self.rows} rows"
-        return f"move shards {self.low}-{self.high} from {self.source} to {self.target} ({rows})"
+        line = f"move shards {self.low}-{self.high} from {self.source} to {self.target} ({rows})"
+        lost = [s for s in self.old_slaves if s != self.slave]
+        if lost:
+            line += (
+                f"; slave {', '.join(lost)} stays with {self.source} (it replicates {self.source}, "
+                f"not {self.target})"
+            )
+        if self.slave is not None:
+            line += f"; slave {self.slave} ({self.target}'s)"
+        elif lost:
+            line += f": the range has no slave after the move ({self.target} has no single slave in the map)"
+        return line
 
 
 # -- the plan (pure) ---------------------------------------------------------------
+
+
+def target_slave(shard_map: ShardMap, host: str) -> str | None:
+    """The slave of every range ``host`` masters in ``shard_map`` if they all name the same one, else None.
+
+    A range moved to ``host`` gets that slave: it replicates ``host``, so it
+    receives the moved shards through it (the copy and the catch-up are
+    written on ``host``; its binlog must carry replicated events,
+    ``log_slave_updates``, for the catch-up to reach the slave).
+    """
+    slaves = {r.slave for r in shard_map.ranges if r.master == host}
+    if len(slaves) != 1:
+        return None
+    return slaves.pop()
+
+
+def _slaves(shard_map: ShardMap, low: int, high: int) -> tuple[str, ...]:
+    """The slaves the ranges holding shards ``low..high`` name, in shard order."""
+    out = [r.slave for r in shard_map.ranges if r.slave and r.end >= low and r.start <= high]
+    return tuple(dict.fromkeys(s for s in out if s))
 
 
 def _targets(hosts: Sequence[str]) -> list[str]:
@@ -218,11 +264,15 @@ def plan_rebalance(
             else:
                 moves.append(PlannedMove(s, end, source, target, None, source not in q))
             s = end + 1
-    if rows_per_shard is not None:
-        moves = [
-            PlannedMove(m.low, m.high, m.source, m.target, weight(m.low, m.high), m.drain) for m in moves
-        ]
-    return moves
+    return [
+        replace(
+            m,
+            rows=None if rows_per_shard is None else weight(m.low, m.high),
+            slave=target_slave(shard_map, m.target),
+            old_slaves=_slaves(shard_map, m.low, m.high),
+        )
+        for m in moves
+    ]
 
 
 def apply_plan(shard_map: ShardMap, plan: Sequence[PlannedMove]) -> ShardMap:
@@ -235,7 +285,7 @@ def apply_plan(shard_map: ShardMap, plan: Sequence[PlannedMove]) -> ShardMap:
                 f"shards {mv.low}-{mv.high} are on {', '.join(sorted(masters))}, not {mv.source}, "
                 "when their move comes"
             )
-        m = m.with_move(mv.low, mv.high, mv.target)
+        m = m.with_move(mv.low, mv.high, mv.target, mv.slave)
     return m
 
 
@@ -328,10 +378,15 @@ def _save(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _planned(raw: dict[str, Any]) -> PlannedMove:
+    """A `PlannedMove` from its journaled form (JSON has no tuples)."""
+    return PlannedMove(**{**raw, "old_slaves": tuple(raw.get("old_slaves") or ())})
+
+
 def _load(path: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_text())
-        [PlannedMove(**m) for m in state["moves"]]
+        [_planned(m) for m in state["moves"]]
         if len(state["done"]) != len(state["moves"]):
             raise ValueError("done and moves differ in length")
     except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -344,8 +399,11 @@ def run_rebalance(
     plan: Sequence[PlannedMove] | None,
     journal_path: str | os.PathLike[str],
     say: Callable[[str], None] = print,
+    watch: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``plan`` move by move with `Mover`, journaled in ``journal_path``; the final journal state.
+
+    ``watch`` becomes each Mover's ``watch`` (a progress bar).
 
     With ``plan`` None, resume the rebalance journaled there: a move that
     stopped part-way is resumed from its own journal (`move_journal_path`),
@@ -379,13 +437,14 @@ def run_rebalance(
             "journals": [None] * len(plan),
         }
         _save(path, state)
-    moves = [PlannedMove(**m) for m in state["moves"]]
+    moves = [_planned(m) for m in state["moves"]]
     mj = move_journal_path(path)
     for i, mv in enumerate(moves):
         if state["done"][i]:
             continue
         say(f"rebalance: move {i + 1} of {len(moves)}: {mv.line()}")
         mover = Mover(store, mj, say=say)
+        mover.watch = watch
         j: Journal | None = None
         if mj.exists():
             prior = Journal.load(mj)
@@ -409,9 +468,43 @@ def run_rebalance(
                     f"{', '.join(sorted(masters))}, not {mv.source} as planned: plan the rebalance again"
                 )
             else:
-                j = mover.start(mover.plan(mv.low, mv.high, mv.target))
+                j = mover.start(mover.plan(mv.low, mv.high, mv.target, mv.slave))
         state["done"][i] = True
         state["journals"][i] = None if j is None else asdict(j)
         _save(path, state)
     say(f"rebalance: done, {len(moves)} move(s); map version {store.shard_map.version}")
     return state
+
+
+def cleanup_rebalance(
+    store: Store, journal_path: str | os.PathLike[str], say: Callable[[str], None] = print
+) -> list[str]:
+    """Drop the archive databases of every move of the finished rebalance journaled in ``journal_path``.
+
+    Each move's own journal is kept in the rebalance journal, so every
+    source is reached, not only the last move's (which is all the ``.move``
+    journal still names). Refused while moves are left. Idempotent: the
+    databases are dropped ``IF EXISTS``, and a move that found its shards
+    on the target already has nothing archived. The databases dropped.
+    """
+    from store.admin.move import Journal, Mover
+
+    path = Path(journal_path)
+    if not path.exists():
+        raise MoveError(f"no rebalance journal at {path}: nothing to clean up")
+    state = _load(path)
+    if not all(state["done"]):
+        raise MoveError(
+            f"the rebalance journaled in {path} has {state['done'].count(False)} move(s) left: "
+            "finish it with store rebalance --resume before cleaning up"
+        )
+    mover = Mover(store, move_journal_path(path), say=say)
+    dropped: list[str] = []
+    for i, raw in enumerate(state.get("journals") or []):
+        if raw is None:
+            continue  # the shards were on the target already: that move archived nothing
+        j = Journal(**raw)
+        here = mover.cleanup_journaled(j)
+        say(f"rebalance: cleanup of move {i + 1}: dropped {len(here)} archive database(s) on {j.source}")
+        dropped.extend(here)
+    return dropped

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,11 +24,11 @@ from sqlalchemy.sql.elements import ClauseElement
 from store.backends import Backend, ErrorKind
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
-from store.naming import ADDED_VERSION, NEXT_ID, SCHEMA_PREFIX, schema_name
+from store.naming import ADDED_VERSION, ARCHIVE_PREFIX, NEXT_ID, SCHEMA_PREFIX, TOMBSTONE_TABLE, schema_name
 from store.specs import TypeSpec
 from store.tls import absolute_files, postgres_tls
 
-__all__ = ["PG_LOCK_BASE", "PostgresBackend", "postgres_connector"]
+__all__ = ["PG_LOCK_BASE", "TOMBSTONE_SQLSTATE", "PostgresBackend", "parse_tombstone", "postgres_connector"]
 
 #: Advisory lock keys of next_id(): one per shard, in a range of their own.
 PG_LOCK_BASE = 0x5707E1D0000
@@ -36,6 +37,12 @@ _RETRY = frozenset({"40P01", "40001"})
 # Undefined table, invalid schema name, undefined function.
 _MISSING = frozenset({"42P01", "3F000", "42883"})
 _DUPLICATE = frozenset({"23505"})
+#: The SQLSTATE every statement on a moved shard's tombstone raises (`store.admin.pg_move`).
+TOMBSTONE_SQLSTATE = "ST001"
+# An upsert into a tombstone's view (no key to match ON CONFLICT): the store's
+# tables always have one, so this only ever answers for a moved shard.
+_NO_CONFLICT_KEY = "42P10"
+_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
 
 
 class PostgresBackend(Backend):
@@ -109,6 +116,8 @@ class PostgresBackend(Backend):
         if isinstance(exc, ConnectionError | TimeoutError):
             return ErrorKind.DISCONNECT
         sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate == TOMBSTONE_SQLSTATE or (sqlstate == _NO_CONFLICT_KEY and "ON CONFLICT" in str(exc)):
+            return ErrorKind.TOMBSTONE
         if sqlstate in _MISSING:
             return ErrorKind.MISSING
         if sqlstate in _RETRY:
@@ -158,24 +167,56 @@ class PostgresBackend(Backend):
         return out | {(str(row[0]), str(row[1]) + ADDED_VERSION) for row in cur.fetchall()}
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
-        """Shard schemas, live or empty."""
+        """Shard schemas (live, tombstone or empty) and move archives (``moved_shard0042``)."""
         from store.admin.ownership import ServerInventory, ShardCopy, shard_number
 
         inv = ServerInventory()
         with open_cursor() as cur:
             cur.execute(
                 "SELECT n.nspname, c.relname FROM pg_namespace n LEFT JOIN pg_class c "
-                "ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') WHERE n.nspname LIKE %s",
-                (SCHEMA_PREFIX + "____",),
+                "ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') WHERE n.nspname LIKE %s "
+                "OR n.nspname LIKE %s",
+                (SCHEMA_PREFIX + "____", ARCHIVE_PREFIX + SCHEMA_PREFIX + "____"),
             )
             found: dict[int, list[str]] = {}
             for schema, table in cur.fetchall():
+                archived = shard_number(str(schema), ARCHIVE_PREFIX + SCHEMA_PREFIX, 4)
+                if archived is not None:
+                    extra = () if table is None else (str(table),)
+                    inv.archives[archived] = (*inv.archives.get(archived, ()), *extra)
+                    continue
                 shard = shard_number(str(schema), SCHEMA_PREFIX, 4)
                 if shard is not None:
                     found.setdefault(shard, []).extend([] if table is None else [str(table)])
+            told = self.tombstones(cur, [s for s, tables in found.items() if TOMBSTONE_TABLE in tables])
         for shard, tables in found.items():
-            inv.copies[shard] = ShardCopy(shard, "live" if tables else "empty", tuple(sorted(tables)))
+            if shard in told:
+                moved_to, version = told[shard]
+                inv.copies[shard] = ShardCopy(shard, "tombstone", (), moved_to, version)
+            else:
+                inv.copies[shard] = ShardCopy(shard, "live" if tables else "empty", tuple(sorted(tables)))
         return inv
+
+    def tombstones(self, cur: Any, shards: Iterable[int]) -> dict[int, tuple[str, int]]:
+        """(moved_to, map_version) of each of ``shards`` whose schema here is a tombstone."""
+        wanted = [schema_name(s) for s in sorted(set(shards))]
+        if not wanted:
+            return {}
+        cur.execute(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relname = %s AND c.relkind = 'r' AND n.nspname = ANY(%s)",
+            (TOMBSTONE_TABLE, wanted),
+        )
+        marked = [str(r[0]) for r in cur.fetchall()]
+        if not marked:
+            return {}
+        rows = (f'SELECT shard, moved_to, map_version FROM "{sc}"."{TOMBSTONE_TABLE}"' for sc in marked)
+        cur.execute(" UNION ALL ".join(rows))
+        return {int(shard): (str(moved_to), int(version)) for shard, moved_to, version in cur.fetchall()}
+
+    def tombstone_from_error(self, exc: BaseException) -> tuple[str, int] | None:
+        """A tombstone's refusal names the new host and map version (an upsert's does not)."""
+        return parse_tombstone(str(exc))
 
     @contextmanager
     def admin_lock(self, cur: Any, shards: Iterable[int], *, timeout_s: float) -> Iterator[None]:
@@ -221,6 +262,12 @@ class PostgresBackend(Backend):
     def ts_now(self) -> ClauseElement | None:
         """``now()``: PostgreSQL has no ON UPDATE."""
         return func.now()
+
+
+def parse_tombstone(message: str) -> tuple[str, int] | None:
+    """(moved_to, map_version) from the error a tombstone raises, or None if it is not one."""
+    found = _TOMBSTONE_PARSE.search(message)
+    return None if found is None else (found.group(1), int(found.group(2)))
 
 
 def _admin_key(shard: int) -> int:

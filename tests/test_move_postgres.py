@@ -1,0 +1,496 @@
+"""`store move` of PostgreSQL schema shards (``ids: instagram``) between two clusters the tests start.
+
+The move replicates logically (a publication on the source, a subscription
+on the target), fences with ``LOCK TABLE ... IN EXCLUSIVE MODE``, verifies
+counts and hashes under the lock, carries each schema's ID counter, and
+leaves a tombstone on the source that refuses every read and write. Writers
+run throughout, and a process holding the old map keeps writing to a moving
+shard: it is refused by the tombstone and carries on on the new host.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from store import ShardMovedError, Store, StoreConfig, decode_instagram
+from store.admin import check_store, init_shards
+from store.admin.move import Journal, MoveError, Mover
+from store.admin.pg_move import PgMover
+from store.cli import main
+from store.ids import INSTAGRAM_EPOCH_MS
+from tests.conftest import base_config
+from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
+from tests.servers import PostgresServer, TLSFiles
+
+SOURCE_PORT, TARGET_PORT = 5495, 5496
+BHP = "board_has_pins"
+
+pytestmark = pytest.mark.moves
+
+
+def url(port: int, host: str = "127.0.0.1") -> str:
+    return f"postgresql+psycopg://postgres@{host}:{port}/store?sslmode=require"
+
+
+def sql(port: int, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with psycopg.connect(
+        host="127.0.0.1", port=port, user="postgres", dbname="store", sslmode="require", autocommit=True
+    ) as conn:
+        cur = conn.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+@contextmanager
+def clusters(target_wal_level: str = "logical") -> Iterator[None]:
+    """Two PostgreSQL clusters with a database ``store`` each (the source logical), removed afterwards."""
+    files = TLSFiles()
+    servers: list[PostgresServer] = []
+    try:
+        for port, level in ((SOURCE_PORT, "logical"), (TARGET_PORT, target_wal_level)):
+            servers.append(PostgresServer(port, files, wal_level=level))
+            deadline = time.monotonic() + 30
+            while True:  # the port opens before the server takes connections
+                try:
+                    with psycopg.connect(
+                        host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                        sslmode="require", autocommit=True,
+                    ) as conn:  # fmt: skip
+                        conn.execute("CREATE DATABASE store")
+                    break
+                except psycopg.OperationalError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        yield
+    finally:
+        for server in servers:
+            server.remove()
+        files.remove()
+
+
+@pytest.fixture
+def pair() -> Iterator[None]:
+    with clusters():
+        yield
+
+
+def config_for(shards: int, tmp_path: Path, poll_s: float, **extra: Any) -> dict[str, Any]:
+    return base_config(
+        ids="instagram",
+        shards=shards,
+        hosts={"A": url(SOURCE_PORT), "B": url(TARGET_PORT)},
+        map=[{"range": [0, shards - 1], "master": "A"}],
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": poll_s},
+        **extra,
+    )
+
+
+def shard_of(i: int) -> int:
+    return decode_instagram(i).shard_id
+
+
+def leftovers(expected: str, moving: range) -> None:
+    """No replication object of the move is left; the shards' tables are where ``expected`` says."""
+    assert sql(SOURCE_PORT, "SELECT slot_name FROM pg_replication_slots") == []
+    assert sql(SOURCE_PORT, "SELECT pubname FROM pg_publication") == []
+    assert sql(TARGET_PORT, "SELECT subname FROM pg_subscription") == []
+    schemas = [f"shard{s:04d}" for s in moving]
+    tables = "SELECT DISTINCT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace " \
+             "WHERE c.relkind = 'r' AND c.relname = 'pins' AND n.nspname = ANY(%s)"  # fmt: skip
+    live_on = SOURCE_PORT if expected == "A" else TARGET_PORT
+    other = TARGET_PORT if expected == "A" else SOURCE_PORT
+    assert len(sql(live_on, tables, (schemas,))) == len(schemas)
+    assert sql(other, tables, (schemas,)) == []
+    if expected == "A":
+        assert sql(SOURCE_PORT, "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'moved%%'") == []
+        assert sql(TARGET_PORT, "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas,)) == []
+    else:
+        for sc in schemas:
+            kinds = sql(SOURCE_PORT, "SELECT c.relkind, c.relname FROM pg_class c JOIN pg_namespace n "
+                        "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
+                        (sc,))  # fmt: skip
+            assert kinds == [("r", "store_tombstone")], "a moved table is still a table on the source"
+
+
+# A process with the old map (it reloads only when refused): create a pin, read it back.
+STALE = """
+import os, sys, time, yaml
+from store import Store
+raw = yaml.safe_load(open(sys.argv[1]))
+with Store.from_config(raw) as store:
+    print("READY", store.shard_map.version, flush=True)
+    while not os.path.exists(sys.argv[2]):
+        pin = store.create("pin", {"stale": True}, shard=40)
+        assert store.get(pin, type_name="pin") == {"stale": True}
+        print("ACK", pin, store.shard_map.version, store.shard_map.master(40), flush=True)
+        time.sleep(0.01)
+"""
+
+
+def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, tmp_path: Path) -> None:
+    shards, moving = 64, range(32, 64)
+    raw = config_for(shards, tmp_path, poll_s=0.2)
+    config = StoreConfig.from_dict(raw)
+    init_shards(config)
+    (tmp_path / "stale.yaml").write_text(yaml.safe_dump(config_for(shards, tmp_path, 3600)))
+    stop_file = tmp_path / "stop"
+    made: list[int] = []  # every ID any create returned, here or by SQL
+    acked: dict[int, dict[str, Any] | None] = {}  # None: deleted
+    links: dict[tuple[int, int], bool] = {}
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    done = threading.Event()
+    said: list[str] = []
+
+    with Store(config) as store:
+        owned = {
+            w: {
+                "pins": [store.create("pin", {"n": 0}, shard=(w * 16 + k * 3) % shards) for k in range(16)],
+                "boards": [
+                    store.create("board", {"w": w}, shard=(w * 16 + k * 9) % shards) for k in range(4)
+                ],
+            }
+            for w in range(4)
+        }
+        for w in owned:
+            made.extend(owned[w]["pins"] + owned[w]["boards"])
+            acked.update({p: {"n": 0} for p in owned[w]["pins"]})
+
+        def writer(w: int) -> None:
+            rng = random.Random(w)
+            pins, boards = list(owned[w]["pins"]), owned[w]["boards"]
+            try:
+                while not done.is_set():
+                    r = rng.random()
+                    if r < 0.3:
+                        pin = store.create("pin", {"w": w, "n": 0}, shard=rng.randrange(shards))
+                        pins.append(pin)
+                        with lock:
+                            made.append(pin)
+                            acked[pin] = {"w": w, "n": 0}
+                    elif r < 0.6:
+                        p = rng.choice(pins)
+                        new = store.update(p, lambda o: {**o, "n": o["n"] + 1}, type_name="pin")
+                        with lock:
+                            acked[p] = new
+                    elif r < 0.9:
+                        b, p = rng.choice(boards), rng.choice(pins)
+                        if rng.random() < 0.7:
+                            store.link(BHP, b, p)
+                            links[(b, p)] = True
+                        else:
+                            store.unlink(BHP, b, p)
+                            links[(b, p)] = False
+                    elif len(pins) > 8:
+                        p = pins.pop(rng.randrange(len(pins)))
+                        store.delete(p, type_name="pin")
+                        with lock:
+                            acked[p] = None
+                            for b in boards:  # a deleted pin leaves its boards' lists
+                                links[(b, p)] = False
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        stale = subprocess.Popen(
+            [sys.executable, "-c", STALE, str(tmp_path / "stale.yaml"), str(stop_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert stale.stdout is not None
+        assert stale.stdout.readline().startswith("READY 1")
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        assert isinstance(mover, PgMover)
+        plan = mover.plan(moving.start, moving.stop - 1, "B")  # the --dry-run path accepts these shards
+        assert (plan.source, len(plan.databases())) == ("A", 32)
+        assert {t for _d, t, _r, _b in plan.tables} >= {"pins", "boards", "users", BHP}
+        ahead_ms = int(time.time() * 1000) + 60_000  # next_id()'s clock: ms since 1970
+        fence = mover._fence_and_switch
+        burst_ids: list[int] = []
+
+        def burst_then_fence(*args: Any) -> None:
+            # Right before the lock: a burst of creates, and the source's clock a minute ahead
+            # for some of them, so its counters run far beyond the target's clock.
+            burst = [store.create("pin", {"burst": i}, shard=moving[i % 32]) for i in range(96)]
+            with psycopg.connect(host="127.0.0.1", port=SOURCE_PORT, user="postgres", dbname="store",
+                                 sslmode="require", autocommit=True) as conn:  # fmt: skip
+                conn.execute(f"SET store.clock_ms = '{ahead_ms}'")
+                for s in moving:
+                    found = conn.execute(
+                        f"INSERT INTO shard{s:04d}.pins (data) SELECT '{{}}' FROM generate_series(1, 100) "
+                        "RETURNING id"
+                    ).fetchall()
+                    burst += [int(r[0]) for r in found]
+            burst_ids.extend(burst)
+            with lock:
+                made.extend(burst)
+                acked.update({p: {"burst": i} for i, p in enumerate(burst[:96])})
+                acked.update({p: {} for p in burst[96:]})
+            fence(*args)
+
+        mover._fence_and_switch = burst_then_fence  # type: ignore[method-assign]
+        try:
+            journal = mover.start(plan)
+            assert journal.phase == "done"
+            after = [store.create("pin", {"after": s}, shard=s) for s in moving for _ in range(3)]
+            made.extend(after)
+            acked.update({p: {"after": shard_of(p)} for p in after})
+            time.sleep(0.5)  # writers keep going on the new map
+        finally:
+            done.set()
+            stop_file.touch()
+        assert len(burst_ids) == 96 + 32 * 100
+        before_switch = {s: max(p for p in burst_ids if shard_of(p) == s) for s in moving}
+        for t in threads:
+            t.join()
+        out, err = stale.communicate(timeout=30)
+        assert stale.returncode == 0, err
+        assert errors == [], errors
+        acks = [line.split() for line in out.splitlines() if line.startswith("ACK")]
+        assert acks, "the old-map process acknowledged nothing"
+        assert acks[0][2:] == ["1", "A"]
+        assert acks[-1][2:] == ["2", "B"], "the old-map process never moved to the target"
+        for _ack, pin, _v, _host in acks:
+            made.append(int(pin))
+            acked[int(pin)] = {"stale": True}
+
+    firsts = [line.split(":")[0] for line in said if line.split(":")[0] in
+              ("copy", "catch up", "fence", "verify", "switch", "done")]  # fmt: skip
+    assert list(dict.fromkeys(firsts)) == ["copy", "catch up", "fence", "verify", "switch", "done"]
+    assert journal.timings["fenced_s"] < 30
+    assert len(made) == len(set(made)), "an ID was handed out twice"
+    for p in after:  # the target's counter carried on from the source's, a minute ahead
+        assert p > before_switch[shard_of(p)]
+        assert decode_instagram(p).ms >= ahead_ms - INSTAGRAM_EPOCH_MS
+    with Store(config) as fresh:
+        assert fresh.shard_map.version == 2
+        assert [(r.start, r.end, r.master) for r in fresh.shard_map] == [(0, 31, "A"), (32, 63, "B")]
+        got = fresh.get_many(list(acked), type_name="pin")
+        lost = [p for p, want in acked.items() if got.get(p) != want]
+        assert lost == [], f"acknowledged writes differ: {[(p, got.get(p), acked[p]) for p in lost[:5]]}"
+        for (b, p), linked in links.items():
+            assert (p in fresh.links(BHP, b, limit=1000)) == linked
+        report = check_store(fresh)
+        assert report.ok, [f.line() for f in report.problems]
+    leftovers("B", moving)
+    for query in ("SELECT data FROM shard0040.pins WHERE id = 1",
+                  "INSERT INTO shard0040.pins (data) VALUES ('{}')",
+                  "SELECT shard0040.next_id()", "UPDATE shard0040.boards SET data = '{}'"):  # fmt: skip
+        with pytest.raises(
+            psycopg.Error, match="store-tombstone shard=40 moved_to=B map_version=2"
+        ) as refused:
+            sql(SOURCE_PORT, query)
+        assert refused.value.sqlstate == "ST001"
+    assert sql(SOURCE_PORT, "SELECT shard, moved_to, map_version FROM shard0040.store_tombstone") == [
+        (40, "B", 2)
+    ]
+    assert sql(SOURCE_PORT, "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'moved_shard%%'") == [(32,)]
+    static = StoreConfig.from_dict({k: v for k, v in raw.items() if k != "map_source"})  # all on A
+    with pytest.raises(ShardMovedError, match="tombstone"):  # an init by an old config creates nothing
+        init_shards(static, shards=[40])
+    with Store(config) as fresh:
+        assert Mover(fresh, tmp_path / "move.json", say=lambda _m: None).cleanup()[0] == "moved_shard0032"
+    assert sql(SOURCE_PORT, "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'moved%%'") == [(0,)]
+
+
+def test_plan_refuses_what_the_move_cannot_finish(tmp_path: Path) -> None:
+    with clusters(target_wal_level="replica"):  # B cannot publish: moves from B are refused
+        raw = base_config(
+            ids="instagram",
+            shards=8,
+            hosts={"A": url(SOURCE_PORT), "B": url(TARGET_PORT), "A2": url(SOURCE_PORT, "127.0.0.2")},
+            map=[{"range": [0, 3], "master": "A"}, {"range": [4, 7], "master": "B"}],
+            map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 1},
+        )
+        config_file = tmp_path / "store.yaml"
+        config_file.write_text(yaml.safe_dump(raw))
+        config = StoreConfig.from_dict(raw)
+        init_shards(config)
+        with Store(config) as store:
+            mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+            assert isinstance(mover, PgMover)
+            with pytest.raises(MoveError, match="wal_level = replica"):
+                mover.plan(4, 7, "A")
+            with pytest.raises(MoveError, match="are the same server"):
+                mover.plan(0, 3, "A2")
+            refusals = [
+                ("CREATE VIEW shard0001.v AS SELECT 1 AS one", "DROP VIEW shard0001.v",
+                 "is a view, not a table"),
+                ("CREATE FUNCTION shard0002.f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+                 "DROP FUNCTION shard0002.f()", "has the function f"),
+                ("CREATE TABLE shard0003.nokey (x int)", "DROP TABLE shard0003.nokey", "has no primary key"),
+                ("CREATE SCHEMA moved_shard0002", "DROP SCHEMA moved_shard0002", "still holds the archive"),
+                ("CREATE PUBLICATION store_move_0_3 FOR TABLE shard0000.pins",
+                 "DROP PUBLICATION store_move_0_3", "holds the publication store_move_0_3"),
+                ("ALTER SCHEMA shard0001 RENAME TO gone", "ALTER SCHEMA gone RENAME TO shard0001",
+                 "has no schema shard0001"),
+            ]  # fmt: skip
+            for make, undo, message in refusals:
+                sql(SOURCE_PORT, make)
+                with pytest.raises(MoveError, match=message):
+                    mover.plan(0, 3, "B")
+                sql(SOURCE_PORT, undo)
+            sql(TARGET_PORT, "CREATE SCHEMA shard0002; CREATE TABLE shard0002.pins (id bigint PRIMARY KEY)")
+            with pytest.raises(MoveError, match="already holds tables of shard0002"):
+                mover.plan(0, 3, "B")
+            sql(TARGET_PORT, "DROP SCHEMA shard0002 CASCADE")
+            plan = mover.plan(0, 3, "B")
+            assert (plan.source, plan.databases()[0], len(plan.tables)) == ("A", "shard0000", 4 * 9)
+        runner = CliRunner()
+        ok = runner.invoke(main, ["move", "--config", str(config_file), "--shards", "0-3", "--to", "B",
+                                  "--dry-run", "--journal", str(tmp_path / "j.json")])  # fmt: skip
+        assert ok.exit_code == 0, ok.output
+        assert "plan: shards 0-3 from A to B: 4 databases, 36 tables" in ok.output
+        refused = runner.invoke(main, ["move", "--config", str(config_file), "--shards", "4-7", "--to", "A",
+                                       "--dry-run", "--journal", str(tmp_path / "j.json")])  # fmt: skip
+        assert refused.exit_code != 0
+        assert "wal_level = replica" in refused.output
+        assert sql(SOURCE_PORT, "SELECT count(*) FROM pg_replication_slots") == [(0,)]
+        assert not (tmp_path / "j.json").exists()
+
+
+@pytest.mark.parametrize(("phase", "then"), KILL_PHASES)
+def test_postgres_move_killed_in_each_phase_resumes_or_aborts_without_loss(
+    pair: None, tmp_path: Path, phase: str, then: str
+) -> None:
+    shards, moving = 8, range(4, 8)
+    raw = config_for(shards, tmp_path, poll_s=0.2)
+    config_file = tmp_path / "store.yaml"
+    config_file.write_text(yaml.safe_dump(raw))
+    config = StoreConfig.from_dict(raw)
+    init_shards(config)
+    with Store(config) as store:
+        made = [store.create("pin", {"n": i}, shard=s) for i, s in enumerate(list(range(shards)) * 3)]
+        acked = {p: {"n": i} for i, p in enumerate(made)}
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def writer(w: int) -> None:
+            rng = random.Random(w)
+            try:
+                while not done.is_set():
+                    pin = store.create("pin", {"w": w}, shard=rng.randrange(shards))
+                    made.append(pin)
+                    acked[pin] = {"w": w}
+                    if rng.random() < 0.3:
+                        p = rng.choice(made)
+                        acked[p] = store.update(p, lambda o: {**o, "u": o.get("u", 0) + 1}, type_name="pin")
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+        for t in threads:
+            t.start()
+        journal = tmp_path / "move.json"
+        try:
+            kill_move_in_phase(config_file, journal, phase, shards="4-7")
+            time.sleep(0.3)  # writers carry on against whatever state the crash left
+            expected = finish_killed_move(store, journal, then)
+            time.sleep(0.3)
+            before = {s: max(q for q in list(made) if shard_of(q) == s) for s in moving}
+            after = [store.create("pin", {"after": s}, shard=s) for s in moving]
+            assert all(p > before[shard_of(p)] for p in after)
+            made.extend(after)
+            acked.update({p: {"after": shard_of(p)} for p in after})
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+        assert errors == [], errors
+        assert Journal.load(journal).phase == ("aborted" if expected == "A" else "done")
+    assert len(made) == len(set(made)), "an ID was handed out twice"
+    leftovers(expected, moving)
+    with Store(config) as fresh:
+        assert {fresh.shard_map.master(s) for s in moving} == {expected}
+        got = fresh.get_many(list(acked), type_name="pin")
+        assert [p for p in acked if got.get(p) != acked[p]] == [], "acknowledged writes were lost"
+        report = check_store(fresh)
+        assert report.ok, [f.line() for f in report.problems]
+
+
+@pytest.mark.parametrize("then", ["abort", "resume"])
+def test_a_switch_that_died_before_the_map_was_written_is_undone_or_finished(
+    pair: None, tmp_path: Path, then: str
+) -> None:
+    """The source committed its tombstones, then the mover died before writing the map: the source
+    refuses (nothing can be written anywhere), an abort brings the tables and next_id() back under
+    their names, a resume writes the map."""
+    config = StoreConfig.from_dict(config_for(8, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        acked = {store.create("pin", {"n": s}, shard=s): {"n": s} for s in range(8) for _ in range(5)}
+        mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+
+        def die(_j: Journal) -> None:
+            raise KeyboardInterrupt  # the process went
+
+        mover._write_map = die  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            mover.start(mover.plan(4, 7, "B"))
+        assert store.shard_map.version == 1
+        with pytest.raises(psycopg.Error, match="store-tombstone shard=5 moved_to=B map_version=2"):
+            sql(SOURCE_PORT, "SELECT data FROM shard0005.pins")
+        fresh_mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+        if then == "abort":
+            fresh_mover.abort()
+        else:
+            fresh_mover.resume()
+        expected = "A" if then == "abort" else "B"
+        after = {store.create("pin", {"after": s}, shard=s): {"after": s} for s in range(8)}
+        assert all(p > max(q for q in acked if shard_of(q) == shard_of(p)) for p in after)
+        acked.update(after)
+    leftovers(expected, range(4, 8))
+    with Store(config) as fresh:
+        assert {fresh.shard_map.master(s) for s in range(4, 8)} == {expected}
+        assert fresh.get_many(list(acked), type_name="pin") == acked
+        report = check_store(fresh)
+        assert report.ok, [f.line() for f in report.problems]
+
+
+def test_a_verify_mismatch_releases_the_fence_and_keeps_the_journal(pair: None, tmp_path: Path) -> None:
+    """A row on the target that the source never had: verify refuses, the source keeps serving,
+    and the move can be aborted."""
+    config = StoreConfig.from_dict(config_for(8, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        acked = {store.create("pin", {"n": s}, shard=s): {"n": s} for s in range(8)}
+        mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
+        real = mover._fence_and_switch
+
+        def stray_then_fence(*args: Any) -> None:
+            sql(TARGET_PORT, "INSERT INTO shard0006.pins (id, data) VALUES (42, '{}')")
+            real(*args)
+
+        mover._fence_and_switch = stray_then_fence  # type: ignore[method-assign]
+        with pytest.raises(MoveError, match=r"verify: rows differ for shard0006\.pins"):
+            mover.start(mover.plan(4, 7, "B"))
+        assert Journal.load(tmp_path / "move.json").phase == "switch"
+        status = CliRunner().invoke(main, ["move", "--status", "--journal", str(tmp_path / "move.json")])
+        assert status.exit_code == 0, status.output
+        assert "move of shards 4-7 from A to B: phase switch" in status.output
+        assert "error: MoveError: verify: rows differ" in status.output
+        more = store.create("pin", {"more": 1}, shard=6)  # unfenced: the source serves on
+        acked[more] = {"more": 1}
+        assert store.shard_map.master(6) == "A"
+        Mover(store, tmp_path / "move.json", say=lambda _m: None).abort()
+    leftovers("A", range(4, 8))
+    with Store(config) as fresh:
+        assert fresh.get_many(list(acked), type_name="pin") == acked
