@@ -484,7 +484,8 @@ def move(
         from store.admin.pg_move import PgMover, is_postgres
 
         if not isinstance(mover, PgMover) and is_postgres(store, store.shard_map.master(wanted.start)):
-            mover = PgMover(store, journal, say=click.echo)  # PostgreSQL shards in a mixed config
+            mover = PgMover(store, journal, say=say)  # PostgreSQL shards in a mixed config
+            mover.watch = watch
         plan = mover.plan(wanted.start, wanted.stop - 1, to_host, slave_host)
         _admin_log("move").info(
             "move: planned",
