@@ -68,7 +68,8 @@ class Trips:
 
     A database request is one ``COM_QUERY`` of a PyMySQL connection, counted
     against the pool (host) that lent the connection; a Redis request is one
-    packed send (a pipeline is one); a memcached request is one pipelined batch.
+    packed send (a pipeline is one; a new connection's handshake, HELLO, CLIENT
+    SETINFO and SELECT, is not counted); a memcached request is one pipelined batch.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,6 +88,7 @@ class Trips:
         real_checkout = ConnectionPool.checkout
         real_query = pymysql.connections.Connection._execute_command
         real_redis = redis.connection.Connection.send_packed_command
+        real_handshake = redis.connection.Connection.on_connect_check_health
         real_mc = MemcachedServer.pipeline
 
         def checkout(pool: ConnectionPool) -> tuple[object, float]:
@@ -101,9 +103,17 @@ class Trips:
             return real_query(conn, command, sql)
 
         def redis_send(conn: object, command: object, check_health: bool = True) -> None:
-            with lock:
-                self.redis += 1
+            if not getattr(conn, "_trips_handshake", False):
+                with lock:
+                    self.redis += 1
             real_redis(conn, command, check_health)  # type: ignore[arg-type]
+
+        def handshake(conn: redis.connection.Connection, check_health: bool = True) -> None:
+            conn._trips_handshake = True  # type: ignore[attr-defined]
+            try:
+                real_handshake(conn, check_health)
+            finally:
+                conn._trips_handshake = False  # type: ignore[attr-defined]
 
         def mc_send(server: MemcachedServer, commands: object, parse: object) -> object:
             with lock:
@@ -113,6 +123,7 @@ class Trips:
         monkeypatch.setattr(ConnectionPool, "checkout", checkout)
         monkeypatch.setattr(pymysql.connections.Connection, "_execute_command", query)
         monkeypatch.setattr(redis.connection.Connection, "send_packed_command", redis_send)
+        monkeypatch.setattr(redis.connection.Connection, "on_connect_check_health", handshake)
         monkeypatch.setattr(MemcachedServer, "pipeline", mc_send)
 
     def reset(self) -> None:

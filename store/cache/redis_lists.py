@@ -20,6 +20,7 @@ dropped (SCAN + UNLINK, so a shared database is safe).
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,6 +139,9 @@ class RedisListBackend:
         self._fill = self.client.register_script(_FILL)
         self._read = self.client.register_script(_READ)
         self._invalidate = self.client.register_script(_INVALIDATE)
+        #: Idle connections of the script calls (`_script`): taking and returning one is
+        #: one atomic deque operation, no lock.
+        self._idle: deque[Any] = deque()
         self._clean_lock = threading.Lock()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
@@ -164,6 +168,37 @@ class RedisListBackend:
             self.breaker.failure()
         self.stats.error("redis", exc)
 
+    def _script(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """``EVALSHA`` of ``script`` on a connection of this backend's own, its raw reply.
+
+        The request path's calls (a list read, a fill, an invalidation) skip
+        redis-py's client layer (pool checkout with a socket poll, retry
+        wrapper, per-command instrumentation): a third of a warm list read's
+        client CPU. The script is loaded when the server says it does not
+        know it (after a restart), then sent again. A connection that fails
+        is closed, not reused.
+        """
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self.client.connection_pool.make_connection()
+        try:
+            for attempt in (1, 2):
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                try:
+                    reply = conn.read_response()
+                except redis.exceptions.NoScriptError:
+                    if attempt == 2:
+                        raise
+                    self.client.script_load(script.script)
+                    continue
+                break
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._idle.append(conn)
+        return reply
+
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """Meta, version and selected members in one Lua call; None on failure."""
         if op[0] == "all":
@@ -171,7 +206,7 @@ class RedisListBackend:
         if not self._guard():
             return None
         try:
-            reply = self._read(keys=self._keys(key), args=_read_args(op))
+            reply = self._script(self._read, self._keys(key), _read_args(op))
         except redis.RedisError as exc:
             self._failed(exc)
             return None
@@ -286,7 +321,7 @@ class RedisListBackend:
             return False
         try:
             args: list[bytes | int] = [version or b"", n, ttl_s, read_ms, members]
-            done = self._fill(keys=list(self._keys(key)), args=args)
+            done = self._script(self._fill, self._keys(key), args)
         except redis.RedisError as exc:
             self._failed(exc)
             return False
@@ -300,7 +335,7 @@ class RedisListBackend:
             self.breaker.dirty = True
             return
         try:
-            self._invalidate(keys=[k for key in keys for k in self._keys(key)], args=[VERSION_TTL_S])
+            self._script(self._invalidate, [k for key in keys for k in self._keys(key)], [VERSION_TTL_S])
         except redis.RedisError as exc:
             self._failed(exc)
             self.breaker.dirty = True
@@ -329,7 +364,9 @@ class RedisListBackend:
             return True
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool and this backend's own connections."""
+        while self._idle:
+            self._idle.pop().disconnect()
         self.client.close()
 
 
