@@ -423,6 +423,16 @@ class Store:
             rows, more = self._relations.rows_after(relation, board_id, after, want)
             # The service, not the public get_many: this call already runs through the live map.
             found = self._objects.get_many([t for _s, t in rows], type_name=pin_type, bounded=False)
+            if len(found) == len(rows) and len(rows) <= limit - len(ids):
+                # Every pin there and all of them wanted (the usual page): no walk entry by entry.
+                ids += [t for _s, t in rows]
+                objects += [found[t] for _s, t in rows]
+                if rows:
+                    after = rows[-1]
+                if len(ids) == limit or not more:
+                    break
+                want = min(self.config.max_page, 2 * want)
+                continue
             for i, (seq, to_id) in enumerate(rows):
                 after = (seq, to_id)
                 if to_id in found:
