@@ -1161,6 +1161,13 @@ def _thread_counts(text: str) -> list[int]:
     "on 2 host names on 127.0.0.1:3306; STORE_MIX_URL, STORE_MIX_URL_A/B override).",
 )
 @click.option("--threads", "threads_text", default="1,4,16", show_default=True, help="Thread counts to run.")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Worker processes per phase, each with the phase's threads, on the same data (P x T callers).",
+)
 @click.option("--seconds", default=10.0, show_default=True, help="Length of each phase.")
 @click.option("--requests", type=int, default=None, help="Calls per thread per phase instead of --seconds.")
 @click.option(
@@ -1196,6 +1203,7 @@ def _thread_counts(text: str) -> list[int]:
 def bench_mix(
     config_path: Path | None,
     threads_text: str,
+    processes: int,
     seconds: float,
     requests: int | None,
     rounds: int,
@@ -1213,6 +1221,9 @@ def bench_mix(
     Each system loads its own copy of the same data set and replays the
     same request streams, cold and warm, at each thread count; afterwards its
     answers are checked against the databases and its round trips counted.
+    With --processes P each phase runs in P worker processes (spawned, each
+    building its own system) of T threads each, on the same loaded data;
+    ops/s is all their calls over the wall time of the whole phase.
     """
     from store_tools.mix.bench import QUICK_SHAPE, MixOptions, data_set_summary, run_mix
     from store_tools.mix.workload import Shape, make_data_set
@@ -1231,6 +1242,7 @@ def bench_mix(
         trips=100 if quick else 400,
         out=out,
         keep=keep,
+        processes=processes,
     )
     click.echo(f"data set: {data_set_summary(make_data_set(shape))}", err=True)
     doc = run_mix(options, say=lambda msg: click.echo(msg, err=True))

@@ -11,6 +11,7 @@ import itertools
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from store.exceptions import ConfigError, RoutingError
 
@@ -90,6 +91,10 @@ class ShardMap:
     version: int
     _starts: tuple[int, ...]
     _ends: tuple[int, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its ranges, shard count and version (built again, checked, on load)."""
+        return _rebuild, (self.ranges, self.shards, self.version)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"ShardMap is immutable; build a new one (tried to set {name})")
@@ -210,3 +215,8 @@ def _merge(ranges: list[ShardRange]) -> list[ShardRange]:
         else:
             out.append(r)
     return out
+
+
+def _rebuild(ranges: Iterable[ShardRange], shards: int, version: int) -> ShardMap:
+    """A pickled `ShardMap` again (`ShardMap.__reduce__`)."""
+    return ShardMap(ranges, shards=shards, version=version)

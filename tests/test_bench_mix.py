@@ -90,3 +90,91 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     assert (out / "mix-latency.png").stat().st_size > 1000
     assert "vs floor" in doc["report"]
     assert "| 2 | warm | store |" in (out / "mix.md").read_text()
+
+
+@pytest.mark.mariadb
+def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
+        require_port(name, port)
+    from store_tools.mix import bench
+    from store_tools.mix.dataset_db import Copy, raw_connection, remove_copy
+    from store_tools.mix.system import MixSchema
+
+    removed: list[tuple[MixSchema, Copy]] = []
+
+    def remove_and_remember(schema: MixSchema, copy: Copy) -> None:
+        remove_copy(schema, copy)
+        removed.append((schema, copy))
+
+    monkeypatch.setattr(bench, "remove_copy", remove_and_remember)
+    out = tmp_path / "mix"
+    options = bench.MixOptions(
+        shape=bench.QUICK_SHAPE,
+        threads=[1],
+        seconds=2.0,
+        systems=("floor", "store"),
+        trips=50,
+        out=out,
+        processes=2,
+    )
+    doc = bench.run_mix(options, say=lambda _msg: None)
+    assert doc["processes"] == 2
+    assert {(p["system"], p["temperature"]) for p in doc["phases"]} == {
+        ("floor", "cold"),
+        ("floor", "warm"),
+        ("store", "cold"),
+        ("store", "warm"),
+    }
+    for p in doc["phases"]:
+        assert (p["threads"], p["processes"]) == (1, 2)
+        assert len(p["process_calls"]) == 2
+        assert all(n > 0 for n in p["process_calls"]), p["process_calls"]  # both processes made calls
+        assert sum(p["process_calls"]) == p["calls"]
+        assert p["errors"] == 0, (p["system"], {k: v["first_error"] for k, v in p["operations"].items()})
+        # ops/s is every process's calls over the phase's wall time (not one process's)
+        assert p["ops_per_s"] == pytest.approx(p["calls"] / p["seconds"], rel=0.01)
+    for check in doc["checks"]:
+        assert check["checked"] > 100
+        assert check["mismatches"] == [], check
+    assert "1 thread(s) x 2 process(es), cold" in doc["report"]
+    assert "| 1 x 2 | warm | store |" in (out / "mix.md").read_text()
+    saved = json.loads((out / "mix.json").read_text())
+    assert saved["phases"][0]["process_calls"] == doc["phases"][0]["process_calls"]
+
+    # The objects the workers created came back to the parent and were removed with the copies.
+    assert len(removed) == 2
+    for schema, copy in removed:
+        assert copy.created, "the workers' add_node IDs did not reach the parent"
+        tables = {t: table for _name, (t, table) in schema.types.items()}
+        ids = copy.created + copy.users[:5] + copy.boards[:5] + copy.pins[:20]
+        conn = raw_connection(next(iter(schema.hosts.values())))
+        try:
+            cur = conn.cursor()
+            for id_ in ids:
+                shard, type_id, local = id_ >> 46, (id_ >> 36) & 0x3FF, id_ & ((1 << 36) - 1)
+                cur.execute(
+                    f"SELECT COUNT(*) FROM `{MixSchema.database(shard)}`.`{tables[type_id]}` "
+                    "WHERE local_id = %s",
+                    (local,),
+                )
+                assert cur.fetchone()[0] == 0, f"object {id_} is still there after the run"
+        finally:
+            conn.close()
+
+
+def test_a_worker_that_fails_says_why_in_the_parent() -> None:
+    from store_tools.mix.bench import MixOptions, _config
+    from store_tools.mix.dataset_db import Copy, mix_schema
+    from store_tools.mix.procs import WorkerError, Workers
+
+    options = MixOptions(shape=Shape(users=10, pins=50), threads=[1])
+    config = _config(options)
+    schema = mix_schema(config, [2048])
+    workers = Workers("no-such-system", config, schema, options, Copy([], [], []), 2)
+    try:
+        with pytest.raises(WorkerError, match="unknown system 'no-such-system'"):
+            workers.wait_up(timeout=60)
+    finally:
+        workers.close()

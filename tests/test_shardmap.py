@@ -73,3 +73,19 @@ def test_map_is_immutable_and_comparable() -> None:
         a.version = 2  # type: ignore[misc]
     with pytest.raises(AttributeError):
         a.ranges[0].master = "x"  # type: ignore[misc]
+
+
+def test_a_map_and_a_config_pickle_and_come_back_equal() -> None:
+    """A config crosses to another process (spawn pickles it): the map comes back the same."""
+    import pickle
+
+    from store import StoreConfig
+    from tests.conftest import mariadb_config
+
+    config = StoreConfig.from_dict(mariadb_config())
+    again = pickle.loads(pickle.dumps(config))
+    assert again == config
+    assert again.shard_map == config.shard_map
+    assert again.shard_map.version == config.shard_map.version
+    with pytest.raises(AttributeError):
+        again.shard_map.version = 9  # type: ignore[misc]

@@ -25,6 +25,7 @@ from store_tools.mix.dataset_db import (
     remove_copy,
     truth,
 )
+from store_tools.mix.procs import Workers
 from store_tools.mix.report import as_json, charts, machine, markdown, tables
 from store_tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
 from store_tools.mix.store_system import StoreSystem
@@ -58,6 +59,8 @@ class MixOptions:
     trips: int = 400
     out: Path = Path("mix-results")
     keep: bool = False
+    #: Worker processes each phase runs in (each with the phase's threads); 1: in this process.
+    processes: int = 1
 
 
 def _config(options: MixOptions) -> StoreConfig:
@@ -124,11 +127,12 @@ _CACHE_KNOBS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def _check_connections(schema: MixSchema, names: list[str], threads: int) -> None:
+def _check_connections(schema: MixSchema, names: list[str], threads: int, processes: int = 1) -> None:
     """Refuse to start when the server would run out of connections half way (error 1040)."""
     # Per host name: the floor one per thread, the store's and the peer's pools up to two.
     per_host = {"floor": 1, "horizontal_shard": 2, "store": 2, "store-mysqldb": 2}
-    need = len(set(schema.masters.values())) * threads * sum(per_host.get(n, 2) for n in names) + 10
+    callers = threads * processes
+    need = len(set(schema.masters.values())) * callers * sum(per_host.get(n, 2) for n in names) + 10
     conn = raw_connection(next(iter(schema.hosts.values())))
     try:
         cur = conn.cursor()
@@ -140,7 +144,7 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int) -> Non
         conn.close()
     if allowed - used < need:
         raise ConfigError(
-            f"the mix at {threads} threads may open about {need} connections, and the server allows "
+            f"the mix at {callers} threads may open about {need} connections, and the server allows "
             f"{allowed} with {used} in use: raise it (SET GLOBAL max_connections = {need + used + 50}) "
             "or run fewer threads or systems"
         )
@@ -191,9 +195,15 @@ def _timed(
     temperature: str,
     seconds: float,
     part: int,
+    workers: Workers | None = None,
 ) -> Phase:
-    """One slice of a phase, with a progress bar; every system replays the same streams for it."""
-    label = f"{system.name}: {threads} thread(s), {temperature}"
+    """One slice of a phase, with a progress bar; every system replays the same streams for it.
+
+    With ``workers`` the slice runs in their processes (and they replay the
+    streams of their own seeds), else in this one.
+    """
+    procs = "" if workers is None else f" x {workers.processes} process(es)"
+    label = f"{system.name}: {threads} thread(s){procs}, {temperature}"
     with click.progressbar(length=1000, label=label, file=sys.stderr) as bar:
         done = [0]
 
@@ -203,6 +213,17 @@ def _timed(
                 bar.update(step)
                 done[0] += step
 
+        seed = options.seed * 100_000 + threads * 100 + part
+        if workers is not None:
+            return workers.run_phase(
+                copy,
+                threads=threads,
+                temperature=temperature,
+                seconds=seconds,
+                requests_per_thread=options.requests,
+                seed=seed,
+                tick=tick,
+            )
         return run_phase(
             system,
             data,
@@ -211,7 +232,7 @@ def _timed(
             temperature=temperature,
             seconds=seconds,
             requests_per_thread=options.requests,
-            seed=options.seed * 100_000 + threads * 100 + part,
+            seed=seed,
             tick=tick,
         )
 
@@ -234,9 +255,10 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     names = list(options.systems)
     if options.mysqldb_url and "store-mysqldb" not in names:
         names.append("store-mysqldb")
-    _check_connections(schema, names, max(options.threads))
+    _check_connections(schema, names, max(options.threads), max(1, options.processes))
     systems = {n: _system(n, config, schema, options) for n in names}
     copies: dict[str, Copy] = {}
+    pools: dict[str, Workers] = {}
     rows = (
         data.shape.users
         + data.shape.boards
@@ -250,6 +272,12 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         for n in names:
             with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
                 copies[n] = load_copy(schema, data, shards, progress=bar.update)
+        if options.processes > 1:
+            say(f"workers: {options.processes} processes per system, each builds its own")
+            for n in names:
+                pools[n] = Workers(n, config, schema, options, copies[n], options.processes)
+            for n in names:
+                pools[n].wait_up()
         rounds = max(1, options.rounds)
         for threads in options.threads:
             # Cold: each system from empty caches, one after the other.
@@ -257,17 +285,37 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                 systems[n].flush()
                 _flush_memcached(config.cache.memcached)
                 phases.append(
-                    _timed(systems[n], data, copies[n], options, threads, "cold", options.seconds, 0)
+                    _timed(
+                        systems[n],
+                        data,
+                        copies[n],
+                        options,
+                        threads,
+                        "cold",
+                        options.seconds,
+                        0,
+                        pools.get(n),
+                    )
                 )
             # Warm: in slices, the systems taking turns (each starts the round in turn).
             slices: dict[str, list[Phase]] = {n: [] for n in names}
             for r in range(rounds):
                 for n in names[r % len(names) :] + names[: r % len(names)]:
                     part = _timed(
-                        systems[n], data, copies[n], options, threads, "warm", options.seconds / rounds, r + 1
+                        systems[n],
+                        data,
+                        copies[n],
+                        options,
+                        threads,
+                        "warm",
+                        options.seconds / rounds,
+                        r + 1,
+                        pools.get(n),
                     )
                     slices[n].append(part)
             phases += [merge(slices[n]) for n in names]
+        for pool in pools.values():
+            pool.close()
         t = truth(schema)
         try:
             for n in names:
@@ -279,6 +327,8 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             say(f"round trips: {n}, {options.trips} calls on one thread")
             trips[n] = count_round_trips(systems[n], data, copies[n], n=options.trips, seed=options.seed + 1)
     finally:
+        for pool in pools.values():
+            pool.close()
         for n, system in systems.items():
             system.close()
             if n in copies and not options.keep:
@@ -289,6 +339,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         "shards": len(shards),
         "hosts": sorted(set(schema.masters.values())),
         "threads": options.threads,
+        "processes": max(1, options.processes),
         "seconds": options.seconds,
         "requests_per_thread": options.requests,
     }

@@ -21,6 +21,11 @@ def _pct(values: Sequence[int], q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
+def _procs(processes: int) -> str:
+    """`` x P process(es)`` after a thread count, or nothing for one process."""
+    return f" x {processes} process(es)" if processes > 1 else ""
+
+
 def _all(phase: Phase) -> list[int]:
     out: list[int] = []
     for s in phase.ops.values():
@@ -29,12 +34,18 @@ def _all(phase: Phase) -> list[int]:
 
 
 def summary(phase: Phase) -> dict[str, Any]:
-    """ops/s, overall percentiles (ms) and CPU per call (us) of a phase."""
+    """ops/s, overall percentiles (ms) and CPU per call (us) of a phase.
+
+    With several processes, ``process_calls`` holds each one's calls.
+    """
     walls = _all(phase)
     calls = max(1, phase.calls)
+    per_process = {"process_calls": phase.process_calls} if phase.processes > 1 else {}
     return {
         "system": phase.system,
         "threads": phase.threads,
+        "processes": phase.processes,
+        **per_process,
         "temperature": phase.temperature,
         "seconds": round(phase.seconds, 3),
         "calls": phase.calls,
@@ -96,11 +107,12 @@ def tables(
     by = {(p.system, p.threads, p.temperature): p for p in phases}
     systems = list(dict.fromkeys(p.system for p in phases))
     keys = list(dict.fromkeys((p.threads, p.temperature) for p in phases))
+    procs = _procs(max((p.processes for p in phases), default=1))
     head = (
         f"{'':<22}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'cpu us':>9}{'errors':>8}  vs floor"
     )
     for threads, temp in keys:
-        lines.append(f"\n{threads} thread(s), {temp}")
+        lines.append(f"\n{threads} thread(s){procs}, {temp}")
         lines.append(head)
         base = by.get((floor, threads, temp))
         for name in systems:
@@ -119,7 +131,9 @@ def tables(
             )
     if keys:
         threads, temp = max(k[0] for k in keys), "warm"
-        lines.append(f"\nper operation, {threads} thread(s), {temp}: p50 / p99 ms, CPU us (p50), round trips")
+        lines.append(
+            f"\nper operation, {threads} thread(s){procs}, {temp}: p50 / p99 ms, CPU us (p50), round trips"
+        )
         lines.append(f"{'':<14}" + "".join(f"{n:>34}" for n in systems))
         for op in MIX:
             cells = []
@@ -171,6 +185,7 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
     made: list[Path] = []
     systems = list(dict.fromkeys(p.system for p in phases))
     threads = sorted({p.threads for p in phases})
+    processes = max((p.processes for p in phases), default=1)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in systems:
         for temp, style in (("cold", "--"), ("warm", "-")):
@@ -189,7 +204,7 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
             ]
             if xs:
                 ax.plot(xs, ys, style, marker="o", label=f"{name} ({temp})")
-    ax.set_xlabel("threads")
+    ax.set_xlabel("threads" if processes == 1 else f"threads per process ({processes} processes)")
     ax.set_ylabel("operations per second")
     ax.set_xscale("log", base=2)
     ax.set_xticks(threads, [str(t) for t in threads])
@@ -220,7 +235,7 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(ops))], ops, rotation=30, ha="right")
     ax.set_ylabel("ms")
     ax.set_yscale("log")
-    ax.set_title(f"Latency per operation, {top} threads, warm")
+    ax.set_title(f"Latency per operation, {top} threads{_procs(processes)}, warm")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path = out / "mix-latency.png"
@@ -236,8 +251,10 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
     systems = list(dict.fromkeys(p["system"] for p in phases))
     keys = list(dict.fromkeys((p["threads"], p["temperature"]) for p in phases))
     by = {(p["system"], p["threads"], p["temperature"]): p for p in phases}
+    processes = max((p.get("processes", 1) for p in phases), default=1)
+    column = "threads" if processes == 1 else "threads x processes"
     out = [
-        "| threads | caches | system | ops/s | p50 ms | p99 ms | p99.9 ms | CPU us/call "
+        f"| {column} | caches | system | ops/s | p50 ms | p99 ms | p99.9 ms | CPU us/call "
         "| ops/s vs floor | p99 vs floor |"
     ]
     out.append("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -253,12 +270,18 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
                 p99 = f"{p['p99_ms'] / max(base['p99_ms'], 1e-9):.2f}x"
             times = f"{p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['p999_ms']:.2f}"
             cpu = f"{p['process_cpu_us_per_call']:.0f}"
+            who = f"{threads}" if processes == 1 else f"{threads} x {processes}"
             out.append(
-                f"| {threads} | {temp} | {name} | {p['ops_per_s']:,.0f} | {times} | {cpu} | {ratio} | {p99} |"
+                f"| {who} | {temp} | {name} | {p['ops_per_s']:,.0f} | {times} | {cpu} | {ratio} | {p99} |"
             )
     if keys:
         top = max(k[0] for k in keys)
-        out += ["", f"Per operation, {top} threads, warm: p50 ms / p99 ms / CPU us (p50) / round trips", ""]
+        out += [
+            "",
+            f"Per operation, {top} threads{_procs(processes)}, warm: "
+            "p50 ms / p99 ms / CPU us (p50) / round trips",
+            "",
+        ]
         out.append("| operation | " + " | ".join(systems) + " |")
         out.append("|---|" + "---:|" * len(systems))
         for op in MIX:

@@ -30,6 +30,7 @@ __all__ = [
     "count_round_trips",
     "counting_sends",
     "merge",
+    "merge_processes",
     "run_phase",
     "sends",
 ]
@@ -55,6 +56,10 @@ class Phase:
     seconds: float
     cpu_s: float
     ops: dict[str, OpSamples]
+    #: Worker processes the phase ran in (each with ``threads`` threads); 1: in this process.
+    processes: int = 1
+    #: Calls made by each worker process (empty when the phase ran in this process).
+    process_calls: list[int] = field(default_factory=list)
 
     @property
     def calls(self) -> int:
@@ -90,8 +95,31 @@ def merge(parts: list[Phase]) -> Phase:
     first = parts[0]
     seconds = sum(p.seconds for p in parts)
     cpu_s = sum(p.cpu_s for p in parts)
-    return Phase(
+    merged = Phase(
         first.system, first.threads, first.temperature, seconds, cpu_s, _combined(p.ops for p in parts)
+    )
+    if first.processes > 1:
+        merged.processes = first.processes
+        merged.process_calls = [sum(c) for c in zip(*(p.process_calls for p in parts), strict=True)]
+    return merged
+
+
+def merge_processes(parts: list[Phase], seconds: float) -> Phase:
+    """One phase run at once in several processes, as one: ``seconds`` is the wall time of the whole.
+
+    Samples are pooled, CPU time is the sum of the processes' CPU time, and
+    each process's call count is kept in ``process_calls``.
+    """
+    first = parts[0]
+    return Phase(
+        first.system,
+        first.threads,
+        first.temperature,
+        seconds,
+        sum(p.cpu_s for p in parts),
+        _combined(p.ops for p in parts),
+        processes=len(parts),
+        process_calls=[p.calls for p in parts],
     )
 
 
@@ -138,8 +166,14 @@ def run_phase(
     requests_per_thread: int | None,
     seed: int,
     tick: Callable[[float], None] | None = None,
+    gate: Callable[[], None] | None = None,
 ) -> Phase:
-    """Run one phase; ``tick`` is told the elapsed fraction now and then (for a progress bar)."""
+    """Run one phase; ``tick`` is told the elapsed fraction now and then (for a progress bar).
+
+    ``gate``, when given, is called once every thread is ready and before the
+    clock starts (a worker process waits there for the others); if it raises,
+    the threads are let go without a call and the error propagates.
+    """
     stop = threading.Event()
     ready = threading.Barrier(threads + 1)
     results: list[dict[str, OpSamples]] = [{} for _ in range(threads)]
@@ -148,7 +182,10 @@ def run_phase(
     def worker(t: int) -> None:
         stream = requests(data, seed, t)
         mine = results[t] = {op: OpSamples() for op in MIX}
-        ready.wait()
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:
+            return
         n = 0
         clock, cpu = time.perf_counter_ns, time.thread_time_ns
         while n < limit and not stop.is_set():
@@ -171,6 +208,14 @@ def run_phase(
     pool = [threading.Thread(target=worker, args=(t,), daemon=True) for t in range(threads)]
     for th in pool:
         th.start()
+    if gate is not None:
+        try:
+            gate()
+        except BaseException:
+            ready.abort()
+            for th in pool:
+                th.join()
+            raise
     ready.wait()
     started, cpu0 = time.perf_counter(), time.process_time()
     if requests_per_thread is None:
