@@ -102,6 +102,29 @@ def shard_of(i: int) -> int:
     return decode_instagram(i).shard_id
 
 
+def pair_rows(b: int, p: int) -> list[str]:
+    """Where the pair (b, p) and the pin's row are on both clusters, as raw SQL sees them (for a failure)."""
+    sb, sp = shard_of(b), shard_of(p)
+    found = []
+    for port, host in ((SOURCE_PORT, "A"), (TARGET_PORT, "B")):
+        for prefix in ("shard", "moved_shard"):
+            for shard, table, a, z in ((sb, BHP, b, p), (sp, "pin_owned_by_board", p, b)):
+                where = f"{host}:{prefix}{shard:04d}.{table}"
+                try:
+                    rows = sql(port, f"SELECT sequence FROM {prefix}{shard:04d}.{table} "
+                               "WHERE from_id = %s AND to_id = %s", (a, z))  # fmt: skip
+                    found.append(f"{where}={[r[0] for r in rows]}")
+                except psycopg.Error as exc:
+                    found.append(f"{where}:{type(exc).__name__}")
+            where = f"{host}:{prefix}{sp:04d}.pins"
+            try:
+                rows = sql(port, f"SELECT active FROM {prefix}{sp:04d}.pins WHERE id = %s", (p,))
+                found.append(f"{where}.active={[r[0] for r in rows]}")
+            except psycopg.Error as exc:
+                found.append(f"{where}:{type(exc).__name__}")
+    return found
+
+
 def leftovers(expected: str, moving: range) -> None:
     """No replication object of the move is left; the shards' tables are where ``expected`` says."""
     assert sql(SOURCE_PORT, "SELECT slot_name FROM pg_replication_slots") == []
@@ -150,12 +173,26 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
     made: list[int] = []  # every ID any create returned, here or by SQL
     acked: dict[int, dict[str, Any] | None] = {}  # None: deleted
     links: dict[tuple[int, int], bool] = {}
+    # Every op on a pair, for a failure to tell: op, start-end (s since t0), map versions, result.
+    history: dict[tuple[int, int], list[str]] = {}
+    t0 = time.monotonic()
+    marks: list[str] = []  # the move's phases, timed alike
     lock = threading.Lock()
     errors: list[BaseException] = []
     done = threading.Event()
     said: list[str] = []
 
     with Store(config) as store:
+
+        def where(i: int) -> str:
+            return store.shard_map.master(shard_of(i))
+
+        def noted(key: tuple[int, int], op: str, started: float, v0: int, hosts: str, result: object) -> None:
+            end = time.monotonic() - t0
+            history.setdefault(key, []).append(
+                f"{op}@{started:.3f}-{end:.3f} v{v0}->v{store.shard_map.version} {hosts} -> {result}"
+            )
+
         owned = {
             w: {
                 "pins": [store.create("pin", {"n": 0}, shard=(w * 16 + k * 3) % shards) for k in range(16)],
@@ -188,19 +225,28 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
                             acked[p] = new
                     elif r < 0.9:
                         b, p = rng.choice(boards), rng.choice(pins)
+                        started, v0, hosts = (
+                            time.monotonic() - t0,
+                            store.shard_map.version,
+                            f"b@{where(b)} p@{where(p)}",
+                        )
                         if rng.random() < 0.7:
-                            store.link(BHP, b, p)
+                            got = store.link(BHP, b, p)
                             links[(b, p)] = True
+                            noted((b, p), "link", started, v0, hosts, got)
                         else:
-                            store.unlink(BHP, b, p)
+                            got = store.unlink(BHP, b, p)
                             links[(b, p)] = False
+                            noted((b, p), "unlink", started, v0, hosts, got)
                     elif len(pins) > 8:
                         p = pins.pop(rng.randrange(len(pins)))
-                        store.delete(p, type_name="pin")
+                        started, v0, at = time.monotonic() - t0, store.shard_map.version, where(p)
+                        got = store.delete(p, type_name="pin")
                         with lock:
                             acked[p] = None
                             for b in boards:  # a deleted pin leaves its boards' lists
                                 links[(b, p)] = False
+                                noted((b, p), "delete", started, v0, f"b@{where(b)} p@{at}", got)
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
 
@@ -217,7 +263,11 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
             t.start()
         time.sleep(0.5)
 
-        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        def say(message: str) -> None:
+            said.append(message)
+            marks.append(f"{time.monotonic() - t0:.3f} {message[:60]}")
+
+        mover = Mover(store, tmp_path / "move.json", say=say)
         assert isinstance(mover, PgMover)
         plan = mover.plan(moving.start, moving.stop - 1, "B")  # the --dry-run path accepts these shards
         assert (plan.source, len(plan.databases())) == ("A", 32)
@@ -239,12 +289,14 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
                         "RETURNING id"
                     ).fetchall()
                     burst += [int(r[0]) for r in found]
+            marks.append(f"{time.monotonic() - t0:.3f} burst made; fence next")
             burst_ids.extend(burst)
             with lock:
                 made.extend(burst)
                 acked.update({p: {"burst": i} for i, p in enumerate(burst[:96])})
                 acked.update({p: {} for p in burst[96:]})
             fence(*args)
+            marks.append(f"{time.monotonic() - t0:.3f} fence committed")
 
         mover._fence_and_switch = burst_then_fence  # type: ignore[method-assign]
         try:
@@ -287,13 +339,23 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
         lost = [p for p, want in acked.items() if got.get(p) != want]
         assert lost == [], f"acknowledged writes differ: {[(p, got.get(p), acked[p]) for p in lost[:5]]}"
         for (b, p), linked in links.items():
-            assert (p in fresh.links(BHP, b, limit=1000)) == linked
+            assert (p in fresh.links(BHP, b, limit=1000)) == linked, (
+                f"board {b} (shard {shard_of(b)}) and pin {p} (shard {shard_of(p)}): expected "
+                f"{'linked' if linked else 'absent'}; ops: {history.get((b, p))}; rows: {pair_rows(b, p)}; "
+                f"move: {marks}"
+            )
         report = check_store(fresh)
         assert report.ok, [f.line() for f in report.problems]
     leftovers("B", moving)
     for query in ("SELECT data FROM shard0040.pins WHERE id = 1",
                   "INSERT INTO shard0040.pins (data) VALUES ('{}')",
-                  "SELECT shard0040.next_id()", "UPDATE shard0040.boards SET data = '{}'"):  # fmt: skip
+                  "SELECT shard0040.next_id()", "UPDATE shard0040.boards SET data = '{}'",
+                  # A WHERE the planner could answer without a row (equal columns) is refused too.
+                  f"DELETE FROM shard0040.{BHP} WHERE from_id = 1 AND to_id = 2",
+                  f"UPDATE shard0040.{BHP} SET sequence = 3 WHERE from_id = 1 AND to_id = 2",
+                  f"SELECT sequence FROM shard0040.{BHP} WHERE from_id = 1 AND to_id = 2",
+                  "UPDATE shard0040.pins SET active = 0 WHERE id = 1 AND active = 1",
+                  f"DELETE FROM shard0040.{BHP} WHERE false"):  # fmt: skip
         with pytest.raises(
             psycopg.Error, match="store-tombstone shard=40 moved_to=B map_version=2"
         ) as refused:

@@ -852,18 +852,27 @@ class PgMover(Mover):
                 if s != sc:
                     continue
                 out.append(f"ALTER TABLE {q}.{_q(t)} SET SCHEMA {a}")
-                # The subquery is never flattened (OFFSET 0) and its volatile column is always
-                # computed: every read raises, whatever its WHERE; writes go to the trigger.
+                # The subquery is never flattened (OFFSET 0) and its volatile column is computed
+                # whenever a row is looked at: a read raises. Each column is a different expression:
+                # were they equal, the planner would take ``from_id = 1 AND to_id = 2`` for 1 = 2
+                # and skip the scan (a read of no rows, an UPDATE or DELETE of none, no error).
                 columns = ", ".join(
-                    f"CASE WHEN r.x IS NULL THEN NULL::{kind} END AS {_q(col)}" for col, kind in cols
+                    f"CASE WHEN r.x = {n} THEN NULL::{kind} END AS {_q(col)}"
+                    for n, (col, kind) in enumerate(cols)
                 )
                 out.append(
                     f"CREATE VIEW {q}.{_q(t)} AS SELECT {columns} "
                     f"FROM (SELECT {q}.store_moved() AS x OFFSET 0) r"
                 )
+                # Every write raises before it looks for rows (the statement trigger), whatever
+                # its WHERE: a write the planner finds no row for is refused too, never a no-op.
                 out.append(
                     f"CREATE TRIGGER store_refuse INSTEAD OF INSERT OR UPDATE OR DELETE ON {q}.{_q(t)} "
                     f"FOR EACH ROW EXECUTE FUNCTION {q}.store_refuse()"
+                )
+                out.append(
+                    f"CREATE TRIGGER store_refuse_all BEFORE INSERT OR UPDATE OR DELETE ON {q}.{_q(t)} "
+                    f"FOR EACH STATEMENT EXECUTE FUNCTION {q}.store_refuse()"
                 )
         return ";\n".join(out)
 
