@@ -635,8 +635,8 @@ class Mover:
 
     # -- plan ------------------------------------------------------------------
 
-    def plan(self, low: int, high: int, to: str, slave: str | None = None) -> MovePlan:
-        """Check the request and measure what would move."""
+    def _source_of(self, low: int, high: int, to: str) -> str:
+        """The one live master of shards ``low``-``high``, checked to be a move to another host."""
         self.store.refresh_map(force=True)
         m = self.store.shard_map
         if not 0 <= low <= high < m.shards:
@@ -650,6 +650,12 @@ class Mover:
         source = sources.pop()
         if source == to:
             raise MoveError(f"shards {low}-{high} are already on {to}")
+        return source
+
+    def plan(self, low: int, high: int, to: str, slave: str | None = None) -> MovePlan:
+        """Check the request and measure what would move."""
+        source = self._source_of(low, high, to)
+        m = self.store.shard_map  # as refreshed just now
         there_id, here_id = _MYSQL.server_identity(self._url(to)), _MYSQL.server_identity(self._url(source))
         if there_id == here_id:  # the copy would first drop the databases it is about to copy
             raise MoveError(

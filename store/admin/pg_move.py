@@ -264,19 +264,8 @@ class PgMover(Mover):
 
     def plan(self, low: int, high: int, to: str, slave: str | None = None) -> MovePlan:
         """Check the request and measure what would move; `MoveError` for what the move could not finish."""
-        self.store.refresh_map(force=True)
-        m = self.store.shard_map
-        if not 0 <= low <= high < m.shards:
-            raise MoveError(f"--shards {low}-{high} must lie within 0-{m.shards - 1}")
-        sources = {m.master(s) for s in range(low, high + 1)}
-        if len(sources) != 1:
-            raise MoveError(
-                f"shards {low}-{high} have several masters ({', '.join(sorted(sources))}): "
-                "move one host's range at a time"
-            )
-        source = sources.pop()
-        if source == to:
-            raise MoveError(f"shards {low}-{high} are already on {to}")
+        source = self._source_of(low, high, to)
+        m = self.store.shard_map  # as refreshed just now
         self._url(source)
         self._url(to)
         if slave is not None:
