@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +30,8 @@ from store.exceptions import (
     ConnectionLostError,
     ShardMovedError,
     ShardNotInitializedError,
+    StaleMapError,
+    StoreError,
 )
 from store.grants import LOG_DATABASE, access_denied
 from store.pool import ConnectionPool
@@ -183,12 +184,22 @@ class _Txn:
 
 
 class _Checkout:
-    """``with handle.connect() as conn``: check out, give back or discard, wrap driver errors."""
+    """``with handle.connect() as conn``: check out, give back or discard, wrap driver errors.
 
-    __slots__ = ("_born", "_conn", "_h")
+    A connection that leaves by an exception is discarded, unless `keep`
+    was called: its transaction was refused by the store's own check (a
+    deleted object, a version conflict) and rolled back cleanly.
+    """
+
+    __slots__ = ("_born", "_conn", "_h", "_keep")
 
     def __init__(self, h: ShardHandle) -> None:
         self._h = h
+        self._keep = False
+
+    def keep(self) -> None:
+        """Give the connection back even though an exception leaves the block (it is known clean)."""
+        self._keep = True
 
     def __enter__(self) -> DBAPIConnection:
         h = self._h
@@ -206,7 +217,7 @@ class _Checkout:
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         h = self._h
-        if exc is None:
+        if exc is None or self._keep:
             h.pool.checkin(self._conn, self._born)
             return
         # Whatever state the connection is in (an open transaction, a
@@ -315,16 +326,17 @@ class ShardHandle:
         """
 
         def attempt() -> T:
-            with self.connect() as conn:
+            checkout = self.connect()
+            with checkout as conn:
                 cur = _Txn(conn.cursor(), self.backend)
                 try:
                     result = body(cur)
                     cur.commit()
-                except BaseException:
-                    # The connection is discarded on the way out anyway; the
-                    # ROLLBACK releases the locks now rather than at disconnect.
-                    with suppress(Exception):
-                        cur.rollback()
+                except BaseException as exc:
+                    # The ROLLBACK releases the locks now rather than at
+                    # disconnect; after a refusal the connection is reused.
+                    if _rolled_back([cur]) and _refusal(exc):
+                        checkout.keep()
                     raise
                 finally:
                     cur.close()
@@ -355,7 +367,8 @@ def transaction_pair(
     a, b = sorted((first, second), key=lambda h: (h.host, h.shard))
 
     def attempt() -> T:
-        with a.connect() as ca, b.connect() as cb:
+        out_a, out_b = a.connect(), b.connect()
+        with out_a as ca, out_b as cb:
             r1, r2 = (ca.cursor(), cb.cursor()) if a is first else (cb.cursor(), ca.cursor())
             open_: list[_Txn] = []
             t1: _Txn | None = None
@@ -379,10 +392,11 @@ def transaction_pair(
                 say("inverse committed")
                 t1.commit()
                 open_.remove(t1)
-            except BaseException:
-                for t in open_:  # the connections are discarded anyway; this frees the locks now
-                    with suppress(Exception):
-                        t.rollback()
+            except BaseException as exc:
+                # This frees the locks now; after a refusal both connections are reused.
+                if _rolled_back(open_) and _refusal(exc):
+                    out_a.keep()
+                    out_b.keep()
                 raise
             finally:
                 r1.close()
@@ -390,6 +404,22 @@ def transaction_pair(
         return result
 
     return _retrying(attempt)
+
+
+def _rolled_back(txns: Sequence[_Txn]) -> bool:
+    """Roll every one back; True if each ROLLBACK went through (their connections are clean)."""
+    clean = True
+    for t in txns:
+        try:
+            t.rollback()
+        except Exception:
+            clean = False
+    return clean
+
+
+def _refusal(exc: BaseException) -> bool:
+    """True for the store's own refusals raised between statements (not a driver's or a server's error)."""
+    return isinstance(exc, StoreError) and not isinstance(exc, (BackendError, StaleMapError))
 
 
 def _retrying(attempt: Callable[[], T]) -> T:

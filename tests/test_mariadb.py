@@ -11,8 +11,11 @@ import pymysql
 import pytest
 
 from store import (
+    BackendError,
     ConfigError,
+    ConflictError,
     ConnectionLostError,
+    NotFound,
     ShardNotInitializedError,
     Store,
     StoreConfig,
@@ -190,3 +193,46 @@ def test_list_queries_use_the_sequence_index_without_filesort(
     assert len(plan) == 1, plan
     assert plan[0]["key"] == "board_has_pins_from_sequence_to", plan
     assert "filesort" not in (plan[0]["Extra"] or ""), plan
+
+
+def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) -> None:
+    """A write the store itself refuses (a deleted object linked, a stale version) rolls back and
+    reuses its connections: no new connection is opened, none is left in a transaction, and a
+    server error still discards the connection it came on."""
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {"name": "b"}, shard=1)
+        pin = store.create("pin", {"a": 1}, shard=5)  # another host: a pair over two pools
+        kept = store.create("pin", {"a": 2}, shard=5)
+        store.link("board_has_pins", board, kept)
+        store.delete(pin)
+        pools = {
+            h: store.admin_context().engines.shard(s, h).pool
+            for s, h in ((1, store.locate(board).host), (5, store.locate(pin).host))
+        }
+        assert len({id(p) for p in pools.values()}) == 2
+        opened = {h: p.opened for h, p in pools.items()}
+        version = store.get_with_version(kept).version
+        store.update(kept, {"a": 3})
+        for _ in range(5):
+            with pytest.raises(NotFound):
+                store.link("board_has_pins", board, pin)
+            with pytest.raises(ConflictError):
+                store.update(kept, {"a": 4}, if_version=version)
+        assert {h: p.opened for h, p in pools.items()} == opened
+        for p in pools.values():
+            for conn, _born in list(p._idle):
+                cur = conn.cursor()
+                cur.execute("SELECT @@in_transaction")
+                assert cur.fetchone()[0] == 0
+                cur.close()
+        assert store.link("board_has_pins", board, store.create("pin", {"a": 5}, shard=5))
+        assert store.get(kept) == {"a": 3}
+        # A server's error is not a refusal: its connection goes.
+        host = store.locate(kept).host
+        before = pools[host].opened
+        with pytest.raises(BackendError):
+            store.admin_context().engines.shard(5, host).transaction(
+                lambda cur: cur.execute("SELECT * FROM no_such_table_here")
+            )
+        assert store.get(kept) == {"a": 3}
+        assert pools[host].opened == before + 1
