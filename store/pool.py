@@ -8,9 +8,12 @@ BENCHMARKS.md). This pool is a deque of idle
 connections (append and pop are atomic in CPython) and a semaphore that caps
 how many are open. It keeps the rules that matter:
 
-* a connection that saw any exception is closed, never reused, and a
-  disconnect empties the idle list (after a server restart every idle
-  connection is dead, and each would otherwise fail one caller);
+* a connection that saw a driver or server error is closed, never reused,
+  and a disconnect empties the idle list (after a server restart every idle
+  connection is dead, and each would otherwise fail one caller); only a
+  transaction the store itself refused (a deleted object linked, a stale
+  version), rolled back cleanly, gives its connection back
+  (`store.engines`);
 * connections older than ``recycle_s`` are replaced at checkout (servers
   drop idle connections after ``wait_timeout``);
 * no reset on return: connections run in autocommit mode and the callers

@@ -7,12 +7,14 @@ the database holds, and the report, the JSON and the charts must be there.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from store.cli import main
+from store_tools.mix.servers_cpu import server_cpu_s, since
 from store_tools.mix.workload import MIX, Shape, Zipf, make_data_set, requests
 from tests.conftest import require_port
 
@@ -80,6 +82,8 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
         assert p["calls"] > 0
         assert p["ops_per_s"] > 0
         assert p["errors"] == 0, (p["system"], {k: v["first_error"] for k, v in p["operations"].items()})
+        # Every system made MariaDB work (the store and the floor Redis and memcached too).
+        assert p["server_cpu_us_per_call"]["mariadbd"] > 0, p
     for check in doc["checks"]:
         assert check["checked"] > 100
         assert check["mismatches"] == [], check
@@ -89,6 +93,7 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     assert (out / "mix-throughput.png").stat().st_size > 1000
     assert (out / "mix-latency.png").stat().st_size > 1000
     assert "vs floor" in doc["report"]
+    assert "server CPU us per call by program" in doc["report"]
     assert "| 2 | warm | store |" in (out / "mix.md").read_text()
 
 
@@ -178,3 +183,37 @@ def test_a_worker_that_fails_says_why_in_the_parent() -> None:
             workers.wait_up(timeout=60)
     finally:
         workers.close()
+
+
+def test_server_cpu_counts_a_busy_program_and_only_while_it_works() -> None:
+    """The sampler reads /proc by program name: a program that burns CPU between two samples shows it,
+    and the difference of two samples is what it used between them."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc on this system")
+    import subprocess
+    import sys
+
+    before = server_cpu_s(("python3-busy",))
+    assert before == {}
+    script = "import ctypes, time\n"
+    script += "ctypes.CDLL(None).prctl(15, b'python3-busy', 0, 0, 0)\n"  # PR_SET_NAME: its /proc comm
+    script += "import sys; print('up', flush=True); end = time.process_time() + 0.3\n"
+    script += "while time.process_time() < end: pass\n"
+    script += "print('done', flush=True); sys.stdin.read()\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "up\n"
+        first = server_cpu_s(("python3-busy",))
+        assert set(first) == {"python3-busy"}
+        assert proc.stdout.readline() == "done\n"  # after 0.3 s of CPU
+        second = server_cpu_s(("python3-busy",))
+        used = since(first, second)["python3-busy"]
+        assert 0.2 <= used <= 0.6, used
+        time.sleep(0.2)
+        assert since(second, server_cpu_s(("python3-busy",)))["python3-busy"] < 0.05  # idle now
+    finally:
+        proc.communicate("")
+    assert since({"gone": 1.0}, {}) == {}

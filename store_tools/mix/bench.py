@@ -28,6 +28,7 @@ from store_tools.mix.dataset_db import (
 from store_tools.mix.procs import Workers
 from store_tools.mix.report import as_json, charts, machine, markdown, tables
 from store_tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
+from store_tools.mix.servers_cpu import server_cpu_s, since
 from store_tools.mix.store_system import StoreSystem
 from store_tools.mix.system import MixSchema, System
 from store_tools.mix.workload import DataSet, Shape, make_data_set
@@ -214,8 +215,9 @@ def _timed(
                 done[0] += step
 
         seed = options.seed * 100_000 + threads * 100 + part
+        before = server_cpu_s()
         if workers is not None:
-            return workers.run_phase(
+            phase = workers.run_phase(
                 copy,
                 threads=threads,
                 temperature=temperature,
@@ -224,17 +226,20 @@ def _timed(
                 seed=seed,
                 tick=tick,
             )
-        return run_phase(
-            system,
-            data,
-            copy,
-            threads=threads,
-            temperature=temperature,
-            seconds=seconds,
-            requests_per_thread=options.requests,
-            seed=seed,
-            tick=tick,
-        )
+        else:
+            phase = run_phase(
+                system,
+                data,
+                copy,
+                threads=threads,
+                temperature=temperature,
+                seconds=seconds,
+                requests_per_thread=options.requests,
+                seed=seed,
+                tick=tick,
+            )
+        phase.server_cpu_s = since(before, server_cpu_s())
+        return phase
 
 
 def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:

@@ -55,7 +55,15 @@ def summary(phase: Phase) -> dict[str, Any]:
         "p99_ms": _pct(walls, 0.99) / 1e6,
         "p999_ms": _pct(walls, 0.999) / 1e6,
         "process_cpu_us_per_call": 1e6 * phase.cpu_s / calls,
+        # The machine's database and cache servers (`store_tools.mix.servers_cpu`), per call.
+        "server_cpu_us_per_call": {name: round(1e6 * s / calls, 1) for name, s in phase.server_cpu_s.items()},
     }
+
+
+def _server_total(s: dict[str, Any]) -> str:
+    """The servers' CPU per call, all programs together, or "-" where it was not measured."""
+    per: dict[str, float] = s.get("server_cpu_us_per_call") or {}
+    return f"{sum(per.values()):.0f}" if per else "-"
 
 
 def per_op(s: OpSamples) -> dict[str, Any]:
@@ -109,7 +117,8 @@ def tables(
     keys = list(dict.fromkeys((p.threads, p.temperature) for p in phases))
     procs = _procs(max((p.processes for p in phases), default=1))
     head = (
-        f"{'':<22}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'cpu us':>9}{'errors':>8}  vs floor"
+        f"{'':<22}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'cpu us':>9}{'srv us':>9}"
+        f"{'errors':>8}  vs floor"
     )
     for threads, temp in keys:
         lines.append(f"\n{threads} thread(s){procs}, {temp}")
@@ -127,7 +136,7 @@ def tables(
                 ratio = f"  {speed:.2f}x ops/s, p99 {s['p99_ms'] / max(b['p99_ms'], 1e-9):.2f}x"
             lines.append(
                 f"{name:<22}{s['ops_per_s']:>9,.0f}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}{s['p999_ms']:>10.2f}"
-                f"{s['process_cpu_us_per_call']:>9.0f}{s['errors']:>8}{ratio}"
+                f"{s['process_cpu_us_per_call']:>9.0f}{_server_total(s):>9}{s['errors']:>8}{ratio}"
             )
     if keys:
         threads, temp = max(k[0] for k in keys), "warm"
@@ -147,6 +156,12 @@ def tables(
                 rts = "-" if rt is None else f"{rt:.1f}"
                 cells.append(f"{o['p50_ms']:>9.2f} /{o['p99_ms']:>7.2f}{o['cpu_p50_us']:>8.0f}{rts:>8}")
             lines.append(f"{op:<14}" + "".join(cells))
+        lines.append(f"\nserver CPU us per call by program, {threads} thread(s){procs}, {temp}:")
+        for name in systems:
+            p = by.get((name, threads, temp))
+            if p is not None and p.server_cpu_s:
+                per = summary(p)["server_cpu_us_per_call"]
+                lines.append(f"  {name:<20}" + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per.items())))
     lines.append("")
     for c in checks:
         verdict = "all answers match the database" if not c.mismatches else f"{len(c.mismatches)} MISMATCHES"
@@ -255,9 +270,9 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
     column = "threads" if processes == 1 else "threads x processes"
     out = [
         f"| {column} | caches | system | ops/s | p50 ms | p99 ms | p99.9 ms | CPU us/call "
-        "| ops/s vs floor | p99 vs floor |"
+        "| server CPU us/call | ops/s vs floor | p99 vs floor |"
     ]
-    out.append("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for threads, temp in keys:
         base = by.get((floor, threads, temp))
         for name in systems:
@@ -269,7 +284,7 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
                 ratio = f"{p['ops_per_s'] / base['ops_per_s']:.2f}x"
                 p99 = f"{p['p99_ms'] / max(base['p99_ms'], 1e-9):.2f}x"
             times = f"{p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['p999_ms']:.2f}"
-            cpu = f"{p['process_cpu_us_per_call']:.0f}"
+            cpu = f"{p['process_cpu_us_per_call']:.0f} | {_server_total(p)}"
             who = f"{threads}" if processes == 1 else f"{threads} x {processes}"
             out.append(
                 f"| {who} | {temp} | {name} | {p['ops_per_s']:,.0f} | {times} | {cpu} | {ratio} | {p99} |"

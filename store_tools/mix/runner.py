@@ -60,6 +60,9 @@ class Phase:
     processes: int = 1
     #: Calls made by each worker process (empty when the phase ran in this process).
     process_calls: list[int] = field(default_factory=list)
+    #: CPU seconds the machine's server processes used during the phase, by program
+    #: (`store_tools.mix.servers_cpu`; empty where it cannot be read).
+    server_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -101,6 +104,10 @@ def merge(parts: list[Phase]) -> Phase:
     if first.processes > 1:
         merged.processes = first.processes
         merged.process_calls = [sum(c) for c in zip(*(p.process_calls for p in parts), strict=True)]
+    if all(p.server_cpu_s for p in parts):
+        merged.server_cpu_s = {
+            name: sum(p.server_cpu_s.get(name, 0.0) for p in parts) for name in first.server_cpu_s
+        }
     return merged
 
 
