@@ -7,7 +7,7 @@ sequence offset so that negative ones sort first), plus a meta value
 with ``cached == n`` is complete and serves any read; otherwise only reads
 within the cached head are served and the rest fall through to the database.
 Many lists are read in one round trip with `ListCache.read_many` (on Redis,
-one MULTI/EXEC), and filled in one with `ListCache.fill_many` (a pipeline of
+one pipeline of the read script), and filled in one with `ListCache.fill_many` (a pipeline of
 the fill script), by the same rules.
 
 No stale fill: every list has a version. A writer commits, then bumps the

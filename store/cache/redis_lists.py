@@ -1,14 +1,17 @@
-"""The `ListBackend` on Redis: a sorted set per list, a meta and a version key.
+"""The `ListBackend` on Redis: a list's cached head as one string, a meta and a version key.
 
-All members have score 0 and sort by their bytes (`encode_member`), so one
-``ZRANGE ... BYLEX`` serves a cursor page and one ``ZRANGE`` by rank serves an
-offset page. A read is one Lua call (meta, version, members: one command, one
-reply to parse), so it never sees a list half dropped. A fill is one Lua script that checks the
-version and replaces the list; an invalidation is one MULTI/EXEC that bumps
-the version and drops the list. Reads of many lists go out as one
-MULTI/EXEC of plain commands and fills of many lists as one pipeline of the
-fill script (``EVALSHA``; each list's fill is atomic on its own): one round
-trip for all of them.
+The head is its members packed end to end in order (16 bytes each,
+`encode_member`), stored whole by one ``SET``: a fill costs the server one
+string however long the head, where a sorted set cost an insert per member.
+A read is one Lua call (meta, version, members: one command, one reply to
+parse), so it never sees a list half dropped: it finds a cursor's place by
+binary search over the string and returns the selected members as one
+packed value. A fill is one Lua script that checks the version and
+replaces the list; an invalidation is one Lua script that bumps the version
+and drops the list. Reads and fills of many lists go out as one pipeline of
+the scripts (``EVALSHA``; each atomic on its own): one round trip for all.
+A list key of another layout (a sorted set, left by an earlier version of
+the store) reads as not cached and the next fill replaces it.
 
 redis-py's defaults are unsafe for a cache (no socket timeout; retries that
 stretch a dead server into seconds): this client has explicit short
@@ -28,70 +31,106 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from store.cache.lists import ListRead
+from store.cache.lists import ListRead, split_members
 from store.cache.stats import Breaker, CacheStats
 
 __all__ = ["RedisListBackend"]
 
 # KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
-# packed end to end (16 bytes each: one argument to pack and send, not one per member).
+# packed end to end (16 bytes each, in order): stored as they come, one string.
 _FILL = """
 local v = redis.call('GET', KEYS[3])
 if (v or '') ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
 local ttl = tonumber(ARGV[3])
 local packed = ARGV[5] or ''
 local count = math.floor(#packed / 16)
-local batch = {}
-for i = 0, count - 1 do
-  batch[#batch + 1] = 0
-  batch[#batch + 1] = string.sub(packed, 16 * i + 1, 16 * i + 16)
-  if #batch >= 1000 then
-    redis.call('ZADD', KEYS[1], unpack(batch))
-    batch = {}
-  end
+if count > 0 then
+  redis.call('SET', KEYS[1], packed, 'EX', ttl)
+else
+  redis.call('DEL', KEYS[1])
 end
-if #batch > 0 then redis.call('ZADD', KEYS[1], unpack(batch)) end
-if count > 0 then redis.call('EXPIRE', KEYS[1], ttl) end
 redis.call('SET', KEYS[2], ARGV[2] .. ':' .. count .. ':' .. ARGV[4], 'EX', ttl)
 return 1
 """
 
 # KEYS: list, meta, version. ARGV: kind (rank, after, lex, all, meta), then for rank: start,
 # stop, desc; for after: member, limit, desc; for lex: low, high, limit, desc.
-# Returns {meta, version, members, last member of the head (lex only)}.
+# Returns {meta, version, the selected members packed end to end, last member of the head
+# (lex only)}. Members are compared as four big-endian 32-bit words (struct), never with
+# Lua's string "<", which follows the server's collation locale.
 _READ = """
 local meta = redis.call('GET', KEYS[2])
 local ver = redis.call('GET', KEYS[3])
-local members = {}
-local last = false
 local kind = ARGV[1]
-if kind == 'lex' then
-  if ARGV[5] == '1' then
-    members = redis.call('ZRANGE', KEYS[1], ARGV[3], ARGV[2], 'BYLEX', 'REV', 'LIMIT', 0, ARGV[4])
-  else
-    members = redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3], 'BYLEX', 'LIMIT', 0, ARGV[4])
+if not meta or kind == 'meta' then return {meta or false, ver or false, '', false} end
+local s = redis.pcall('GET', KEYS[1])
+if type(s) == 'table' then return {false, ver or false, '', false} end  -- a list of another layout
+s = s or ''
+local n = math.floor(#s / 16)
+local function cut(m, strict)
+  -- the first index (0-based) whose member is after m (strict) or not before it
+  local a1, a2, a3, a4 = struct.unpack('>I4I4I4I4', m)
+  local lo, hi = 0, n
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local b1, b2, b3, b4 = struct.unpack('>I4I4I4I4', s, 16 * mid + 1)
+    local before
+    if b1 ~= a1 then before = b1 < a1
+    elseif b2 ~= a2 then before = b2 < a2
+    elseif b3 ~= a3 then before = b3 < a3
+    elseif b4 ~= a4 then before = b4 < a4
+    else before = strict end
+    if before then lo = mid + 1 else hi = mid end
   end
-  last = redis.call('ZRANGE', KEYS[1], -1, -1)[1] or false
-elseif kind == 'all' then
-  if meta then
-    local n, cached = string.match(meta, '^(%d+):(%d+)')
-    if n == cached then members = redis.call('ZRANGE', KEYS[1], 0, -1) end
-  end
-elseif kind == 'rank' then
-  if ARGV[4] == '1' then
-    members = redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3], 'REV')
-  else
-    members = redis.call('ZRANGE', KEYS[1], ARGV[2], ARGV[3])
-  end
-elseif kind == 'after' then
-  if ARGV[4] == '1' then
-    members = redis.call('ZRANGE', KEYS[1], '(' .. ARGV[2], '-', 'BYLEX', 'REV', 'LIMIT', 0, ARGV[3])
-  else
-    members = redis.call('ZRANGE', KEYS[1], '(' .. ARGV[2], '+', 'BYLEX', 'LIMIT', 0, ARGV[3])
-  end
+  return lo
 end
-return {meta or false, ver or false, members, last}
+local function span(i, j)  -- members i .. j - 1, in order
+  if j <= i then return '' end
+  return string.sub(s, 16 * i + 1, 16 * j)
+end
+local function back(i, j)  -- members j - 1 down to i
+  local out = {}
+  for k = j - 1, i, -1 do out[#out + 1] = string.sub(s, 16 * k + 1, 16 * k + 16) end
+  return table.concat(out)
+end
+local function bound(b, low)
+  if b == '-' then return 0 end
+  if b == '+' then return n end
+  local m = string.sub(b, 2)
+  local inclusive = string.sub(b, 1, 1) == '['
+  if low then return cut(m, not inclusive) end
+  return cut(m, inclusive)
+end
+local picked = ''
+local last = false
+if kind == 'all' then
+  local total, cached = string.match(meta, '^(%d+):(%d+)')
+  if total == cached then picked = s end
+elseif kind == 'rank' then
+  local a, b = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if a < 0 then a = math.max(0, n + a) end
+  if b < 0 then b = n + b end
+  if b > n - 1 then b = n - 1 end
+  if ARGV[4] == '1' then picked = back(n - 1 - b, n - a) else picked = span(a, b + 1) end
+elseif kind == 'after' then
+  local limit = tonumber(ARGV[3])
+  if ARGV[4] == '1' then
+    local j = cut(ARGV[2], false)
+    picked = back(math.max(0, j - limit), j)
+  else
+    local i = cut(ARGV[2], true)
+    picked = span(i, math.min(n, i + limit))
+  end
+elseif kind == 'lex' then
+  local i, j, limit = bound(ARGV[2], true), bound(ARGV[3], false), tonumber(ARGV[4])
+  if ARGV[5] == '1' then
+    picked = back(math.max(i, j - limit), j)
+  else
+    picked = span(i, math.min(j, i + limit))
+  end
+  if n > 0 then last = string.sub(s, 16 * n - 15, 16 * n) end
+end
+return {meta, ver or false, picked, last}
 """
 
 #: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
@@ -201,8 +240,6 @@ class RedisListBackend:
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """Meta, version and selected members in one Lua call; None on failure."""
-        if op[0] == "all":
-            return self.read_many([key], [op])[0]
         if not self._guard():
             return None
         try:
@@ -214,68 +251,20 @@ class RedisListBackend:
         return _list_read(reply)
 
     def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
-        """`read` of each key with its op, all in one MULTI/EXEC: one round trip; all None on failure.
-
-        Plain commands in a transaction rather than the read script: each
-        list's meta, version and members are read together (nothing runs
-        between them), and no member is copied into Lua and back, which cost
-        a whole list's read 1.35x a plain ``ZRANGE``.
-        """
+        """`read` of each key with its op: the read script for each, in one pipeline (one round trip);
+        all None on failure. Each list's meta, version and members are read together."""
         if not keys:
             return []
         if not self._guard():
             return [None] * len(keys)
-        commands: list[tuple[Any, ...]] = []
-        sizes: list[int] = []
-        for key, op in zip(keys, ops, strict=True):
-            lkey, mkey, vkey = self._keys(key)
-            members = _members_commands(lkey, op)
-            commands += [("GET", mkey), ("GET", vkey), *members]
-            sizes.append(2 + len(members))
+        calls = [(self._keys(key), _read_args(op)) for key, op in zip(keys, ops, strict=True)]
         try:
-            replies = self._transaction(commands)
+            replies = self._pipelined(self._read, calls)
         except redis.RedisError as exc:
             self._failed(exc)
             return [None] * len(keys)
         self.breaker.success()
-        out: list[ListRead | None] = []
-        at = 0
-        for op, size in zip(ops, sizes, strict=True):
-            meta_raw, version, *rest = replies[at : at + size]
-            at += size
-            members = rest[0] if rest else []
-            last = (rest[1][0] if rest[1] else None) if op[0] == "lex" else None
-            got = _list_read([meta_raw, version, members, last])
-            if op[0] == "all" and not got.complete:
-                got = ListRead(got.meta, [], got.version, got.read_ms)
-            out.append(got)
-        return out
-
-    def _transaction(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """``commands`` in one MULTI/EXEC sent as one request; the EXEC reply.
-
-        On the connection directly: redis-py's transaction pipeline costs
-        about 30 us more per call in Python. A connection that failed half way
-        is dropped (it may hold unread replies).
-        """
-        pool = self.client.connection_pool
-        conn: Any = pool.get_connection()  # (redis-py leaves the connection's methods untyped)
-        try:
-            conn.send_packed_command(conn.pack_commands([("MULTI",), *commands, ("EXEC",)]))
-            for _ in range(len(commands) + 1):
-                conn.read_response()  # OK, then QUEUED for each command
-            reply = conn.read_response()
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
-        if not isinstance(reply, list) or len(reply) != len(commands):
-            raise redis.ResponseError(f"unexpected EXEC reply {reply!r:.80}")
-        for r in reply:
-            if isinstance(r, Exception):
-                raise r
-        return reply
+        return [_list_read(r) for r in replies]
 
     def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
         """`fill` of each (key, version, n, members, read_ms): one pipeline; how many were filled."""
@@ -382,36 +371,14 @@ def _read_args(op: tuple[object, ...]) -> list[Any]:
     return [kind, a, b, "1" if desc else "0"]
 
 
-def _members_commands(lkey: str, op: tuple[object, ...]) -> list[tuple[Any, ...]]:
-    """The plain commands that read the members ``op`` selects (see `ListBackend.read`)."""
-    kind = op[0]
-    if kind == "meta":
-        return []
-    if kind == "all":
-        return [("ZRANGE", lkey, 0, -1)]
-    if kind == "rank":
-        _k, start, stop, desc = op
-        return [("ZRANGE", lkey, start, stop, "REV") if desc else ("ZRANGE", lkey, start, stop)]
-    if kind == "after":
-        _k, member, limit, desc = op
-        assert isinstance(member, bytes)
-        if desc:
-            return [("ZRANGE", lkey, b"(" + member, b"-", "BYLEX", "REV", "LIMIT", 0, limit)]
-        return [("ZRANGE", lkey, b"(" + member, b"+", "BYLEX", "LIMIT", 0, limit)]
-    _k, low, high, limit, desc = op  # lex
-    read: tuple[Any, ...] = ("ZRANGE", lkey, low, high, "BYLEX", "LIMIT", 0, limit)
-    if desc:
-        read = ("ZRANGE", lkey, high, low, "BYLEX", "REV", "LIMIT", 0, limit)
-    return [read, ("ZRANGE", lkey, -1, -1)]
-
-
 def _list_read(reply: Any) -> ListRead:
-    """A `ListRead` from the read script's reply."""
-    meta_raw, version, members = reply[0], reply[1], reply[2]
-    last = reply[3] if len(reply) > 3 else None
+    """A `ListRead` from the read script's reply (its members come packed: split here)."""
+    meta_raw, version, packed = reply[0], reply[1], reply[2]
+    last = reply[3] if len(reply) > 3 and reply[3] else None
     meta, read_ms = None, 0
     if meta_raw is not None:
         parts = meta_raw.split(b":")
         meta = (int(parts[0]), int(parts[1]))
         read_ms = int(parts[2]) if len(parts) > 2 else 0  # no time: an entry from before, too old
-    return ListRead(meta, members if isinstance(members, list) else [], version, read_ms, last)
+    members = split_members(packed) if packed else []
+    return ListRead(meta, members, version, read_ms, last)

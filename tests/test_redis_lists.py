@@ -1,0 +1,149 @@
+"""The Redis list backend answers every read as the in-process one does (the reference), on a real Redis.
+
+A cached head is one string of packed members; reads find a cursor's place
+by binary search in Lua. Hypothesis draws lists (sequences that collide,
+negative ones, to_ids at the ends of their range) and reads of every kind:
+by rank either way, after a member either way, between lex bounds, whole,
+meta only; one at a time and many in one pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store.cache.lists import (
+    ListRead,
+    MemoryListBackend,
+    encode_member,
+    encode_members,
+    lex_bound,
+)
+from store.cache.redis_lists import RedisListBackend
+from tests.conftest import REDIS_TEST_URL
+
+PREFIX = "rl:"
+
+rows_st = st.lists(
+    st.tuples(
+        st.one_of(st.integers(0, 6), st.integers(-(1 << 63), (1 << 63) - 1)),
+        st.one_of(st.integers(0, 6), st.integers(0, (1 << 63) - 1)),
+    ),
+    max_size=40,
+    unique=True,
+).map(sorted)
+member_st = st.builds(
+    encode_member, st.integers(-(1 << 63), (1 << 63) - 1), st.integers(0, (1 << 63) - 1)
+) | st.sampled_from([b"\x00" * 16, b"\xff" * 16])
+
+
+@pytest.fixture(scope="module")
+def backends(redis_ready: str) -> Iterator[tuple[RedisListBackend, MemoryListBackend]]:
+    r = RedisListBackend(REDIS_TEST_URL, prefix=PREFIX, timeout_s=2, connect_timeout_s=2)
+    yield r, MemoryListBackend()
+    r.close()
+
+
+def _ops(draw: st.DrawFn, members: list[bytes]) -> list[tuple[object, ...]]:
+    probe = st.sampled_from(members) | member_st if members else member_st
+    ops: list[tuple[object, ...]] = [("meta",), ("all",)]
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["rank", "after", "lex"]))
+        desc = draw(st.booleans())
+        if kind == "rank":
+            start = draw(st.integers(0, len(members) + 2))
+            ops.append(("rank", start, start + draw(st.integers(0, 8)), desc))
+        elif kind == "after":
+            ops.append(("after", draw(probe), draw(st.integers(1, 10)), desc))
+        else:
+            low = lex_bound(draw(st.none() | probe), inclusive=draw(st.booleans()), low=True)
+            high = lex_bound(draw(st.none() | probe), inclusive=draw(st.booleans()), low=False)
+            ops.append(("lex", low, high, draw(st.integers(1, 10)), desc))
+    return ops
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[tuple[int, int]], int, list[tuple[object, ...]]]:
+    rows = draw(rows_st)
+    more = draw(st.sampled_from([0, 0, 5]))  # the list is longer than its cached head
+    return rows, len(rows) + more, _ops(draw, [encode_member(s, t) for s, t in rows])
+
+
+def _same(got: ListRead | None, want: ListRead | None) -> None:
+    assert got is not None
+    assert want is not None
+    assert (got.meta, got.members, got.last, got.read_ms) == (
+        want.meta,
+        want.members,
+        want.last,
+        want.read_ms,
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases())
+def test_every_read_matches_the_reference(
+    backends: tuple[RedisListBackend, MemoryListBackend],
+    case: tuple[list[tuple[int, int]], int, list[tuple[object, ...]]],
+) -> None:
+    rows, n, ops = case
+    key = f"{PREFIX}l:case"
+    for b in backends:
+        b.invalidate([key], 60)
+        version = b.read(key, ("meta",))
+        assert version is not None
+        assert b.fill(key, version.version, n, encode_members(rows), 60, 1234)
+    red, ref = backends
+    many = red.read_many([key] * len(ops), ops)
+    for op, together in zip(ops, many, strict=True):
+        want = ref.read(key, op)
+        _same(red.read(key, op), want)
+        _same(together, want)
+
+
+def test_a_list_not_cached_and_a_stale_fill(backends: tuple[RedisListBackend, MemoryListBackend]) -> None:
+    red, ref = backends
+    key = f"{PREFIX}l:gone"
+    for b in backends:
+        b.invalidate([key], 60)
+    for op in (("meta",), ("all",), ("after", b"\x00" * 16, 5, False), ("lex", b"-", b"+", 5, True)):
+        got, want = red.read(key, op), ref.read(key, op)
+        assert got is not None
+        assert want is not None
+        assert (got.meta, got.members, got.last) == (None, [], None) == (want.meta, want.members, want.last)
+    seen = red.read(key, ("meta",))
+    assert seen is not None
+    red.invalidate([key], 60)  # a writer between the read and the fill: the fill is refused
+    assert not red.fill(key, seen.version, 1, encode_members([(1, 2)]), 60, 1)
+    now = red.read(key, ("meta",))
+    assert now is not None
+    assert now.meta is None
+    assert red.fill(key, now.version, 0, b"", 60, 1)  # an empty list is cached too
+    empty = red.read(key, ("all",))
+    assert empty is not None
+    assert (empty.meta, empty.members) == ((0, 0), [])
+
+
+def test_a_list_key_of_the_old_layout_reads_as_not_cached(
+    backends: tuple[RedisListBackend, MemoryListBackend],
+) -> None:
+    """An earlier version kept a sorted set under the list's key: it is a miss, and a fill replaces it."""
+    red, _ref = backends
+    key = f"{PREFIX}l:old"
+    raw = redis.Redis.from_url(REDIS_TEST_URL)
+    raw.delete(key, key + ":m")
+    raw.zadd(key, {encode_member(1, 2): 0})
+    raw.set(key + ":m", b"1:1:99")
+    got = red.read(key, ("after", b"\x00" * 16, 5, False))
+    assert got is not None
+    assert got.meta is None
+    assert red.breaker.allow()  # not counted as a failure of the server
+    assert red.fill(key, got.version, 1, encode_members([(3, 4)]), 60, 5)
+    again = red.read(key, ("all",))
+    assert again is not None
+    assert again.members == [encode_member(3, 4)]
+    raw.delete(key, key + ":m", key + ":v")
