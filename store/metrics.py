@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store.threadends import on_thread_end
+
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
@@ -112,6 +114,17 @@ _NBUCKETS = len(_BOUNDS_NS) + 1  # the last one is +Inf
 _MOVE_PHASES = ("copy", "catch_up", "switch", "done", "aborted")
 
 
+def _add_cells(into: dict[tuple[str, str], list[int]], table: dict[tuple[str, str], list[int]]) -> None:
+    """Add each of ``table``'s histogram cells into ``into``'s."""
+    for key, cell in list(table.items()):
+        got = into.get(key)
+        if got is None:
+            into[key] = list(cell)
+        else:
+            for i, v in enumerate(cell):
+                got[i] += v
+
+
 def move_progress_path(journal: str | Path) -> Path:
     """Where `store move` keeps the progress of the move journaled in ``journal`` (beside it)."""
     p = Path(journal)
@@ -128,16 +141,31 @@ def read_move_progress(journal: str | Path) -> dict[str, Any] | None:
 
 
 class _Local(threading.local):
-    """One thread's counters: ``hist[(op, host)]`` is bucket counts then the sum in ns."""
+    """One thread's counters: ``hist[(op, host)]`` is bucket counts then the sum in ns.
+
+    Registered with its `Metrics` on the thread's first call, and folded
+    into the ended threads' total when the thread ends (`store.threadends`).
+    """
 
     host: str
     hist: dict[tuple[str, str], list[int]]
 
-    def __init__(self, registry: list[dict[tuple[str, str], list[int]]], lock: threading.Lock) -> None:
+    def __init__(self, owner: weakref.ref[Metrics]) -> None:
         self.host = "none"
-        self.hist = {}
-        with lock:
-            registry.append(self.hist)
+        hist: dict[tuple[str, str], list[int]] = {}
+        self.hist = hist
+        metrics = owner()
+        if metrics is None:
+            return
+        with metrics._lock:
+            metrics._threads.append(hist)
+
+        def fold() -> None:
+            m = owner()
+            if m is not None:
+                m._fold(hist)
+
+        on_thread_end(self, "end", fold)
 
 
 class Metrics:
@@ -156,7 +184,9 @@ class Metrics:
 
         self._lock = threading.Lock()
         self._threads: list[dict[tuple[str, str], list[int]]] = []
-        self._local = _Local(self._threads, self._lock)
+        #: The counts of threads that have ended.
+        self._ended: dict[tuple[str, str], list[int]] = {}
+        self._local = _Local(weakref.ref(self))
         self._errors: dict[tuple[str, str], int] = {}
         self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
         self.move_journal = None if move_journal is None else Path(move_journal)
@@ -234,18 +264,17 @@ class Metrics:
 
     def latencies(self) -> dict[tuple[str, str], list[int]]:
         """Every thread's counts summed: ``(op, host) -> [bucket counts..., +Inf count, sum ns]``."""
-        with self._lock:
-            tables = list(self._threads)
         out: dict[tuple[str, str], list[int]] = {}
-        for table in tables:
-            for key, cell in list(table.items()):
-                got = out.get(key)
-                if got is None:
-                    out[key] = list(cell)
-                else:
-                    for i, v in enumerate(cell):
-                        got[i] += v
+        with self._lock:  # (a thread's counts move to the total under it: none counted twice)
+            for table in [self._ended, *self._threads]:
+                _add_cells(out, table)
         return out
+
+    def _fold(self, hist: dict[tuple[str, str], list[int]]) -> None:
+        """Move an ended thread's counts into the ended threads' total."""
+        with self._lock:
+            self._threads.remove(hist)
+            _add_cells(self._ended, hist)
 
     def errors(self) -> dict[tuple[str, str], int]:
         """Errors raised through timed calls: ``(op, exception class) -> count``."""

@@ -423,3 +423,32 @@ def test_cache_counters_lose_no_count_across_threads() -> None:
         "expired": 0,
     }
     assert stats.last_error.startswith("server: OSError: thread ")
+
+
+def test_ended_threads_leave_their_counts_not_their_tables() -> None:
+    """A thread per request: 500 threads that count and end leave no table each, and lose no count,
+    while threads still running keep counting into their own."""
+    stats = CacheStats("t")
+    stats.add(hits=1)  # this thread's table stays
+    stop = threading.Event()
+    live = [
+        threading.Thread(target=lambda: (stats.add(misses=1), stop.wait(30)), daemon=True) for _ in range(3)
+    ]
+    for t in live:
+        t.start()
+    try:
+        for wave in range(50):
+            pool = [threading.Thread(target=stats.add, kwargs={"hits": 2, "fills": 1}) for _ in range(10)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+            assert stats.hits == 1 + 20 * (wave + 1)
+        assert len(stats._tables) <= 1 + 3
+        assert stats.as_dict()["fills"] == 500
+    finally:
+        stop.set()
+    for t in live:
+        t.join()
+    assert stats.misses == 3
+    assert len(stats._tables) == 1

@@ -101,6 +101,26 @@ def test_threads_count_without_losing_any(store: Store) -> None:
     assert total == 801
 
 
+def test_ended_threads_leave_their_counts_not_their_tables(store: Store) -> None:
+    """Threads that make calls and end (a thread per request) leave their counts in the totals and
+    no table of their own behind."""
+    metrics = Metrics()
+    instrument(store, metrics)
+    pin = store.create("pin", {"a": 1})
+    for _ in range(20):
+        pool = [threading.Thread(target=store.get, args=(pin,)) for _ in range(10)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    assert len(metrics._threads) <= 1  # this thread's (it made the create)
+    counts: dict[str, int] = {}
+    for (op, _host), cell in metrics.latencies().items():  # (a cache hit is host "none")
+        counts[op] = counts.get(op, 0) + sum(cell[:-1])
+    assert counts["get"] == 200
+    assert counts["create"] == 1
+
+
 def test_instrument_twice_wraps_once(store: Store) -> None:
     m = Metrics()
     instrument(store, m)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
+
+from store.threadends import on_thread_end
 
 __all__ = ["Breaker", "CacheStats"]
 
@@ -22,7 +25,8 @@ class CacheStats:
     counted in misses too). Each thread counts into a dict of its own, with
     no lock (the request path adds to them several times a call; a shared
     lock there was contended by every thread); reading a counter sums the
-    threads' dicts.
+    threads' dicts. A thread's dict is folded into the ended threads' total
+    when it ends (`store.threadends`).
     """
 
     def __init__(self, name: str) -> None:
@@ -32,6 +36,8 @@ class CacheStats:
         self._local = threading.local()
         self._lock = threading.Lock()  # only to register a thread's dict, and for errors
         self._tables: list[dict[str, int]] = []
+        #: The counts of threads that have ended.
+        self._ended = dict.fromkeys(COUNTERS, 0)
 
     def _mine(self) -> dict[str, int]:
         table: dict[str, int] | None = getattr(self._local, "table", None)
@@ -40,7 +46,22 @@ class CacheStats:
             with self._lock:
                 self._tables.append(table)
             self._local.table = table
+            me = weakref.ref(self)
+
+            def fold() -> None:
+                stats = me()
+                if stats is not None:
+                    stats._fold(table)
+
+            on_thread_end(self._local, "end", fold)
         return table
+
+    def _fold(self, table: dict[str, int]) -> None:
+        """Move an ended thread's counts into the ended threads' total."""
+        with self._lock:
+            self._tables.remove(table)
+            for name, n in table.items():
+                self._ended[name] += n
 
     def add(self, **counts: int) -> None:
         """Add to several counters at once (thread-safe: into this thread's own counters)."""
@@ -55,9 +76,8 @@ class CacheStats:
             self.last_error = f"{where}: {type(exc).__name__}: {exc}"[:300]
 
     def _sum(self, name: str) -> int:
-        with self._lock:
-            tables = list(self._tables)
-        return sum(t[name] for t in tables)
+        with self._lock:  # (a thread's counts move to the total under it: none counted twice)
+            return self._ended[name] + sum(t[name] for t in self._tables)
 
     @property
     def hits(self) -> int:
@@ -97,8 +117,8 @@ class CacheStats:
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
         with self._lock:
-            tables = list(self._tables)
-        return {name: sum(t[name] for t in tables) for name in COUNTERS}
+            tables = [self._ended, *self._tables]
+            return {name: sum(t[name] for t in tables) for name in COUNTERS}
 
     def __repr__(self) -> str:
         return f"CacheStats({self.name!r}, {self.as_dict()})"
