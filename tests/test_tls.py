@@ -227,6 +227,28 @@ def test_a_server_without_tls_is_refused(
     plain.close()
 
 
+def test_without_tls_parameters_pymysql_connections_share_one_context(
+    tls_server: MariaDBServer, plain_server: MariaDBServer, files: TLSFiles
+) -> None:
+    """PyMySQL's default (TLS if the server offers it, unverified) is kept, but its context is built
+    once: a connection to a server with TLS is encrypted, one to a server without is plain."""
+    first = open_mysql(mysql_url("pymysql"))
+    second = open_mysql(mysql_url("pymysql"))
+    plain = open_mysql(mysql_url("pymysql", "root", "", port=PLAIN_PORT))
+    try:
+        assert session_cipher(first)
+        assert session_cipher(second)
+        assert session_cipher(plain) == ""
+        assert first.ctx is second.ctx is plain.ctx
+        verified = open_mysql(mysql_url("pymysql", ssl_ca=files.ca))
+        assert verified.ctx is not first.ctx  # a context of its own, with the CA
+        assert session_cipher(verified)
+        verified.close()
+    finally:
+        for conn in (first, second, plain):
+            conn.close()
+
+
 def test_an_account_that_requires_tls_cannot_log_in_without_it(
     tls_server: MariaDBServer, driver: str
 ) -> None:
