@@ -147,3 +147,23 @@ def test_a_list_key_of_the_old_layout_reads_as_not_cached(
     assert again is not None
     assert again.members == [encode_member(3, 4)]
     raw.delete(key, key + ":m", key + ":v")
+
+
+def test_a_head_whose_meta_disagrees_reads_as_not_cached(
+    backends: tuple[RedisListBackend, MemoryListBackend],
+) -> None:
+    """Eviction can take the head and leave its meta (or the reverse): that list is a miss, never a
+    short or empty page."""
+    red, _ref = backends
+    key = f"{PREFIX}l:apart"
+    raw = redis.Redis.from_url(REDIS_TEST_URL)
+    red.invalidate([key], 60)
+    seen = red.read(key, ("meta",))
+    assert seen is not None
+    assert red.fill(key, seen.version, 3, encode_members([(1, 1), (2, 2), (3, 3)]), 60, 7)
+    raw.delete(key)  # the head evicted, its meta kept
+    for op in (("all",), ("rank", 0, 1, False), ("after", b"\x00" * 16, 2, False)):
+        got = red.read(key, op)
+        assert got is not None
+        assert (got.meta, got.members) == (None, []), op
+    raw.delete(key + ":m", key + ":v")

@@ -67,6 +67,10 @@ local s = redis.pcall('GET', KEYS[1])
 if type(s) == 'table' then return {false, ver or false, '', false} end  -- a list of another layout
 s = s or ''
 local n = math.floor(#s / 16)
+local total, cached = string.match(meta, '^(%d+):(%d+)')
+if tonumber(cached) ~= n then  -- the head and its meta apart (one evicted): not cached
+  return {false, ver or false, '', false}
+end
 local function cut(m, strict)
   -- the first index (0-based) whose member is after m (strict) or not before it
   local a1, a2, a3, a4 = struct.unpack('>I4I4I4I4', m)
@@ -104,7 +108,6 @@ end
 local picked = ''
 local last = false
 if kind == 'all' then
-  local total, cached = string.match(meta, '^(%d+):(%d+)')
   if total == cached then picked = s end
 elseif kind == 'rank' then
   local a, b = tonumber(ARGV[2]), tonumber(ARGV[3])
