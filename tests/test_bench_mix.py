@@ -217,3 +217,35 @@ def test_server_cpu_counts_a_busy_program_and_only_while_it_works() -> None:
     finally:
         proc.communicate("")
     assert since({"gone": 1.0}, {}) == {}
+
+
+@pytest.mark.mariadb
+def test_round_trips_are_counted_on_both_drivers() -> None:
+    """PyMySQL's requests are sends on Python sockets; mysqlclient's, in C, are counted at its query."""
+    require_port("MariaDB", 3306)
+    mysqldb = pytest.importorskip("MySQLdb")
+    import pymysql
+    from pymysql.constants import CLIENT
+
+    from store_tools.mix.runner import counting_sends, reset_sends, sends
+
+    c_conn = mysqldb.connect(host="127.0.0.1", user="root", autocommit=True)
+    py_conn = pymysql.connect(
+        host="127.0.0.1", user="root", autocommit=True, client_flag=CLIENT.MULTI_STATEMENTS
+    )
+    try:
+        with counting_sends():
+            for conn in (c_conn, py_conn):
+                reset_sends()
+                cur = conn.cursor()
+                cur.execute("SELECT 1")
+                cur.execute("SELECT 1; SELECT 2")  # one request, two statements
+                while cur.nextset():
+                    pass
+                assert sends() == 2, type(conn)
+        reset_sends()
+        c_conn.cursor().execute("SELECT 1")  # counting is over: nothing counts
+        assert sends() == 0
+    finally:
+        c_conn.close()
+        py_conn.close()

@@ -215,29 +215,19 @@ def _timed(
                 done[0] += step
 
         seed = options.seed * 100_000 + threads * 100 + part
+        common: dict[str, Any] = {
+            "threads": threads,
+            "temperature": temperature,
+            "seconds": seconds,
+            "requests_per_thread": options.requests,
+            "seed": seed,
+            "tick": tick,
+        }
         before = server_cpu_s()
         if workers is not None:
-            phase = workers.run_phase(
-                copy,
-                threads=threads,
-                temperature=temperature,
-                seconds=seconds,
-                requests_per_thread=options.requests,
-                seed=seed,
-                tick=tick,
-            )
+            phase = workers.run_phase(copy, **common)
         else:
-            phase = run_phase(
-                system,
-                data,
-                copy,
-                threads=threads,
-                temperature=temperature,
-                seconds=seconds,
-                requests_per_thread=options.requests,
-                seed=seed,
-                tick=tick,
-            )
+            phase = run_phase(system, data, copy, **common)
         phase.server_cpu_s = since(before, server_cpu_s())
         return phase
 

@@ -9,12 +9,13 @@ time (``perf_counter_ns``) and in the CPU time of its thread
 
 from __future__ import annotations
 
+import importlib
 import random
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,14 +257,24 @@ def reset_sends() -> None:
 
 @contextmanager
 def counting_sends() -> Iterator[None]:
-    """Count every ``sendall``/``send`` on Python sockets (PyMySQL, pymemcache and redis-py use them).
+    """Count every ``sendall``/``send`` on Python sockets (PyMySQL, pymemcache and redis-py use them),
+    and every query mysqlclient sends.
 
     A request is one send on all three (a pipeline's commands go out
-    together), so sends are round trips. A C driver's sockets (mysqlclient)
-    are not seen.
+    together), so sends are round trips. mysqlclient's sockets are in C: its
+    ``Connection.query`` (one request, however many statements it holds) is
+    counted instead.
     """
     cls: Any = socket.socket
     orig_sendall, orig_send = cls.sendall, cls.send
+    mysqldb: Any = None
+    with suppress(ImportError):
+        mysqldb = importlib.import_module("MySQLdb.connections").Connection
+    orig_query: Any = None if mysqldb is None else mysqldb.query
+
+    def query(self: Any, sql: Any) -> Any:
+        _counts.n = getattr(_counts, "n", 0) + 1
+        return orig_query(self, sql)
 
     def sendall(self: socket.socket, data: Any, *args: Any) -> Any:
         _counts.n = getattr(_counts, "n", 0) + 1
@@ -274,10 +285,14 @@ def counting_sends() -> Iterator[None]:
         return orig_send(self, data, *args)
 
     cls.sendall, cls.send = sendall, send
+    if mysqldb is not None:
+        mysqldb.query = query
     try:
         yield
     finally:
         cls.sendall, cls.send = orig_sendall, orig_send
+        if mysqldb is not None:
+            mysqldb.query = orig_query
 
 
 def count_round_trips(system: System, data: DataSet, copy: Copy, *, n: int, seed: int) -> dict[str, float]:
