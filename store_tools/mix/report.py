@@ -201,6 +201,8 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
     systems = list(dict.fromkeys(p.system for p in phases))
     threads = sorted({p.threads for p in phases})
     processes = max((p.processes for p in phases), default=1)
+    # One colour per system (the same in both charts); cold dashed, warm solid.
+    colours = {name: f"C{i % 10}" for i, name in enumerate(systems)}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in systems:
         for temp, style in (("cold", "--"), ("warm", "-")):
@@ -218,7 +220,7 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
                 for t in xs
             ]
             if xs:
-                ax.plot(xs, ys, style, marker="o", label=f"{name} ({temp})")
+                ax.plot(xs, ys, style, marker="o", color=colours[name], label=f"{name} ({temp})")
     ax.set_xlabel("threads" if processes == 1 else f"threads per process ({processes} processes)")
     ax.set_ylabel("operations per second")
     ax.set_xscale("log", base=2)
@@ -245,8 +247,8 @@ def charts(phases: list[Phase], out: Path) -> list[Path]:
         p50 = [_pct(p.ops[o].wall_ns, 0.5) / 1e6 for o in ops]
         p99 = [_pct(p.ops[o].wall_ns, 0.99) / 1e6 for o in ops]
         pos = [j + i * width for j in range(len(ops))]
-        ax.bar(pos, p99, width, alpha=0.35, label=f"{name} p99")
-        ax.bar(pos, p50, width, label=f"{name} p50")
+        ax.bar(pos, p99, width, alpha=0.35, color=colours[name], label=f"{name} p99")
+        ax.bar(pos, p50, width, color=colours[name], label=f"{name} p50")
     ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(ops))], ops, rotation=30, ha="right")
     ax.set_ylabel("ms")
     ax.set_yscale("log")
