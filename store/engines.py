@@ -63,6 +63,9 @@ class Cursor(Protocol):
     def defer(self, sql: str, params: Sequence[Any], /) -> None:
         """Run a statement whose result is not read (in a transaction: possibly with the next request)."""
 
+    def defer_log(self, sql: str, at_ms: int, entries: str, /) -> None:
+        """Log ``entries`` (`store.cache.follower`) with the transaction's COMMIT, one row for all of them."""
+
     def fetchone(self) -> Any:
         """The next row or None."""
 
@@ -90,15 +93,19 @@ class _Txn:
     first statement, and statements whose results the transaction does not
     read (`defer`: the count updates) go out with the next statement or with
     ``COMMIT``, in order. Elsewhere every statement is its own request.
+    Invalidation log entries (`defer_log`) wait for the COMMIT and go as one
+    row, however many writes of the transaction named keys.
     """
 
-    __slots__ = ("_batch", "_begin", "_c", "_deferred")
+    __slots__ = ("_batch", "_begin", "_c", "_deferred", "_log")
 
     def __init__(self, cursor: Any, backend: Backend) -> None:
         self._c = cursor
         self._batch = backend.begin_with_first_statement
         self._begin: str | None = backend.begin
         self._deferred: list[tuple[str, Sequence[Any]]] = []
+        #: The pending log row: (its INSERT, the time, the entries so far); None if nothing to log.
+        self._log: tuple[str, int, str] | None = None
         if not self._batch:
             cursor.execute(backend.begin)
             self._begin = None
@@ -140,6 +147,17 @@ class _Txn:
         else:
             self._c.execute(sql, params)
 
+    def defer_log(self, sql: str, at_ms: int, entries: str, /) -> None:
+        """Add ``entries`` to the transaction's one log row, written with the COMMIT (``sql``: the
+        host's log INSERT, taking the time and the entries)."""
+        log = self._log
+        if log is None or log[0] != sql:
+            if log is not None:  # (one cursor is one host: not seen, but kept apart if it were)
+                self.defer(log[0], (log[1], log[2]))
+            self._log = (sql, at_ms, entries)
+        else:
+            self._log = (sql, log[1], f"{log[2]} {entries}")
+
     def executemany(self, sql: str, params: Any, /) -> Any:
         """Run ``sql`` for each parameter set (after BEGIN and anything deferred)."""
         if self._begin is not None or self._deferred:
@@ -147,7 +165,12 @@ class _Txn:
         return self._c.executemany(sql, params)
 
     def commit(self) -> None:
-        """Send what is deferred, then COMMIT, in one request (nothing if nothing was ever sent)."""
+        """Send what is deferred and the log row, then COMMIT, in one request (nothing if nothing was
+        ever sent)."""
+        if self._log is not None:
+            sql, at_ms, entries = self._log
+            self._log = None
+            self.defer(sql, (at_ms, entries))
         if self._begin is not None and not self._deferred:
             self._begin = None  # the transaction never began
             return
@@ -156,6 +179,7 @@ class _Txn:
     def rollback(self) -> None:
         """Drop what is deferred; ROLLBACK if the transaction began."""
         self._deferred.clear()
+        self._log = None
         if self._begin is None:
             self._c.execute("ROLLBACK")
         self._begin = None

@@ -250,7 +250,7 @@ class PairWriter:
             return
         sql = side.h.log_sql()
         if sql is not None:
-            cur.defer(sql, (wall_ms(), self.log(side)))
+            cur.defer_log(sql, wall_ms(), self.log(side))
 
     # -- locks and checks -------------------------------------------------------------
 

@@ -73,10 +73,17 @@ def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
         objects, _lists = parse_entries(_log_rows()[:1])
         assert objects == [s.cache_key(pin)]
         s.link(BHP, board, pin)
-        _objects, lists = parse_entries(_log_rows()[:2])
+        _objects, lists = parse_entries(_log_rows()[:1])
         assert sorted(lists) == sorted(
             [f"t:l:{BHP}:{board}", f"t:l:pin_owned_by_board:{pin}"]
-        )  # both sides, each with its own COMMIT
+        )  # both sides: one transaction on one host, one row
+        elsewhere = s.create("pin", {"n": 2}, shard=s.locate(board).shard ^ 4)  # the other host
+        assert s.locate(elsewhere).host != s.locate(board).host
+        s.link(BHP, board, elsewhere)
+        first, second = _log_rows()[:2]  # a transaction on each host, a row each
+        assert sorted([parse_entries([first])[1], parse_entries([second])[1]]) == sorted(
+            [[f"t:l:{BHP}:{board}"], [f"t:l:pin_owned_by_board:{elsewhere}"]]
+        )
         before = len(_log_rows())
         s.link(BHP, board, pin)  # changes nothing: logs nothing
         s.unlink(BHP, board, pin)
