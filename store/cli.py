@@ -1221,7 +1221,9 @@ def bench_mix(
     Each system loads its own copy of the same data set and replays the
     same request streams, cold and warm, at each thread count; afterwards its
     answers are checked against the databases and its round trips counted.
-    With --processes P each phase runs in P worker processes (spawned, each
+    Each phase reports the client's CPU per call and the CPU the machine's
+    server processes (MariaDB, Redis, memcached, PostgreSQL) spent per call:
+    run it on a quiet machine. With --processes P each phase runs in P worker processes (spawned, each
     building its own system) of T threads each, on the same loaded data;
     ops/s is all their calls over the wall time of the whole phase.
     """
