@@ -301,40 +301,51 @@ class MoveProgress:
         self.set(running=False, **final)
 
     def _sample(self) -> None:
-        marks = ", ".join(["%s"] * len(self._dbs))
+        """Every `PROGRESS_EVERY_S`, read where the target stands (`_read`) on a connection of its own."""
         conn: Any = None
         while not self._stop.wait(PROGRESS_EVERY_S):
-            step = self.data["step"]
             try:
                 if conn is None:
-                    conn = mysql_connector(self._mover._url(self.data["target"]))()
-                cur = conn.cursor()
-                if step == "load":
-                    cur.execute(
-                        "SELECT COALESCE(SUM(table_rows), 0), COUNT(*), "
-                        "COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
-                        f"WHERE table_schema IN ({marks}) AND table_type = 'BASE TABLE'",
-                        self._dbs,
-                    )
-                    got = cur.fetchone()
-                    self.set(rows_copied=int(got[0]), tables_copied=int(got[1]), disk_copied=int(got[2]))
-                elif step == "catch_up":
-                    cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
-                    names = [c[0] for c in cur.description]
-                    row = dict(zip(names, cur.fetchone() or (), strict=False))
-                    lag = row.get("Seconds_Behind_Master")
-                    self.set(lag_s=None if lag is None else float(lag))
-                else:
-                    self.set()
-                cur.close()
+                    conn = self._connect()
+                self._read(conn, self.data["step"])
             except Exception:  # progress is for people: never let it disturb the move
-                with suppress(Exception):
-                    if conn is not None:
-                        conn.close()
+                _close_quietly(conn)
                 conn = None
+        _close_quietly(conn)
+
+    def _connect(self) -> Any:
+        """A connection to the target for the sampler."""
+        return mysql_connector(self._mover._url(self.data["target"]))()
+
+    def _read(self, conn: Any, step: str) -> None:
+        """Record the target's rows, tables and bytes while the copy loads, its lag while it catches up."""
+        cur = conn.cursor()
+        if step == "load":
+            marks = ", ".join(["%s"] * len(self._dbs))
+            cur.execute(
+                "SELECT COALESCE(SUM(table_rows), 0), COUNT(*), "
+                "COALESCE(SUM(data_length + index_length), 0) FROM information_schema.tables "
+                f"WHERE table_schema IN ({marks}) AND table_type = 'BASE TABLE'",
+                self._dbs,
+            )
+            got = cur.fetchone()
+            self.set(rows_copied=int(got[0]), tables_copied=int(got[1]), disk_copied=int(got[2]))
+        elif step == "catch_up":
+            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+            names = [c[0] for c in cur.description]
+            row = dict(zip(names, cur.fetchone() or (), strict=False))
+            lag = row.get("Seconds_Behind_Master")
+            self.set(lag_s=None if lag is None else float(lag))
+        else:
+            self.set()
+        cur.close()
+
+
+def _close_quietly(conn: Any) -> None:
+    """Close a connection that may be broken or None (a sampler's)."""
+    if conn is not None:
         with suppress(Exception):
-            if conn is not None:
-                conn.close()
+            conn.close()
 
 
 #: The fence's bar fills over this many seconds (the time writers may be held, as a budget).
@@ -1130,35 +1141,17 @@ class Mover:
                 f"verify: {j.target} is not replicating ({status.get('Last_SQL_Error') or 'stopped'}); "
                 "the source was unlocked and keeps serving: resume to try again, or abort"
             )
-        counts: list[dict[str, Any]] = [{} for _ in range(len(sessions) + 1)]
 
-        def count(cur: Any, group: list[tuple[str, str]], into: dict[str, Any]) -> None:
-            if group:
-                cur.execute(
-                    " UNION ALL ".join(
-                        f"SELECT '{d}.{t}', MAX(`{keys[d, t]}`) FROM `{d}`.`{t}`"
-                        if (d, t) in keys
-                        else f"SELECT '{d}.{t}', NULL"  # no primary key: nothing cheap to compare
-                        for d, t in group
-                    )
-                )
-                into.update({str(r[0]): r[1] for r in cur.fetchall()})
+        def newest(group: list[tuple[str, str]]) -> str:
+            return " UNION ALL ".join(
+                f"SELECT '{d}.{t}', MAX(`{keys[d, t]}`) FROM `{d}`.`{t}`"
+                if (d, t) in keys
+                else f"SELECT '{d}.{t}', NULL"  # no primary key: nothing cheap to compare
+                for d, t in group
+            )
 
-        def target_side() -> None:
-            with self._conn(j.target) as cur:
-                count(cur, [dt for g in groups for dt in g], counts[-1])
-
-        _together(
-            [
-                target_side,
-                *(
-                    lambda cur=cur, group=group, into=into: count(cur, group, into)
-                    for cur, group, into in zip(sessions, groups, counts, strict=False)
-                ),
-            ]
-        )
-        here = {k: v for c in counts[:-1] for k, v in c.items()}
-        _compare(here, counts[-1], "; the source was unlocked and keeps serving", "newest rows")
+        here, there = self._both_sides(j, sessions, groups, newest)
+        _compare(here, there, "; the source was unlocked and keeps serving", "newest rows")
         self.say(
             f"verify: {j.target} applied {position} and replicates without error; {len(here)} tables end "
             f"with the same row on both sides (checksums equal at {at})"
@@ -1221,29 +1214,42 @@ class Mover:
 
     def _verify(self, j: Journal, sessions: list[Any], groups: list[list[tuple[str, str]]]) -> None:
         """Compare every fenced table's checksum on both sides, each fence session its own tables."""
-        sums: list[dict[str, Any]] = [{} for _ in range(len(sessions) + 1)]
+        here, there = self._both_sides(
+            j, sessions, groups, lambda group: "CHECKSUM TABLE " + ", ".join(f"`{d}`.`{t}`" for d, t in group)
+        )
+        _compare(here, there, "; the source was unlocked and keeps serving")
+        self.say(f"verify: {len(here)} table checksums equal on both sides")
 
-        def checksum(cur: Any, group: list[tuple[str, str]], into: dict[str, Any]) -> None:
+    def _both_sides(
+        self,
+        j: Journal,
+        sessions: list[Any],
+        groups: list[list[tuple[str, str]]],
+        query: Callable[[list[tuple[str, str]]], str],
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``query`` of each fence session's tables on that session (it holds their locks), and of all
+        of them on the target, at once: (table -> the source's answer, table -> the target's)."""
+        answers: list[dict[str, Any]] = [{} for _ in range(len(sessions) + 1)]
+
+        def ask(cur: Any, group: list[tuple[str, str]], into: dict[str, Any]) -> None:
             if group:
-                cur.execute("CHECKSUM TABLE " + ", ".join(f"`{d}`.`{t}`" for d, t in group))
+                cur.execute(query(group))
                 into.update({str(r[0]): r[1] for r in cur.fetchall()})
 
         def target_side() -> None:
             with self._conn(j.target) as cur:
-                checksum(cur, [dt for g in groups for dt in g], sums[-1])
+                ask(cur, [dt for g in groups for dt in g], answers[-1])
 
         _together(
             [
                 target_side,
                 *(
-                    lambda cur=cur, group=group, into=into: checksum(cur, group, into)
-                    for cur, group, into in zip(sessions, groups, sums, strict=False)
+                    lambda cur=cur, group=group, into=into: ask(cur, group, into)
+                    for cur, group, into in zip(sessions, groups, answers, strict=False)
                 ),
             ]
         )
-        here = {k: v for s in sums[:-1] for k, v in s.items()}
-        _compare(here, sums[-1], "; the source was unlocked and keeps serving")
-        self.say(f"verify: {len(here)} table checksums equal on both sides")
+        return {k: v for a in answers[:-1] for k, v in a.items()}, answers[-1]
 
     def _map_switched(self, j: Journal) -> bool:
         self.store.refresh_map(force=True)

@@ -148,40 +148,29 @@ class PgMovePlan(MovePlan):
 class PgMoveProgress(MoveProgress):
     """`MoveProgress` for a PostgreSQL move: rows copied and replication lag read on the target."""
 
-    def _sample(self) -> None:
-        schemas = [schema_name(s) for s in range(int(self.data["low"]), int(self.data["high"]) + 1)]
-        name = _name(int(self.data["low"]), int(self.data["high"]))
-        conn: Any = None
-        while not self._stop.wait(0.25):
-            try:
-                if conn is None:
-                    url = self._mover._url(str(self.data["target"]))
-                    conn = postgres_connector(url, query_timeout_s=5)()
-                step = self.data["step"]
-                if step in ("load", "dump"):
-                    row = conn.execute(
-                        "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables "
-                        "WHERE schemaname = ANY(%s)",
-                        (schemas,),
-                    ).fetchone()
-                    self.set(rows_copied=int(row[0]))
-                elif step == "catch_up":
-                    row = conn.execute(
-                        "SELECT extract(epoch FROM now() - max(latest_end_time)) FROM pg_stat_subscription "
-                        "WHERE subname = %s",
-                        (name,),
-                    ).fetchone()
-                    self.set(lag_s=None if row is None or row[0] is None else max(0.0, float(row[0])))
-                else:
-                    self.set()
-            except Exception:  # progress is for people: never let it disturb the move
-                with suppress(Exception):
-                    if conn is not None:
-                        conn.close()
-                conn = None
-        with suppress(Exception):
-            if conn is not None:
-                conn.close()
+    def _connect(self) -> Any:
+        """A connection to the target for the sampler."""
+        return postgres_connector(self._mover._url(str(self.data["target"])), query_timeout_s=5)()
+
+    def _read(self, conn: Any, step: str) -> None:
+        """Record the rows inserted on the target while the copy loads, the subscription's lag after."""
+        low, high = int(self.data["low"]), int(self.data["high"])
+        if step in ("load", "dump"):
+            schemas = [schema_name(s) for s in range(low, high + 1)]
+            row = conn.execute(
+                "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE schemaname = ANY(%s)",
+                (schemas,),
+            ).fetchone()
+            self.set(rows_copied=int(row[0]))
+        elif step == "catch_up":
+            row = conn.execute(
+                "SELECT extract(epoch FROM now() - max(latest_end_time)) FROM pg_stat_subscription "
+                "WHERE subname = %s",
+                (_name(low, high),),
+            ).fetchone()
+            self.set(lag_s=None if row is None or row[0] is None else max(0.0, float(row[0])))
+        else:
+            self.set()
 
 
 class PgMover(Mover):
