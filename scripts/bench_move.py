@@ -12,51 +12,22 @@ ends with one line per run.
 
 from __future__ import annotations
 
-import argparse
-import random
-import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson
+from move_bench import MOVING, SHARDS, main, move_under_writers, report
 
 from store import Store, StoreConfig
 from store.admin import init_shards
-from store.admin.move import Mover
 from store.ids import encode_pinterest
 from store_tools.timing import PIN
 from tests.conftest import base_config
 from tests.servers import MariaDBServer
-
-SHARDS, MOVING = 64, range(32, 64)
-OBJECTS = 400_000  # 200,000 on the moving half
-WRITERS = 4
-
-
-def main() -> None:
-    """Run the benchmark ``--runs`` times; one summary line per run at the end."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("objects", nargs="?", type=int, default=OBJECTS)
-    parser.add_argument("--runs", type=int, default=1)
-    args = parser.parse_args()
-    results = []
-    for run in range(args.runs):
-        print(f"-- run {run + 1} of {args.runs}")
-        results.append(bench(args.objects))
-    if args.runs > 1:
-        print("-- every run")
-        for i, r in enumerate(results):
-            print(
-                f"run {i + 1}: fence {r['fenced_s']:.3f} s ({r['breakdown']}); "
-                f"copy {r['rows_s']:,.0f} rows/s; max write wait {r['max_wait_ms']:,.0f} ms; "
-                f"other shards refused {r['refused']}"
-            )
 
 
 def bench(objects: int) -> dict[str, Any]:
@@ -86,70 +57,17 @@ def bench(objects: int) -> dict[str, Any]:
                         f"INSERT INTO {h.table('pins')} (data) VALUES (%s)", [(text,)] * per_shard
                     )
             print(f"loaded {per_shard * SHARDS:,} objects ({per_shard * len(MOVING):,} on the moving shards)")
-            waits: list[float] = []
-            other_errors: list[BaseException] = []
-            done = threading.Event()
-
-            def writer(seed: int) -> None:
-                rng = random.Random(seed)
-                while not done.is_set():
-                    shard = rng.randrange(SHARDS)
-                    pin = encode_pinterest(shard, 1, rng.randrange(1, per_shard))
-                    t = time.perf_counter()
-                    try:
-                        store.update(pin, {"w": seed})
-                    except Exception as exc:
-                        if shard not in MOVING:
-                            other_errors.append(exc)
-                        continue
-                    if shard in MOVING:
-                        waits.append(time.perf_counter() - t)
-
-            threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
-            for t in threads:
-                t.start()
-            mover = Mover(store, tmp / "move.json", say=print)
-            try:
-                plan = mover.plan(MOVING.start, MOVING.stop - 1, "B")
-                journal = mover.start(plan)
-                time.sleep(1)
-            finally:
-                done.set()
-            for t in threads:
-                t.join()
-            copy_s = journal.timings["copy_s"]
-            mb = journal.timings["copy_bytes"] / 1e6
-            print(
-                f"copy: {plan.rows:,} rows in {copy_s:.2f} s = "
-                f"{plan.rows / copy_s:,.0f} rows/s, {mb / copy_s:.1f} MB/s"
+            journal, rows, waits, other_errors = move_under_writers(
+                store,
+                tmp / "move.json",
+                lambda rng, shard: encode_pinterest(shard, 1, rng.randrange(1, per_shard)),
             )
-            print(
-                f"catch up: {journal.timings['catch_up_s']:.2f} s; "
-                f"fence held {journal.timings['fenced_s']:.3f} s"
-            )
-            breakdown = ", ".join(
-                f"{k[6:-2]} {v:.3f}" for k, v in journal.timings.items() if k.startswith("fence_")
-            )
-            print(
-                f"fence: {breakdown}; checksums before the fence {journal.timings.get('checksum_s', 0):.2f} s"
-            )
-            q = statistics.quantiles(waits, n=100)
-            print(
-                f"writes to moving shards: {len(waits):,}, median {statistics.median(waits) * 1000:.1f} ms, "
-                f"p99 {q[98] * 1000:.1f} ms, max {max(waits) * 1000:.1f} ms"
-            )
-            print(f"writes to other shards refused: {len(other_errors)}")
-            return {
-                "fenced_s": journal.timings["fenced_s"],
-                "breakdown": breakdown,
-                "rows_s": plan.rows / copy_s,
-                "max_wait_ms": max(waits) * 1000,
-                "refused": len(other_errors),
-            }
+            checksums = f"; checksums before the fence {journal.timings.get('checksum_s', 0):.2f} s"
+            return report(journal, rows, waits, other_errors, fence_said=checksums)
     finally:
         source.remove()
         target.remove()
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, bench)
