@@ -849,12 +849,16 @@ class Mover:
         finally:
             conn.close()  # also releases the locks if anything above failed
         self._forget_replication(j)
+        self._done(j, left)
+
+    def _done(self, j: Journal, tombstones: int) -> None:
+        """Journal the move as done and say so."""
         j.phase = "done"
         j.save(self.journal_path)
         self._step(phase="done", step="done", map_version=j.switched_version)
         self.say(
             f"done: shards {j.low}-{j.high} are served by {j.target} (map version {j.switched_version}); "
-            f"{left} tombstone(s) on {j.source}"
+            f"{tombstones} tombstone(s) on {j.source}"
         )
 
     def _fence_and_rename(

@@ -635,13 +635,7 @@ class PgMover(Mover):
         with self._pg(j.source) as conn:
             conn.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high))}")
         j.replicating = False
-        j.phase = "done"
-        j.save(self.journal_path)
-        self._step(phase="done", step="done", map_version=j.switched_version)
-        self.say(
-            f"done: shards {j.low}-{j.high} are served by {j.target} (map version {j.switched_version}); "
-            f"{len(schemas)} tombstone(s) on {j.source}"
-        )
+        self._done(j, len(schemas))
 
     def _table_info(
         self, conn: Any, schemas: list[str]
