@@ -60,11 +60,17 @@ class Cursor(Protocol):
     def executemany(self, sql: str, params: Any, /) -> Any:
         """Run one statement for many parameter sets."""
 
-    def defer(self, sql: str, params: Sequence[Any], /) -> None:
-        """Run a statement whose result is not read (in a transaction: possibly with the next request)."""
+    def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
+        """Run a statement whose rows are not read (in a transaction: possibly with the next request);
+        ``seen`` is told its ``lastrowid`` once its result is in."""
 
     def defer_log(self, sql: str, at_ms: int, entries: str, /) -> None:
         """Log ``entries`` (`store.cache.follower`) with the transaction's COMMIT, one row for all of them."""
+
+    def defer_log_version(
+        self, sql: str, at_ms: int, entry: str, version: str, params: Sequence[Any], /
+    ) -> None:
+        """Log a list's ``entry`` in the same row, followed by its version as the transaction leaves it."""
 
     def fetchone(self) -> Any:
         """The next row or None."""
@@ -86,6 +92,19 @@ class DBAPIConnection(Protocol):
         """Close the connection."""
 
 
+class _LogRow:
+    """A transaction's pending log row: the host's plain log INSERT, the time, plain entries, and
+    lists to name with their versions (entry, version query, its parameters)."""
+
+    __slots__ = ("at_ms", "entries", "sql", "versions")
+
+    def __init__(self, sql: str, at_ms: int) -> None:
+        self.sql = sql
+        self.at_ms = at_ms
+        self.entries: list[str] = []
+        self.versions: list[tuple[str, str, Sequence[Any]]] = []
+
+
 class _Txn:
     """A transaction's cursor: fewer round trips where the backend takes several statements a request.
 
@@ -93,19 +112,23 @@ class _Txn:
     first statement, and statements whose results the transaction does not
     read (`defer`: the count updates) go out with the next statement or with
     ``COMMIT``, in order. Elsewhere every statement is its own request.
-    Invalidation log entries (`defer_log`) wait for the COMMIT and go as one
-    row, however many writes of the transaction named keys.
+    Invalidation log entries (`defer_log`, `defer_log_version`) wait for the
+    COMMIT and go as one row, however many writes of the transaction named keys.
     """
 
-    __slots__ = ("_batch", "_begin", "_c", "_deferred", "_log")
+    __slots__ = ("_backend", "_batch", "_begin", "_c", "_deferred", "_log", "_seen", "_versions")
 
     def __init__(self, cursor: Any, backend: Backend) -> None:
         self._c = cursor
         self._batch = backend.begin_with_first_statement
         self._begin: str | None = backend.begin
         self._deferred: list[tuple[str, Sequence[Any]]] = []
-        #: The pending log row: (its INSERT, the time, the entries so far); None if nothing to log.
-        self._log: tuple[str, int, str] | None = None
+        #: (index in ``_deferred``, told the statement's ``lastrowid`` once its result is read).
+        self._seen: list[tuple[int, Callable[[int], None]]] = []
+        self._versions = backend.list_versions  # else no statement returns a version: none is told
+        self._backend = backend
+        #: The pending log row; None if nothing to log.
+        self._log: _LogRow | None = None
         if not self._batch:
             cursor.execute(backend.begin)
             self._begin = None
@@ -116,22 +139,29 @@ class _Txn:
         if self._begin is not None:
             parts.append(self._begin)
             self._begin = None
+        first = len(parts)  # the index of the first deferred statement's result
         for text, given in self._deferred:
             parts.append(text)
             args.extend(given)
         self._deferred.clear()
+        seen = {first + i: tell for i, tell in self._seen}
+        self._seen.clear()
         if sql is not None:
             parts.append(sql)
             if params is not None:
                 args.extend(params)
         if len(parts) == 1:
             self._c.execute(parts[0], tuple(args) if args else None)
-            return
-        if args:  # the driver interpolates the whole text: a literal % must be doubled
-            parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]
-        self._c.execute("; ".join(parts), tuple(args) if args else None)
-        for _ in range(len(parts) - 1):
-            self._c.nextset()  # on to the last statement's result; an error of any of them raises here
+        else:
+            if args:  # the driver interpolates the whole text: a literal % must be doubled
+                parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]
+            self._c.execute("; ".join(parts), tuple(args) if args else None)
+        for i in range(len(parts)):
+            if i:
+                self._c.nextset()  # on to the next statement's result; an error of any of them raises here
+            tell = seen.get(i)
+            if tell is not None:
+                tell(int(self._c.lastrowid or 0))
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
         """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
@@ -140,23 +170,41 @@ class _Txn:
         self._send(sql, params)
         return None
 
-    def defer(self, sql: str, params: Sequence[Any], /) -> None:
-        """Run ``sql`` whose result is not read: with the next request where the backend can, else now."""
+    def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
+        """Run ``sql`` whose rows are not read: with the next request where the backend can, else now.
+
+        ``seen``, if given, is told the statement's ``lastrowid`` (0 if none) once its result is in,
+        where the backend returns list versions so (`Backend.list_versions`); else never.
+        """
+        if not self._versions:
+            seen = None
         if self._batch:
+            if seen is not None:
+                self._seen.append((len(self._deferred), seen))
             self._deferred.append((sql, params))
         else:
             self._c.execute(sql, params)
+            if seen is not None:
+                seen(int(self._c.lastrowid or 0))
 
     def defer_log(self, sql: str, at_ms: int, entries: str, /) -> None:
         """Add ``entries`` to the transaction's one log row, written with the COMMIT (``sql``: the
         host's log INSERT, taking the time and the entries)."""
+        self._log_row(sql, at_ms).entries.append(entries)
+
+    def defer_log_version(
+        self, sql: str, at_ms: int, entry: str, version: str, params: Sequence[Any], /
+    ) -> None:
+        """Add a list's entry to the transaction's log row, ending in the list's version as the
+        transaction leaves it (``version``: the query of it, with ``params``; see
+        `Backend.change_log_insert_versions`)."""
+        self._log_row(sql, at_ms).versions.append((entry, version, params))
+
+    def _log_row(self, sql: str, at_ms: int) -> _LogRow:
         log = self._log
-        if log is None or log[0] != sql:
-            if log is not None:  # (one cursor is one host: not seen, but kept apart if it were)
-                self.defer(log[0], (log[1], log[2]))
-            self._log = (sql, at_ms, entries)
-        else:
-            self._log = (sql, log[1], f"{log[2]} {entries}")
+        if log is None:
+            log = self._log = _LogRow(sql, at_ms)
+        return log
 
     def executemany(self, sql: str, params: Any, /) -> Any:
         """Run ``sql`` for each parameter set (after BEGIN and anything deferred)."""
@@ -167,10 +215,18 @@ class _Txn:
     def commit(self) -> None:
         """Send what is deferred and the log row, then COMMIT, in one request (nothing if nothing was
         ever sent)."""
-        if self._log is not None:
-            sql, at_ms, entries = self._log
+        log = self._log
+        if log is not None:
             self._log = None
-            self.defer(sql, (at_ms, entries))
+            plain = " ".join(log.entries)
+            if log.versions:
+                sql = self._backend.change_log_insert_versions([q for _e, q, _p in log.versions])
+                args: list[Any] = [log.at_ms, plain or None]
+                for entry, _q, given in log.versions:
+                    args += [entry, *given]
+                self.defer(sql, args)
+            else:
+                self.defer(log.sql, (log.at_ms, plain))
         if self._begin is not None and not self._deferred:
             self._begin = None  # the transaction never began
             return
@@ -179,6 +235,7 @@ class _Txn:
     def rollback(self) -> None:
         """Drop what is deferred; ROLLBACK if the transaction began."""
         self._deferred.clear()
+        self._seen.clear()
         self._log = None
         if self._begin is None:
             self._c.execute("ROLLBACK")

@@ -51,11 +51,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from store.backends.statements import ObjectStatements
+from store.cache.follower import VERSION_MARK
 from store.cache.leases import wall_ms
 from store.engines import Cursor, ShardHandle, transaction_pair
 from store.exceptions import NotFound
 
-__all__ = ["Guard", "PairWriter", "Side"]
+__all__ = ["ADD", "MOVE", "REMOVE", "Change", "Guard", "PairWriter", "Seen", "Side"]
 
 T = TypeVar("T")
 
@@ -84,6 +85,31 @@ class Side:
 # What the primary side settled on, for the inverse side to copy:
 # (present, sequence); the sequence is unused when the pair is absent.
 State = tuple[bool, int]
+#: Told the list's new version by the statement that bumped it (`store.engines.Cursor.defer`).
+Seen = Callable[[int], None] | None
+
+#: How a side's row changed: the pair is new, moved to another sequence, or removed.
+ADD, MOVE, REMOVE = "add", "move", "remove"
+
+
+@dataclass(slots=True)
+class Change:
+    """How one side's row changed, for the caller's list cache.
+
+    ``version`` is the list's version that this change made, where the
+    backend returns it (`store.backends.Backend.list_versions`); 0 when it
+    is not known (the cached list is then dropped, not updated).
+    """
+
+    side: Side
+    kind: str = ""
+    #: The pair's sequence after an add or a move.
+    sequence: int = 0
+    version: int = 0
+
+    def seen(self, version: int) -> None:
+        """Record the version the change's statement returned."""
+        self.version = version
 
 
 class PairWriter:
@@ -98,6 +124,7 @@ class PairWriter:
         #: The invalidation log entries of a side's write (`store.cache.follower`); None: not logged.
         self.log: Callable[[Side], str] | None = None
         self._live_sql: dict[tuple[str, int, str], str] = {}
+        self._live_stmts: dict[tuple[str, str, str], ObjectStatements] = {}
 
     # -- the three writes --------------------------------------------------------
 
@@ -108,11 +135,11 @@ class PairWriter:
         sequence: int,
         *,
         move: bool,
-        touched: list[Side] | None = None,
+        changes: list[Change] | None = None,
     ) -> bool:
         """Add the pair (or move it to ``sequence`` if ``move``); True if it is new.
 
-        ``touched`` gets the sides whose rows changed (a re-link of a pair
+        ``changes`` gets how each side's row changed (a re-link of a pair
         that is in place on both sides changes none), for the caller's cache.
 
         The usual cases take one statement a side: a new pair is inserted
@@ -124,77 +151,78 @@ class PairWriter:
         """
         new = False
         moved = False
-        inverse_changed = False
+        made: list[Change] = []
 
         def first(cur: Cursor) -> State:
-            nonlocal new, moved, inverse_changed
-            new = moved = inverse_changed = False  # (again after a deadlock)
+            nonlocal new, moved
+            new = moved = False  # (again after a deadlock)
+            made.clear()
             self._lock_key(cur, primary)
-            if move and self.repo.move_in(cur, primary, sequence):
+            c = Change(primary)
+            if move and self.repo.move_in(cur, primary, sequence, c.seen):
                 moved = True
-                self._logged(cur, primary)
+                self._changed(cur, c, MOVE, sequence, made)
                 return True, sequence
-            if not move and primary.guard is not None and self.repo.insert_live_in(cur, primary, sequence):
+            if (
+                not move
+                and primary.guard is not None
+                and self.repo.insert_live_in(cur, primary, sequence, c.seen)
+            ):
                 new = True
-                self._logged(cur, primary)
+                self._changed(cur, c, ADD, sequence, made)
                 return True, sequence
             self._check_live(cur, primary)
-            new, settled = self.repo.add_in(cur, primary, sequence, move=move)
+            new, settled = self.repo.add_in(cur, primary, sequence, move=move, seen=c.seen)
             if new or move:
-                self._logged(cur, primary)
+                # (a move asked for by the slow way may or may not have changed the row: count it)
+                self._changed(cur, c, ADD if new else MOVE, settled, made)
             return True, settled
 
         def second(cur: Cursor, state: State) -> None:
-            nonlocal inverse_changed
             assert inverse is not None
             _present, settled = state
-            fast = (
-                new and inverse.guard is not None and self.repo.insert_live_in(cur, inverse, settled)
-            ) or (moved and self.repo.move_in(cur, inverse, settled))
-            if fast:
-                inverse_changed = True
+            c = Change(inverse)
+            kind: str | None = None
+            if new and inverse.guard is not None and self.repo.insert_live_in(cur, inverse, settled, c.seen):
+                kind = ADD
+            elif moved and self.repo.move_in(cur, inverse, settled, c.seen):
+                kind = MOVE
             else:
                 self._check_live(cur, inverse)
-                inverse_changed = self.repo.set_in(cur, inverse, state)
-            if inverse_changed:
-                self._logged(cur, inverse)
+                kind = self.repo.set_in(cur, inverse, state, c.seen)
+            if kind is not None:
+                self._changed(cur, c, kind, settled, made)
 
         self._run(primary, inverse, first, second)
-        if touched is not None:
-            # A move asked for by the slow way may or may not have changed the row: count it.
-            if new or moved or move:
-                touched.append(primary)
-            if inverse is not None and inverse_changed:
-                touched.append(inverse)
+        if changes is not None:
+            changes += made
         return new
 
-    def unlink(self, primary: Side, inverse: Side | None, *, touched: list[Side] | None = None) -> bool:
-        """Remove the pair; True if it was there. ``touched`` gets the sides whose rows changed."""
+    def unlink(self, primary: Side, inverse: Side | None, *, changes: list[Change] | None = None) -> bool:
+        """Remove the pair; True if it was there. ``changes`` gets how each side's row changed."""
         gone = False
-        inverse_changed = False
+        made: list[Change] = []
 
         def first(cur: Cursor) -> State:
-            nonlocal gone, inverse_changed
-            inverse_changed = False
+            nonlocal gone
+            made.clear()
             self._lock_key(cur, primary)
-            gone = self.repo.remove_in(cur, primary)
+            c = Change(primary)
+            gone = self.repo.remove_in(cur, primary, c.seen)
             if gone:
-                self._logged(cur, primary)
+                self._changed(cur, c, REMOVE, 0, made)
             return False, 0
 
         def second(cur: Cursor, state: State) -> None:
-            nonlocal inverse_changed
             assert inverse is not None
-            inverse_changed = self.repo.set_in(cur, inverse, state)
-            if inverse_changed:
-                self._logged(cur, inverse)
+            c = Change(inverse)
+            kind = self.repo.set_in(cur, inverse, state, c.seen)
+            if kind is not None:
+                self._changed(cur, c, kind, state[1], made)
 
         self._run(primary, inverse, first, second)
-        if touched is not None:
-            if gone:
-                touched.append(primary)
-            if inverse is not None and inverse_changed:
-                touched.append(inverse)
+        if changes is not None:
+            changes += made
         return gone
 
     def sync(self, primary: Side, inverse: Side) -> bool:
@@ -208,9 +236,11 @@ class PairWriter:
 
         def second(cur: Cursor, state: State) -> None:
             nonlocal changed
-            changed = self.repo.set_in(cur, inverse, state)
-            if changed:
-                self._logged(cur, inverse)
+            c = Change(inverse)
+            kind = self.repo.set_in(cur, inverse, state, c.seen)
+            changed = kind is not None
+            if kind is not None:
+                self._changed(cur, c, kind, state[1], [])
 
         self._run(primary, inverse, first, second)
         return changed
@@ -244,13 +274,27 @@ class PairWriter:
             return
         transaction_pair(p, i, first, second, step=step)
 
-    def _logged(self, cur: Cursor, side: Side) -> None:
-        """Log the side's list for the followers, with the transaction's COMMIT (where the host logs)."""
+    def _changed(self, cur: Cursor, c: Change, kind: str, sequence: int, made: list[Change]) -> None:
+        """Note how ``c``'s side changed, and log its list for the followers (where the host logs).
+
+        The list goes in the transaction's one log row, with its COMMIT;
+        where the backend keeps list versions, with the version the
+        transaction leaves the list at (`Backend.change_log_insert_versions`).
+        """
+        c.kind, c.sequence = kind, sequence
+        made.append(c)
         if self.log is None:
             return
-        sql = side.h.log_sql()
-        if sql is not None:
-            cur.defer_log(sql, wall_ms(), self.log(side))
+        h = c.side.h
+        sql = h.log_sql()
+        if sql is None:
+            return
+        if h.backend.list_versions:
+            version = self.repo.sql(h, c.side.relation).version_of
+            entry = self.log(c.side) + VERSION_MARK
+            cur.defer_log_version(sql, wall_ms(), entry, version, (c.side.relation, c.side.from_id))
+        else:
+            cur.defer_log(sql, wall_ms(), self.log(c.side))
 
     # -- locks and checks -------------------------------------------------------------
 
@@ -268,9 +312,12 @@ class PairWriter:
         key = (h.backend.name, h.shard, g.table)
         sql = self._live_sql.get(key)
         if sql is None:
-            ids = "instagram" if g.key == "id" else "pinterest"
-            texts = ObjectStatements(h.backend, g.table, ids=ids).for_shard(h.shard)
-            sql = self._live_sql[key] = texts["live_shared"]
+            kind = (h.backend.name, g.table, g.key)
+            stmts = self._live_stmts.get(kind)
+            if stmts is None:  # compiled once per backend, not per shard
+                ids = "instagram" if g.key == "id" else "pinterest"
+                stmts = self._live_stmts[kind] = ObjectStatements(h.backend, g.table, ids=ids)
+            sql = self._live_sql[key] = stmts.for_shard(h.shard)["live_shared"]
         cur.execute(sql, (g.value,))
         row = cur.fetchone()
         if row is not None and not row[0]:

@@ -31,7 +31,7 @@ from store.cache.lists import ListCache, decode_members, encode_member, lex_boun
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
 from store.exceptions import DataError, LimitError, brief
-from store.pairs import Guard, PairWriter, Side
+from store.pairs import ADD, MOVE, REMOVE, Change, Guard, PairWriter, Seen, Side
 from store.routing import Router
 from store.specs import RelationSpec
 
@@ -74,6 +74,7 @@ class RelationRepository:
         self._stmts: dict[tuple[str, str], RelationStatements] = {}
         self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
         self._guarded: dict[tuple[str, int, str, str, str], str] = {}
+        self._guarded_stmts: dict[tuple[str, str, str, str], GuardedInsertStatements] = {}
         self._heads: dict[tuple[str, int, str], str] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
@@ -94,24 +95,28 @@ class RelationRepository:
 
     # -- writes, inside a transaction the caller runs (see store.pairs) ------
 
-    def add_in(self, cur: Cursor, side: Side, sequence: int, *, move: bool) -> tuple[bool, int]:
+    def add_in(
+        self, cur: Cursor, side: Side, sequence: int, *, move: bool, seen: Seen = None
+    ) -> tuple[bool, int]:
         """Insert the pair, or move it to ``sequence`` if ``move``; (new, the sequence it now has).
 
         The insert locks the pair's key whether the row was there or not.
+        ``seen`` is told the list's new version (`RelationStatements`: count_up, bump).
         """
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
         if cur.rowcount == 1:
-            cur.defer(sql.count_up, (side.relation, side.from_id, 1))
+            cur.defer(sql.count_up, (side.relation, side.from_id, 1), seen)
             return True, sequence
         if move:
             cur.execute(sql.move, (sequence, side.from_id, side.to_id))
+            cur.defer(sql.bump, (side.relation, side.from_id), seen)
             return False, sequence
         cur.execute(sql.exists, (side.from_id, side.to_id))
         row = cur.fetchone()
         return False, sequence if row is None else int(row[0])
 
-    def insert_live_in(self, cur: Cursor, side: Side, sequence: int) -> bool:
+    def insert_live_in(self, cur: Cursor, side: Side, sequence: int, seen: Seen = None) -> bool:
         """Insert the pair if it is absent and its guard's object is live, in one statement; True if it did.
 
         False says only that nothing was inserted: the pair exists, or the
@@ -123,42 +128,50 @@ class RelationRepository:
         key = (h.backend.name, h.shard, side.relation, g.table, g.key)
         sql = self._guarded.get(key)
         if sql is None:
-            ids = "instagram" if g.key == "id" else "pinterest"
-            stmts = GuardedInsertStatements(h.backend, side.relation, g.table, ids=ids)
+            kind = (h.backend.name, side.relation, g.table, g.key)
+            stmts = self._guarded_stmts.get(kind)
+            if stmts is None:  # compiled once per backend, not per shard
+                ids = "instagram" if g.key == "id" else "pinterest"
+                stmts = self._guarded_stmts[kind] = GuardedInsertStatements(
+                    h.backend, side.relation, g.table, ids=ids
+                )
             sql = self._guarded[key] = stmts.for_shard(h.shard)["insert_live"]
         cur.execute(sql, (side.from_id, side.to_id, sequence, g.value))
         if cur.rowcount != 1:
             return False
-        cur.defer(self.sql(h, side.relation).count_up, (side.relation, side.from_id, 1))
+        cur.defer(self.sql(h, side.relation).count_up, (side.relation, side.from_id, 1), seen)
         return True
 
-    def move_in(self, cur: Cursor, side: Side, sequence: int) -> bool:
+    def move_in(self, cur: Cursor, side: Side, sequence: int, seen: Seen = None) -> bool:
         """Move an existing pair to ``sequence``; True if it existed at another sequence (and moved)."""
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.move_if_other, (sequence, side.from_id, side.to_id, sequence))
-        return cur.rowcount == 1
+        if cur.rowcount == 1:
+            cur.defer(sql.bump, (side.relation, side.from_id), seen)
+            return True
+        return False
 
-    def remove_in(self, cur: Cursor, side: Side) -> bool:
+    def remove_in(self, cur: Cursor, side: Side, seen: Seen = None) -> bool:
         """Delete the pair (and count it out); True if it was there."""
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.delete, (side.from_id, side.to_id))
         if cur.rowcount:
-            cur.defer(sql.count_down, (side.relation, side.from_id))
+            cur.defer(sql.count_down, (side.relation, side.from_id), seen)
             return True
         return False
 
-    def set_in(self, cur: Cursor, side: Side, state: tuple[bool, int]) -> bool:
-        """Make the row present at a sequence, or absent, as ``state`` says; True if it changed."""
+    def set_in(self, cur: Cursor, side: Side, state: tuple[bool, int], seen: Seen = None) -> str | None:
+        """Make the row present at a sequence, or absent, as ``state`` says; how it changed
+        (`store.pairs.ADD`, `MOVE`, `REMOVE`), or None if it was so already."""
         present, sequence = state
         if not present:
-            return self.remove_in(cur, side)
+            return REMOVE if self.remove_in(cur, side, seen) else None
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.insert, (side.from_id, side.to_id, sequence))
         if cur.rowcount == 1:
-            cur.defer(sql.count_up, (side.relation, side.from_id, 1))
-            return True
-        cur.execute(sql.move_if_other, (sequence, side.from_id, side.to_id, sequence))
-        return bool(cur.rowcount)
+            cur.defer(sql.count_up, (side.relation, side.from_id, 1), seen)
+            return ADD
+        return MOVE if self.move_in(cur, side, sequence, seen) else None
 
     def locked_sequence(self, cur: Cursor, side: Side) -> int | None:
         """The pair's sequence, locking its key (the row, or the gap where it would be)."""
@@ -227,23 +240,29 @@ class RelationRepository:
 
     def head_and_count(
         self, h: ShardHandle, relation: str, from_id: int, limit: int
-    ) -> tuple[int, list[tuple[int, int]], bytes | None]:
-        """The kept count and the first ``limit`` (sequence, to_id) rows, in one statement.
+    ) -> tuple[int, list[tuple[int, int]], bytes | None, int]:
+        """The kept count, the first ``limit`` (sequence, to_id) rows and the list's version, in one
+        statement.
 
-        One round trip, and one snapshot: the count and the rows agree. On
-        MariaDB/MySQL the rows come packed in one value (``head_packed``),
-        returned too (the list cache's members as they are), else None.
+        One round trip, and one snapshot: the count, the rows and the version
+        agree. On MariaDB/MySQL the rows come packed in one value
+        (``head_packed``), returned too (the list cache's members as they
+        are), else None; elsewhere the version is 0 (not known).
         """
         sql = self.sql(h, relation)
         packed_sql = getattr(sql, "head_packed", None)
         if packed_sql is not None:
             row = h.read(packed_sql, (relation, from_id, from_id, limit), one=True)
-            n = 0 if row is None or row[0] is None else int(row[0])
+            n = version = 0
+            if row is not None and row[0] is not None:
+                kept = row[0].decode() if isinstance(row[0], (bytes, bytearray)) else str(row[0])
+                count, _colon, at = kept.partition(":")
+                n, version = int(count), int(at or 0)
             packed = b"" if row is None or row[1] is None else bytes(row[1])
             got, odd = divmod(len(packed), 16)
             # Fewer entries than the list holds, up to the limit: cut short (group_concat_max_len).
             if not odd and got <= limit and (got == limit or got >= n):
-                return n, decode_members([packed]), packed
+                return n, decode_members([packed]), packed, version
         key = (h.host, h.shard, relation)
         query = self._heads.get(key)
         if query is None:
@@ -257,7 +276,7 @@ class RelationRepository:
             else:
                 head.append((int(a), int(b)))
         head.sort()  # UNION ALL promises no order
-        return n, head, None
+        return n, head, None, 0
 
     def count(self, h: ShardHandle, relation: str, from_id: int) -> int:
         """The kept count of pairs from ``from_id``."""
@@ -432,7 +451,7 @@ class RelationService:
         return self._written(
             primary,
             inverse,
-            lambda touched: self.pairs.link(primary, inverse, seq, move=move, touched=touched),
+            lambda changes: self.pairs.link(primary, inverse, seq, move=move, changes=changes),
         )
 
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
@@ -442,23 +461,36 @@ class RelationService:
 
     def _unlink(self, primary: Side, inverse: Side | None) -> bool:
         return self._written(
-            primary, inverse, lambda touched: self.pairs.unlink(primary, inverse, touched=touched)
+            primary, inverse, lambda changes: self.pairs.unlink(primary, inverse, changes=changes)
         )
 
-    def _written(self, primary: Side, inverse: Side | None, write: Callable[[list[Side]], bool]) -> bool:
-        """Run a pair write, then drop the cached lists whose rows it changed.
+    def _written(self, primary: Side, inverse: Side | None, write: Callable[[list[Change]], bool]) -> bool:
+        """Run a pair write, then update (or drop) the cached lists whose rows it changed.
 
-        Commit first, then invalidate, only what changed (a re-link of a pair
-        in place leaves the cached lists alone); after a failure both, since
-        a side may have committed before it.
+        Commit first, then change the cache, only where rows changed (a
+        re-link of a pair in place leaves the cached lists alone): each list
+        in place, in its version order (`ListCache.apply`); after a failure
+        drop both, since a side may have committed before it.
         """
-        touched: list[Side] = []
+        changes: list[Change] = []
         try:
-            result = write(touched)
+            result = write(changes)
         except BaseException:
             self._invalidate_sides(primary, inverse)
             raise
-        self.invalidate([(s.relation, s.from_id) for s in touched])
+        if self.lists is not None and changes:
+            self.lists.apply(
+                [
+                    (
+                        self.list_key(c.side.relation, c.side.from_id),
+                        c.version,
+                        c.kind,
+                        b"" if c.kind == REMOVE else encode_member(c.sequence, c.side.to_id),
+                        c.side.to_id,
+                    )
+                    for c in changes
+                ]
+            )
         return result
 
     def sync(self, relation: str, from_id: int, to_id: int) -> bool:
@@ -777,6 +809,7 @@ class RelationService:
         assert self.lists is not None
         size = fill_size(self.lists.entries, want)
         read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
-        n, head, packed = self.repo.head_and_count(h, relation, from_id, size)
-        self.lists.fill(self.list_key(relation, from_id), version, n, head, read_ms, packed=packed)
+        n, head, packed, at = self.repo.head_and_count(h, relation, from_id, size)
+        key = self.list_key(relation, from_id)
+        self.lists.fill(key, version, n, head, read_ms, packed=packed, list_version=at)
         return n, head

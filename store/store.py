@@ -18,7 +18,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
-from store.cache.follower import Follower, build_follower
+from store.cache.follower import Follower, build_follower, list_version
+from store.cache.lists import ListCache
 from store.config import StoreConfig
 from store.cursors import encode_cursor
 from store.defaults import embedded_config
@@ -463,7 +464,7 @@ class Store:
         )
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Cache counters (hits, misses, fills, invalidations, errors, skipped, expired) per cache."""
+        """Counters per cache: hits, misses, fills, invalidations, updates, errors, skipped, expired."""
         return self._caches.stats()
 
     def close(self) -> None:
@@ -484,6 +485,22 @@ class Store:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _settle(lists: ListCache) -> Callable[[list[str]], None]:
+    """The follower's step for list entries: drop each list older than the version its entry names."""
+
+    def settle(entries: list[str]) -> None:
+        newest: dict[str, int] = {}
+        for entry in entries:
+            key, version = list_version(entry)
+            # The newest version named; an entry that names none drops the list (0 wins).
+            newest[key] = (
+                0 if version == 0 or newest.get(key, version) == 0 else max(newest.get(key, 0), version)
+            )
+        lists.settle(sorted(newest.items()))
+
+    return settle
 
 
 def _start_follower(config: StoreConfig, engines: Engines, router: Router, caches: Caches) -> Follower | None:
@@ -517,7 +534,7 @@ def _start_follower(config: StoreConfig, engines: Engines, router: Router, cache
     follower = build_follower(
         hosts,
         None if caches.objects is None else caches.objects.invalidate,
-        None if caches.lists is None else caches.lists.invalidate,
+        None if caches.lists is None else _settle(caches.lists),
         poll_s=config.cache.follow_poll_s,
     )
     for cache in (caches.objects, caches.lists):

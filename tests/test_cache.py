@@ -418,6 +418,7 @@ def test_cache_counters_lose_no_count_across_threads() -> None:
         "misses": threads // 2 * rounds,
         "fills": 0,
         "invalidations": 0,
+        "updates": 0,
         "errors": threads,
         "skipped": 0,
         "expired": 0,

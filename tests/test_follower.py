@@ -73,17 +73,20 @@ def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
         objects, _lists = parse_entries(_log_rows()[:1])
         assert objects == [s.cache_key(pin)]
         s.link(BHP, board, pin)
+        # Both sides: one transaction on one host, one row, naming the version each list is left
+        # at (a new list's first is 1).
         _objects, lists = parse_entries(_log_rows()[:1])
-        assert sorted(lists) == sorted(
-            [f"t:l:{BHP}:{board}", f"t:l:pin_owned_by_board:{pin}"]
-        )  # both sides: one transaction on one host, one row
+        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@1", f"t:l:pin_owned_by_board:{pin}@1"])
         elsewhere = s.create("pin", {"n": 2}, shard=s.locate(board).shard ^ 4)  # the other host
         assert s.locate(elsewhere).host != s.locate(board).host
         s.link(BHP, board, elsewhere)
         first, second = _log_rows()[:2]  # a transaction on each host, a row each
         assert sorted([parse_entries([first])[1], parse_entries([second])[1]]) == sorted(
-            [[f"t:l:{BHP}:{board}"], [f"t:l:pin_owned_by_board:{elsewhere}"]]
+            [[f"t:l:{BHP}:{board}@2"], [f"t:l:pin_owned_by_board:{elsewhere}@1"]]
         )
+        s.link(BHP, board, elsewhere, sequence=5)  # a move: both lists' versions go up too
+        _objects, lists = parse_entries(_log_rows()[:2])  # (a row on each host)
+        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@3", f"t:l:pin_owned_by_board:{elsewhere}@2"])
         before = len(_log_rows())
         s.link(BHP, board, pin)  # changes nothing: logs nothing
         s.unlink(BHP, board, pin)

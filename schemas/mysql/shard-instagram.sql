@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS db00000.relation_counts (
   relation VARCHAR(64) NOT NULL,
   from_id BIGINT UNSIGNED NOT NULL,
   n BIGINT NOT NULL,
+  version BIGINT NOT NULL DEFAULT 1,
   PRIMARY KEY (relation, from_id)
 )ENGINE=InnoDB CHARSET=utf8mb4;
 

@@ -99,5 +99,6 @@ CREATE TABLE IF NOT EXISTS shard0000.relation_counts (
   relation TEXT NOT NULL,
   from_id BIGINT NOT NULL,
   n BIGINT NOT NULL,
+  version BIGINT DEFAULT 1 NOT NULL,
   PRIMARY KEY (relation, from_id)
 );

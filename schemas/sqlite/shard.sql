@@ -79,6 +79,7 @@ CREATE TABLE IF NOT EXISTS relation_counts (
   relation TEXT NOT NULL,
   from_id INTEGER NOT NULL,
   n INTEGER NOT NULL,
+  version INTEGER DEFAULT 1 NOT NULL,
   PRIMARY KEY (relation, from_id)
 )
  WITHOUT ROWID;

@@ -19,7 +19,7 @@ store asks the host's `Backend` (``backend_for(url)``).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +31,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends.tables import SHARD, VERSION_COLUMN, ColumnTypes, shard_tables
 from store.exceptions import ConfigError
-from store.naming import ADDED_VERSION
+from store.naming import ADDED_VERSION, COUNTS_TABLE
 from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
@@ -86,6 +86,10 @@ class Backend:
     can_hold_tickets: ClassVar[bool] = False
     #: The server keeps an invalidation log (`store.cache.follower`): the table's quoted name.
     change_log: ClassVar[str | None] = None
+    #: A statement that bumps a list's version also returns the new version (the driver's
+    #: ``lastrowid``), and a log row can name it: cached lists are updated in place
+    #: (`store.cache.lists`). Elsewhere a write drops the cached lists it changed.
+    list_versions: ClassVar[bool] = False
     #: ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` is understood (MariaDB, PostgreSQL; not SQLite).
     add_column_if_not_exists: ClassVar[bool] = True
 
@@ -149,6 +153,13 @@ class Backend:
         """``INSERT`` of one log row: (at_ms, entries)."""
         raise NotImplementedError
 
+    def change_log_insert_versions(self, versions: Sequence[str]) -> str:
+        """``INSERT`` of one log row whose entries name lists with their versions as the transaction
+        leaves them, where `list_versions`: (at_ms, the plain entries, then for each of
+        ``versions`` (a query of one list's version) the entry up to the version and the
+        query's parameters)."""
+        raise NotImplementedError
+
     def existing(self, cur: Any) -> set[tuple[str, str]]:
         """(namespace, what) of every shard object this server already holds (for `store init`)."""
         raise NotImplementedError
@@ -174,9 +185,14 @@ class Backend:
         """An INSERT construct on ``table`` that skips a row whose key exists (rowcount 0)."""
         raise NotImplementedError
 
-    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
-        """An INSERT construct on ``table`` that adds to ``column`` of the existing ``key`` row."""
+    def upsert_add(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
+        """An INSERT construct on ``table`` that adds to ``column`` of the existing ``key`` row
+        (and sets the columns of ``also`` to their expressions there)."""
         raise NotImplementedError
+
+    def returned(self, value: Any) -> Any:
+        """``value`` as an expression the statement also returns, where `list_versions`."""
+        return value
 
     def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
         """An INSERT construct on ``table`` that overwrites ``column`` of the existing ``key`` row."""
@@ -237,8 +253,8 @@ class Backend:
             out.append((t.name, self._ddl(CreateTable(t, if_not_exists=True))))
             for index in sorted(t.indexes, key=lambda i: str(i.name)):
                 out.append((t.name, self._ddl(CreateIndex(index, if_not_exists=True))))
-            if t.name in object_tables:
-                # Tables made before objects carried versions get the column.
+            if t.name in object_tables or t.name == COUNTS_TABLE:
+                # Tables made before objects and lists carried versions get the column.
                 out.append((t.name + ADDED_VERSION, self._add_column(t, t.c[VERSION_COLUMN])))
         return out + after
 

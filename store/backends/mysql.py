@@ -15,12 +15,12 @@ import re
 import ssl
 import subprocess
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import func, text
 from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.engine import URL, Dialect
@@ -199,6 +199,7 @@ class MySQLBackend(Backend):
         return before, after
 
     change_log = "`store_log`.`cache_log`"
+    list_versions = True
 
     def change_log_ddl(self) -> list[str]:
         """The ``store_log`` database and its ``cache_log`` table (one per server, not per shard)."""
@@ -212,6 +213,12 @@ class MySQLBackend(Backend):
     def change_log_insert(self) -> str:
         """One log row, sent with the write's COMMIT."""
         return "INSERT INTO `store_log`.`cache_log` (at_ms, entries) VALUES (%s, %s)"
+
+    def change_log_insert_versions(self, versions: Sequence[str]) -> str:
+        """One log row, its list entries' versions read in the transaction (which holds their rows'
+        locks: the versions its writes made), 0 for a list with no counts row."""
+        named = "".join(f", CONCAT(%s, COALESCE(({q}), 0))" for q in versions)
+        return f"INSERT INTO `store_log`.`cache_log` (at_ms, entries) SELECT %s, CONCAT_WS(' ', %s{named})"
 
     def existing(self, cur: Any) -> set[tuple[str, str]]:
         """Databases, tables (and views) and ID triggers, from information_schema."""
@@ -319,10 +326,14 @@ class MySQLBackend(Backend):
         first = next(iter(table.primary_key.columns))
         return mysql.insert(table).on_duplicate_key_update({first.name: first})
 
-    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
-        """``ON DUPLICATE KEY UPDATE n = n + VALUES(n)``."""
+    def upsert_add(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
+        """``ON DUPLICATE KEY UPDATE n = n + VALUES(n)`` (and ``also``)."""
         ins = mysql.insert(table)
-        return ins.on_duplicate_key_update({column: table.c[column] + ins.inserted[column]})
+        return ins.on_duplicate_key_update({column: table.c[column] + ins.inserted[column], **also})
+
+    def returned(self, value: Any) -> Any:
+        """``LAST_INSERT_ID(value)``: the statement's OK packet carries it (the driver's ``lastrowid``)."""
+        return func.last_insert_id(value)
 
     def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
         """``ON DUPLICATE KEY UPDATE n = VALUES(n)``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -247,11 +247,11 @@ class PostgresBackend(Backend):
         """``ON CONFLICT DO NOTHING``."""
         return postgresql.insert(table).on_conflict_do_nothing()
 
-    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
+    def upsert_add(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
         """``ON CONFLICT (key) DO UPDATE SET n = t.n + excluded.n``."""
         ins = postgresql.insert(table)
         return ins.on_conflict_do_update(
-            index_elements=list(key), set_={column: table.c[column] + ins.excluded[column]}
+            index_elements=list(key), set_={column: table.c[column] + ins.excluded[column], **also}
         )
 
     def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:

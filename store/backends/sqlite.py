@@ -9,7 +9,7 @@ locks the whole file (BEGIN IMMEDIATE).
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -146,11 +146,11 @@ class SQLiteBackend(Backend):
         """``ON CONFLICT DO NOTHING``."""
         return sqlite.insert(table).on_conflict_do_nothing()
 
-    def upsert_add(self, table: Any, key: Sequence[str], column: str) -> Any:
+    def upsert_add(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
         """``ON CONFLICT (key) DO UPDATE SET n = n + excluded.n``."""
         ins = sqlite.insert(table)
         return ins.on_conflict_do_update(
-            index_elements=list(key), set_={column: table.c[column] + ins.excluded[column]}
+            index_elements=list(key), set_={column: table.c[column] + ins.excluded[column], **also}
         )
 
     def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:

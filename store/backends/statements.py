@@ -134,7 +134,9 @@ class RelationStatements(Statements):
     - insert (from, to, seq): skips a pair that exists (rowcount 0);
     - move (seq, from, to); move_if_other (seq, from, to, seq); delete (from, to);
     - exists (from, to); exists_locked (from, to) FOR UPDATE;
-    - count_up (relation, from, n): adds n; count_down (relation, from); count (relation, from);
+    - count_up (relation, from, n): adds n; count_down (relation, from); bump (relation, from): a
+      move; each bumps the list's version and returns it where `Backend.list_versions`;
+      version_of (relation, from); count (relation, from);
     - count_set (relation, from, n); lock_count (from): counts the list, rows locked;
     - counts_kept (relation); counts_actual ();
     - scan (limit); scan_after (from, from, to, limit);
@@ -146,7 +148,7 @@ class RelationStatements(Statements):
       (relation, from), part_head_fits (from, relation, from, fits, limit: the head, only if the
       list's count is <= fits), part_linked (from, tos...): rows labelled with a part number
       (`with_part`), for one UNION ALL query over many lists (`store.relation_reads`);
-    - head_packed (relation, from, from, limit), MariaDB/MySQL only: the kept count and the
+    - head_packed (relation, from, from, limit), MariaDB/MySQL only: "count:version" and the
       first entries packed in one value (a list fill's read);
     - linked (from, tos...): which to_ids are linked from one from_id; the IN list is made
       for n to_ids by `in_list`.
@@ -170,10 +172,20 @@ class RelationStatements(Statements):
         self._add("exists_locked", select(seq).where(pair).with_for_update(), ["f", "t"])
         key = ("relation", "from_id")
         rel, cf, n = _p("r"), _p("cf"), _p("n")
-        up = backend.upsert_add(c, key, "n").values(relation=rel, from_id=cf, n=n)
-        self._add("count_up", up, ["r", "cf", "n"])
-        down = update(c).where(c.c.relation == rel, c.c.from_id == cf).values(n=c.c.n - _ONE)
+        # Each statement that changes a list's rows bumps its version, and returns the new one
+        # where the backend can (`Backend.returned`): a new counts row starts at 1.
+        bumped = backend.returned(c.c.version + _ONE)
+        up = backend.upsert_add(c, key, "n", also={"version": bumped})
+        self._add(
+            "count_up",
+            up.values(relation=rel, from_id=cf, n=n, version=backend.returned(_ONE)),
+            ["r", "cf", "n"],
+        )
+        this_list = (c.c.relation == rel, c.c.from_id == cf)
+        down = update(c).where(*this_list).values(n=c.c.n - _ONE, version=bumped)
         self._add("count_down", down, ["r", "cf"])
+        self._add("bump", update(c).where(*this_list).values(version=bumped), ["r", "cf"])
+        self._add("version_of", select(c.c.version).where(*this_list), ["r", "cf"])
         self._add("count", select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf), ["r", "cf"])
         setn = backend.upsert_set(c, key, "n").values(relation=rel, from_id=cf, n=n)
         self._add("count_set", setn, ["r", "cf", "n"])
@@ -248,7 +260,13 @@ class RelationStatements(Statements):
             joined: ColumnClause[Any] = literal_column(
                 "GROUP_CONCAT(q.m ORDER BY q.sequence, q.to_id SEPARATOR '')"
             )
-            self._add("head_packed", select(kept, joined).select_from(top), ["r", "cf", "f", "lim"])
+            # The kept count and the list's version, as "n:version".
+            counted = (
+                select(func.concat(c.c.n, literal_column("':'"), c.c.version))
+                .where(c.c.relation == rel, c.c.from_id == cf)
+                .scalar_subquery()
+            )
+            self._add("head_packed", select(counted, joined).select_from(top), ["r", "cf", "f", "lim"])
         # Membership: which of the to_ids in `_IN` (n placeholders, see `in_list`) are linked.
         some = to.in_([literal_column(_IN)])
         self._add("linked", select(to).where(f == pf, some), ["f"])

@@ -122,13 +122,16 @@ def relation_table(md: MetaData, name: str, types: ColumnTypes, *, schema: str |
 
 
 def counts_table(md: MetaData, types: ColumnTypes, *, schema: str | None) -> Table:
-    """The exact length of every relation list of the shard."""
+    """The exact length of every relation list of the shard, and its version."""
     return Table(
         COUNTS_TABLE,
         md,
         Column("relation", types.relation_name, nullable=False),
         Column("from_id", types.pair_id, nullable=False, autoincrement=False),
         Column("n", types.count, nullable=False),
+        # Bumped by every change of the list's rows, in the same transaction: cached lists are
+        # updated in place only in version order (`store.cache.lists`).
+        Column(VERSION_COLUMN, types.count, nullable=False, server_default=text("1")),
         PrimaryKeyConstraint("relation", "from_id"),
         schema=schema,
         **types.relation_options,

@@ -21,6 +21,11 @@ less than ``max_stale_s`` ago. When the follower falls behind (a server
 unreachable, the log missing), entries are trusted for ``max_stale_s``
 after their read again, as before.
 
+Where the database keeps list versions (MariaDB/MySQL), a list's entry
+names the version the write left the list at (``l<key>@<version>``, read in
+the writer's transaction), and the follower drops a cached list only if it
+holds an older version: lists that writers updated in place stay cached.
+
 It is the binlog follower of the big deployments, on a table: it needs no
 binlog, no daemon and no privileges beyond the store's own, and a fault
 that stops the follower only brings back the trust window.
@@ -46,9 +51,11 @@ __all__ = [
     "KEEP_S",
     "LOG_DATABASE",
     "LOG_TABLE",
+    "VERSION_MARK",
     "Follower",
     "build_follower",
     "LogSource",
+    "list_version",
     "log_entries",
     "parse_entries",
 ]
@@ -68,6 +75,8 @@ START_BACK = 1000
 
 #: The kinds of cache key a log row names: object cache, list cache.
 OBJECT, LIST = "o", "l"
+#: Between a list's key and the version the write made, in a log entry (``l<key>@<version>``).
+VERSION_MARK = "@"
 
 
 def log_entries(objects: Sequence[str] = (), lists: Sequence[str] = ()) -> str:
@@ -75,8 +84,17 @@ def log_entries(objects: Sequence[str] = (), lists: Sequence[str] = ()) -> str:
     return " ".join([*(OBJECT + k for k in objects), *(LIST + k for k in lists)])
 
 
+def list_version(entry: str) -> tuple[str, int]:
+    """(list key, version) of a list entry of `parse_entries`; version 0 where the entry names none."""
+    key, mark, version = entry.rpartition(VERSION_MARK)
+    if not mark or not version.isdigit():
+        return entry, 0
+    return key, int(version)
+
+
 def parse_entries(texts: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The object keys and list keys named by log rows."""
+    """The object keys and list entries named by log rows (a list entry may end in its version:
+    `list_version`)."""
     objects: list[str] = []
     lists: list[str] = []
     for text in texts:

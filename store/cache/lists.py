@@ -16,6 +16,22 @@ the version it saw, reads the database, and fills only if the version is
 still the one it saw (checked and written atomically by the backend). So a
 reader that read the old rows cannot fill after a writer's invalidation.
 
+Updates in place, in the database's order: where the database keeps a
+version per list (``relation_counts.version`` on MariaDB/MySQL, bumped by
+every change of the list's rows in the writer's transaction and returned
+to it), a fill records the version it read (in the same statement as the
+rows), and a writer that changed a list asks the cache to apply its change
+(`ListChange`: the pair added, moved or removed, and the version the change
+made) instead of dropping the list. The change is applied only to a cached
+list at exactly the version before it; a list already at that version or
+later is left alone, and any other (a change missed, out of order, or a
+list of unknown version) is dropped as before. So the cached head is always
+the database's list at some version, whatever order the writers' calls
+arrive in. A fill never replaces a cached list of a later version; a fill
+that knows no version drops a versioned list instead of replacing it. The
+log's followers (`store.cache.follower`) drop a list only if it is older
+than the version their log entry names.
+
 Bounded staleness: the meta also holds the time of the database read that
 filled the list (taken before the read); a list older than ``max_stale_s``
 is a miss and is filled again, so a lost invalidation (Redis unreachable
@@ -42,8 +58,10 @@ __all__ = [
     "ListBackend",
     "ListCache",
     "FillItem",
+    "ListChange",
     "ListRead",
     "MemoryListBackend",
+    "apply_change",
     "decode_member",
     "decode_members",
     "decode_to_ids",
@@ -119,6 +137,11 @@ class ListRead:
 #: One list to fill: key, the version its reader saw, the list's length, the head, the read time.
 FillItem = tuple[str, bytes | None, int, Sequence[tuple[int, int]], int]
 
+#: How a write changed one cached list: key, the list's version the change made (0: unknown,
+#: drop the list), the kind ("add", "move" or "remove"), the member now in place (add, move;
+#: `encode_member`; else b""), and the to_id whose entry goes (move, remove).
+ListChange = tuple[str, int, str, bytes, int]
+
 
 def lex_bound(member: bytes | None, *, inclusive: bool, low: bool) -> bytes:
     """A ``lex`` op bound: ``[member`` / ``(member``, or the open end (``-`` low, ``+`` high)."""
@@ -148,11 +171,23 @@ class ListBackend(Protocol):
         """`read` of each key with its op, in one round trip; None for each if the server failed."""
         ...
 
-    def fill(self, key: str, version: bytes | None, n: int, members: bytes, ttl_s: int, read_ms: int) -> bool:
+    def fill(
+        self,
+        key: str,
+        version: bytes | None,
+        n: int,
+        members: bytes,
+        ttl_s: int,
+        read_ms: int,
+        list_version: int = 0,
+    ) -> bool:
         """Replace the cached list if the version is still ``version``; True if filled.
 
         ``members`` is the head packed by `encode_members` (one bytes object,
         not one per entry: a fill of 100 entries costs one argument to pack).
+        ``list_version`` is the database's version of the list the head was
+        read at (0: unknown); a cached list of a later one is kept, and a
+        versioned list is dropped, not replaced, by a fill of unknown version.
         """
         ...
 
@@ -162,6 +197,16 @@ class ListBackend(Protocol):
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump each list's version and drop it, atomically per key."""
+        ...
+
+    def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
+        """Apply each change to its cached list if the list is at the version just before the
+        change's, else drop it (unless it is at that version or later); atomically per list.
+        A head never grows past ``cap`` entries. How many lists were changed in place."""
+        ...
+
+    def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
+        """Drop each list unless it is cached at the given version or later (0: drop it)."""
         ...
 
 
@@ -237,16 +282,18 @@ class ListCache:
         read_ms: int,
         *,
         packed: bytes | None = None,
+        list_version: int = 0,
     ) -> None:
         """Cache ``head`` (the first entries) and the length ``n``, unless invalidated meanwhile.
 
         ``read_ms`` is when the database read began (`clock_ms` before it);
-        ``packed`` is ``head`` already packed (`encode_members`), if the database gave it so.
+        ``packed`` is ``head`` already packed (`encode_members`), if the database gave it so;
+        ``list_version`` is the database's version of the list that was read (0: unknown).
         """
         if self.after_load is not None:
             self.after_load()
         members = encode_members(head) if packed is None else packed
-        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms):
+        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms, list_version):
             self.stats.add(fills=1)
 
     def fill_many(self, items: Sequence[FillItem]) -> None:
@@ -265,6 +312,21 @@ class ListCache:
         self.backend.invalidate(keys, self._ttl_s)
         self.stats.add(invalidations=len(keys))
 
+    def apply(self, changes: Sequence[ListChange]) -> None:
+        """Update cached lists in place after a committed write, in version order (else drop them)."""
+        if not changes:
+            return
+        if not any(c[1] for c in changes):
+            self.invalidate([c[0] for c in changes])
+            return
+        updated = self.backend.apply(changes, self._ttl_s, self.entries)
+        self.stats.add(updates=updated, invalidations=len(changes) - updated)
+
+    def settle(self, entries: Sequence[tuple[str, int]]) -> None:
+        """Drop each list that is not cached at the given version or later (the log's followers)."""
+        if entries:
+            self.backend.settle(entries, self._ttl_s)
+
 
 class MemoryListBackend:
     """An in-process `ListBackend` (one process only), same rules as Redis."""
@@ -273,7 +335,8 @@ class MemoryListBackend:
         self.stats = CacheStats(name)
         self._lock = threading.Lock()
         self._clock = clock
-        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float, int]] = {}
+        #: key -> ((n, cached), members, expires at, read_ms, the database's list version).
+        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float, int, int]] = {}
         self._versions: dict[str, int] = {}
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
@@ -287,7 +350,7 @@ class MemoryListBackend:
                 entry = None
             if entry is None:
                 return ListRead(None, [], vbytes)
-            meta, members, _exp, read_ms = entry
+            meta, members, _exp, read_ms, _db = entry
             if op[0] == "all" and meta[0] != meta[1]:
                 return ListRead(meta, [], vbytes, read_ms)
             last = (members[-1] if members else None) if op[0] == "lex" else None
@@ -297,15 +360,47 @@ class MemoryListBackend:
         """`read` of each key (each under the lock)."""
         return [self.read(k, op) for k, op in zip(keys, ops, strict=True)]
 
-    def fill(self, key: str, version: bytes | None, n: int, members: bytes, ttl_s: int, read_ms: int) -> bool:
-        """Replace the list if its version is unchanged."""
+    def fill(
+        self,
+        key: str,
+        version: bytes | None,
+        n: int,
+        members: bytes,
+        ttl_s: int,
+        read_ms: int,
+        list_version: int = 0,
+    ) -> bool:
+        """Replace the list if its version is unchanged (and it holds no later list version)."""
         entries = split_members(members)
         with self._lock:
             current = self._versions.get(key)
             if (None if current is None else str(current).encode()) != version:
                 return False
-            self._lists[key] = ((n, len(entries)), sorted(entries), self._clock() + ttl_s, read_ms)
+            held = self._held(key)
+            if held and not list_version:
+                self._drop(key)
+                return False
+            if held > list_version:
+                return False
+            self._lists[key] = (
+                (n, len(entries)),
+                sorted(entries),
+                self._clock() + ttl_s,
+                read_ms,
+                list_version,
+            )
             return True
+
+    def _held(self, key: str) -> int:
+        """The list version of the cached list (0: none, or not known)."""
+        entry = self._lists.get(key)
+        if entry is None or entry[2] <= self._clock():
+            return 0
+        return entry[4]
+
+    def _drop(self, key: str) -> None:
+        self._versions[key] = self._versions.get(key, 0) + 1
+        self._lists.pop(key, None)
 
     def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
         """`fill` of each item; how many were filled."""
@@ -315,8 +410,69 @@ class MemoryListBackend:
         """Bump versions and drop the lists."""
         with self._lock:
             for key in keys:
-                self._versions[key] = self._versions.get(key, 0) + 1
-                self._lists.pop(key, None)
+                self._drop(key)
+
+    def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
+        """Each change in place if its list is at the version before it (see `ListBackend.apply`)."""
+        kept = 0
+        with self._lock:
+            for key, version, kind, member, to_id in changes:
+                held = self._held(key)
+                if held and version and held >= version:
+                    kept += 1
+                    continue
+                entry = self._lists.get(key)
+                if not held or not version or held != version - 1 or entry is None:
+                    self._drop(key)
+                    continue
+                (n, _cached), members, expires, read_ms, _db = entry
+                changed = apply_change(members, n, kind, member, to_id, cap)
+                if changed is None:
+                    self._drop(key)
+                    continue
+                members, n = changed
+                self._lists[key] = ((n, len(members)), members, expires, read_ms, version)
+                kept += 1
+        return kept
+
+    def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
+        """Drop each list not cached at the given version or later."""
+        with self._lock:
+            for key, version in entries:
+                held = self._held(key)
+                if not (held and version and held >= version):
+                    self._drop(key)
+
+
+def apply_change(
+    members: list[bytes], n: int, kind: str, member: bytes, to_id: int, cap: int
+) -> tuple[list[bytes], int] | None:
+    """A cached head (the list's first members, of ``n``) after one change, and the new ``n``;
+    None if the head cannot be the list's (then it is dropped). The rules of the Redis script."""
+    if kind not in ("add", "move", "remove"):
+        return None
+    out = list(members)
+    tail = to_id.to_bytes(8, "big")
+    found = [i for i, m in enumerate(out) if m[8:] == tail]
+    if found:
+        if kind == "add":
+            return None  # a new pair already in the head
+        del out[found[0]]
+    elif kind != "add" and len(members) == n:
+        return None  # the whole list is cached and the pair is not in it
+    if kind == "remove":
+        return out, n - 1
+    if kind == "add":
+        n += 1
+    # The head is the first entries of the list without this pair: the member goes in if the
+    # head holds every other entry, or if it sorts before the head's last one.
+    whole = len(out) == n - 1
+    i = bisect_left(out, member)
+    if whole or i < len(out):
+        out.insert(i, member)
+    if len(out) > cap:
+        del out[cap:]
+    return out, n
 
 
 def _select(members: list[bytes], op: tuple[object, ...]) -> list[bytes]:

@@ -8,7 +8,10 @@ parse), so it never sees a list half dropped: it finds a cursor's place by
 binary search over the string and returns the selected members as one
 packed value. A fill is one Lua script that checks the version and
 replaces the list; an invalidation is one Lua script that bumps the version
-and drops the list. Reads and fills of many lists go out as one pipeline of
+and drops the list; a writer's changes are one Lua script that updates each
+list in place if it is at the version just before the change (else drops
+it, see `store.cache.lists`), and the log's followers settle lists by one
+more. Reads and fills of many lists go out as one pipeline of
 the scripts (``EVALSHA``; each atomic on its own): one round trip for all.
 A list key of another layout (a sorted set, left by an earlier version of
 the store) reads as not cached and the next fill replaces it.
@@ -31,16 +34,30 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from store.cache.lists import ListRead, split_members
+from store.cache.lists import ListChange, ListRead, split_members
 from store.cache.stats import Breaker, CacheStats
 
 __all__ = ["RedisListBackend"]
 
 # KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
-# packed end to end (16 bytes each, in order): stored as they come, one string.
+# packed end to end (16 bytes each, in order): stored as they come, one string; the
+# database's list version the head was read at (0: unknown); the versions' TTL. A list held
+# at a later list version is kept; a versioned one is dropped by a fill of unknown version.
 _FILL = """
 local v = redis.call('GET', KEYS[3])
 if (v or '') ~= ARGV[1] then return 0 end
+local want = tonumber(ARGV[6])
+local meta = redis.call('GET', KEYS[2])
+if meta then
+  local held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0')
+  if held > 0 and want == 0 then
+    redis.call('INCR', KEYS[3])
+    redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
+    redis.call('DEL', KEYS[1], KEYS[2])
+    return 0
+  end
+  if held > want then return 0 end
+end
 local ttl = tonumber(ARGV[3])
 local packed = ARGV[5] or ''
 local count = math.floor(#packed / 16)
@@ -49,7 +66,7 @@ if count > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
-redis.call('SET', KEYS[2], ARGV[2] .. ':' .. count .. ':' .. ARGV[4], 'EX', ttl)
+redis.call('SET', KEYS[2], ARGV[2] .. ':' .. count .. ':' .. ARGV[4] .. ':' .. ARGV[6], 'EX', ttl)
 return 1
 """
 
@@ -154,6 +171,113 @@ return 1
 """
 
 
+# KEYS: (list, meta, version) for each list. ARGV: the versions' TTL, the cap on a head's
+# entries, then for each list: the list version its change made (0: unknown), the kind (add,
+# move, remove), the member now in place ("" for remove), the to_id whose entry goes (8
+# bytes, big-endian). A change applies only to a head at the version just before it (see
+# `store.cache.lists.apply_change` for the rules, the same in Python); a head at that version
+# or later is left alone; any other is dropped as by _INVALIDATE. Returns how many lists
+# were left cached.
+_APPLY = """
+local vttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local function cut(s, n, m)  -- the first index (0-based) whose member is not before m
+  local a1, a2, a3, a4 = struct.unpack('>I4I4I4I4', m)
+  local lo, hi = 0, n
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local b1, b2, b3, b4 = struct.unpack('>I4I4I4I4', s, 16 * mid + 1)
+    local before
+    if b1 ~= a1 then before = b1 < a1
+    elseif b2 ~= a2 then before = b2 < a2
+    elseif b3 ~= a3 then before = b3 < a3
+    else before = b4 < a4 end
+    if before then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+local function find(s, tail)  -- the index (0-based) of the member ending in tail, or nil
+  local from = 1
+  while true do
+    local p = string.find(s, tail, from, true)
+    if not p then return nil end
+    if (p - 1) % 16 == 8 then return math.floor((p - 1) / 16) end
+    from = p + 1
+  end
+end
+local function one(k, version, kind, member, tail)  -- true: the list is current
+  local meta = redis.call('GET', KEYS[k + 1])
+  if not meta then return false end
+  local total, cached, rms, held = string.match(meta, '^(%d+):(%d+):(%d+):(%d+)$')
+  held = tonumber(held or '0')
+  if held > 0 and version > 0 and held >= version then return true end
+  if held == 0 or version == 0 or held ~= version - 1 then return false end
+  local s = redis.pcall('GET', KEYS[k])
+  if type(s) == 'table' then return false end
+  s = s or ''
+  local n = math.floor(#s / 16)
+  total = tonumber(total)
+  if tonumber(cached) ~= n or #s % 16 ~= 0 then return false end
+  local at = find(s, tail)
+  if at then
+    if kind == 'add' then return false end
+    s = string.sub(s, 1, 16 * at) .. string.sub(s, 16 * at + 17)
+    n = n - 1
+  elseif kind ~= 'add' and n == total then
+    return false
+  end
+  if kind == 'remove' then
+    total = total - 1
+  else
+    if kind == 'add' then total = total + 1 end
+    local j = cut(s, n, member)
+    if n == total - 1 or j < n then
+      s = string.sub(s, 1, 16 * j) .. member .. string.sub(s, 16 * j + 1)
+      n = n + 1
+    end
+    if n > cap then
+      s = string.sub(s, 1, 16 * cap)
+      n = cap
+    end
+  end
+  local ttl = redis.call('PTTL', KEYS[k + 1])
+  if ttl <= 0 then return false end
+  if n > 0 then redis.call('SET', KEYS[k], s, 'PX', ttl) else redis.call('DEL', KEYS[k]) end
+  redis.call('SET', KEYS[k + 1], total .. ':' .. n .. ':' .. rms .. ':' .. version, 'PX', ttl)
+  return true
+end
+local kept = 0
+for i = 0, #KEYS / 3 - 1 do
+  local k, a = 3 * i + 1, 4 * i + 3
+  if one(k, tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]) then
+    kept = kept + 1
+  else
+    redis.call('INCR', KEYS[k + 2])
+    redis.call('EXPIRE', KEYS[k + 2], vttl)
+    redis.call('DEL', KEYS[k], KEYS[k + 1])
+  end
+end
+return kept
+"""
+
+# KEYS: (list, meta, version) for each list. ARGV: the versions' TTL, then each list's version
+# named by the log (0: none). A list cached at that version or later is kept; any other dropped.
+_SETTLE = """
+local vttl = tonumber(ARGV[1])
+for i = 0, #KEYS / 3 - 1 do
+  local k, want = 3 * i + 1, tonumber(ARGV[i + 2])
+  local meta = redis.call('GET', KEYS[k + 1])
+  local held = 0
+  if meta then held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0') end
+  if not (held > 0 and want > 0 and held >= want) then
+    redis.call('INCR', KEYS[k + 2])
+    redis.call('EXPIRE', KEYS[k + 2], vttl)
+    redis.call('DEL', KEYS[k], KEYS[k + 1])
+  end
+end
+return 1
+"""
+
+
 class RedisListBackend:
     """Relation lists in one Redis database, keys under ``prefix``."""
 
@@ -181,6 +305,8 @@ class RedisListBackend:
         self._fill = self.client.register_script(_FILL)
         self._read = self.client.register_script(_READ)
         self._invalidate = self.client.register_script(_INVALIDATE)
+        self._apply = self.client.register_script(_APPLY)
+        self._settle = self.client.register_script(_SETTLE)
         #: Idle connections of the script calls (`_script`): taking and returning one is
         #: one atomic deque operation, no lock.
         self._idle: deque[Any] = deque()
@@ -274,7 +400,7 @@ class RedisListBackend:
         if not items or not self._guard():
             return 0
         calls = [
-            (self._keys(key), [version or b"", n, ttl_s, read_ms, members])
+            (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S])
             for key, version, n, members, read_ms in items
         ]
         try:
@@ -307,12 +433,29 @@ class RedisListBackend:
             return list(replies)
         raise AssertionError("unreachable")
 
-    def fill(self, key: str, version: bytes | None, n: int, members: bytes, ttl_s: int, read_ms: int) -> bool:
-        """Replace the list if the version is unchanged (one Lua call)."""
+    def fill(
+        self,
+        key: str,
+        version: bytes | None,
+        n: int,
+        members: bytes,
+        ttl_s: int,
+        read_ms: int,
+        list_version: int = 0,
+    ) -> bool:
+        """Replace the list if the version is unchanged and it holds no later list version (one Lua call)."""
         if not self._guard():
             return False
         try:
-            args: list[bytes | int] = [version or b"", n, ttl_s, read_ms, members]
+            args: list[bytes | int] = [
+                version or b"",
+                n,
+                ttl_s,
+                read_ms,
+                members,
+                list_version,
+                VERSION_TTL_S,
+            ]
             done = self._script(self._fill, self._keys(key), args)
         except redis.RedisError as exc:
             self._failed(exc)
@@ -328,6 +471,40 @@ class RedisListBackend:
             return
         try:
             self._script(self._invalidate, [k for key in keys for k in self._keys(key)], [VERSION_TTL_S])
+        except redis.RedisError as exc:
+            self._failed(exc)
+            self.breaker.dirty = True
+            return
+        self.breaker.success()
+
+    def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
+        """Each change in place, or its list dropped (one Lua call); on failure, mark the cache dirty."""
+        if not self.breaker.allow():
+            self.stats.add(skipped=1)
+            self.breaker.dirty = True
+            return 0
+        keys = [k for c in changes for k in self._keys(c[0])]
+        args: list[Any] = [VERSION_TTL_S, cap]
+        for _key, version, kind, member, to_id in changes:
+            args += [version, kind, member, to_id.to_bytes(8, "big")]
+        try:
+            kept = self._script(self._apply, keys, args)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            self.breaker.dirty = True
+            return 0
+        self.breaker.success()
+        return int(kept)
+
+    def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
+        """Drop each list not cached at the given version or later (one Lua call); on failure, mark dirty."""
+        if not self.breaker.allow():
+            self.stats.add(skipped=1)
+            self.breaker.dirty = True
+            return
+        keys = [k for key, _v in entries for k in self._keys(key)]
+        try:
+            self._script(self._settle, keys, [VERSION_TTL_S, *(v for _k, v in entries)])
         except redis.RedisError as exc:
             self._failed(exc)
             self.breaker.dirty = True

@@ -13,13 +13,14 @@ __all__ = ["Breaker", "CacheStats"]
 
 
 #: The counters of a `CacheStats`, in the order `as_dict` lists them.
-COUNTERS = ("hits", "misses", "fills", "invalidations", "errors", "skipped", "expired")
+COUNTERS = ("hits", "misses", "fills", "invalidations", "updates", "errors", "skipped", "expired")
 
 
 class CacheStats:
     """What one cache did since the store opened. Read with `Store.stats()`.
 
     The counters are ``hits``, ``misses``, ``fills``, ``invalidations``,
+    ``updates`` (cached lists a write changed in place rather than dropped),
     ``errors``, ``skipped`` (calls not made because the server was cooling
     down) and ``expired`` (entries older than ``max_stale_s``: read again,
     counted in misses too). Each thread counts into a dict of its own, with
