@@ -95,6 +95,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "store_cache_misses",
     "store_cache_fills",
     "store_cache_invalidations",
+    "store_cache_updates",
     "store_cache_errors",
     "store_cache_breaker_open",
     "store_pool_in_use",
@@ -309,7 +310,7 @@ class Metrics:
         yield from self._move_families(GaugeMetricFamily)
 
     def _store_families(self, counter: Any, gauge: Any) -> Iterator[Any]:
-        names = ("hits", "misses", "fills", "invalidations", "errors")
+        names = ("hits", "misses", "fills", "invalidations", "updates", "errors")
         counters = {n: counter(f"store_cache_{n}", f"Cache {n}", labels=["cache"]) for n in names}
         breaker = gauge(
             "store_cache_breaker_open", "1 if the server's breaker is open", labels=["cache", "server"]
