@@ -236,3 +236,33 @@ def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) 
             )
         assert store.get(kept) == {"a": 3}
         assert pools[host].opened == before + 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0, 1, -1, (1 << 63) - 1, -(1 << 63), 1 << 64),
+        (True, False, None, 1.5, -0.0),
+        ("plain", "it's", 'a "quote"', "back\\slash", "100%", "€ and \n"),
+        (b"\x00\xff'", bytearray(b"ab"), 7, "x"),
+        [3, "y", None],
+    ],
+)
+def test_the_int_binding_cursor_sends_what_pymysql_would(mariadb_ready: StoreConfig, args: Any) -> None:
+    """The store's PyMySQL cursor binds ints itself: the statement text is the driver's, byte for byte,
+    for every type, and a wrong number of parameters is the driver's error."""
+    from store.backends.mysql import _pymysql_cursor_class
+
+    conn = pymysql.connect(
+        host="127.0.0.1", port=3306, user="root", cursorclass=_pymysql_cursor_class(pymysql)
+    )
+    try:
+        ours, theirs = conn.cursor(), pymysql.cursors.Cursor(conn)
+        query = "SELECT " + ", ".join(["%s"] * len(args)) + " -- 5%% of it"
+        ours.execute(query, args)
+        assert ours._executed == theirs.mogrify(query, args)
+        assert list(ours.fetchone()) == list(theirs.execute(query, args) and theirs.fetchone())
+        with pytest.raises(pymysql.err.ProgrammingError):
+            ours.execute(query, [*args, 1])
+    finally:
+        conn.close()
