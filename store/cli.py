@@ -1180,9 +1180,11 @@ def _thread_counts(text: str) -> list[int]:
 @click.option("--users", default=2000, show_default=True, help="Users (2 boards each; 20 pins per user).")
 @click.option(
     "--systems",
-    default="floor,horizontal_shard,store",
+    default="floor,horizontal_shard,store,store:follow=true",  # store_tools.mix.bench.DEFAULT_SYSTEMS
     show_default=True,
-    help="Which systems to run, in order.",
+    help="Which systems to run, in order: floor, horizontal_shard, store, store-mysqldb (see --mysqldb), "
+    "or the store with cache settings changed, store:KEY=VALUE[,...] "
+    "(store:follow=true: with the invalidation log).",
 )
 @click.option(
     "--mysqldb",

@@ -71,7 +71,7 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "mix.json").read_text())
     systems = {p["system"] for p in doc["phases"]}
-    assert systems == {"floor", "horizontal_shard", "store"}
+    assert systems == {"floor", "horizontal_shard", "store", "store:follow=true"}
     assert {(p["threads"], p["temperature"]) for p in doc["phases"]} == {
         (1, "cold"),
         (1, "warm"),
@@ -249,3 +249,12 @@ def test_round_trips_are_counted_on_both_drivers() -> None:
     finally:
         c_conn.close()
         py_conn.close()
+
+
+def test_the_commands_default_systems_are_the_benchmarks() -> None:
+    from store.cli import main
+    from store_tools.mix.bench import DEFAULT_SYSTEMS
+
+    mix = main.commands["bench"].commands["mix"]  # type: ignore[attr-defined]
+    option = next(p for p in mix.params if p.name == "systems")
+    assert option.default == ",".join(DEFAULT_SYSTEMS)

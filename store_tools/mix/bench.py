@@ -33,11 +33,14 @@ from store_tools.mix.store_system import StoreSystem
 from store_tools.mix.system import MixSchema, System
 from store_tools.mix.workload import DataSet, Shape, make_data_set
 
-__all__ = ["MixOptions", "QUICK_SHAPE", "run_mix"]
+__all__ = ["DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
 
 #: ``--quick``: a data set small enough that the whole run takes well under a minute.
 QUICK_SHAPE = Shape(users=200, boards_per_user=2, pins=3000, likes_per_user=5)
 SYSTEMS = ("floor", "horizontal_shard", "store")
+#: What `store bench mix` runs unless told: the peers, and the store with its defaults and with the
+#: invalidation log (its faster setting: entries trusted at any age while the log is followed).
+DEFAULT_SYSTEMS = (*SYSTEMS, "store:follow=true")
 
 
 @dataclass
@@ -50,7 +53,7 @@ class MixOptions:
     threads: list[int] = field(default_factory=lambda: [1, 4, 16])
     seconds: float = 10.0
     requests: int | None = None
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
     #: A ``mysql+mysqldb://`` URL: the store also runs on mysqlclient, on the same server(s).
     mysqldb_url: str | None = None
     seed: int = 7
