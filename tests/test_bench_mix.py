@@ -7,6 +7,7 @@ the database holds, and the report, the JSON and the charts must be there.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -258,3 +259,25 @@ def test_the_commands_default_systems_are_the_benchmarks() -> None:
     mix = main.commands["bench"].commands["mix"]  # type: ignore[attr-defined]
     option = next(p for p in mix.params if p.name == "systems")
     assert option.default == ",".join(DEFAULT_SYSTEMS)
+
+
+def test_system_names_are_checked_before_anything_runs() -> None:
+    """A store variant names its cache settings (store:KEY=VALUE, store-mysqldb:KEY=VALUE); a bad name,
+    knob or value is refused with what to write instead."""
+    from store.config import StoreConfig
+    from store.exceptions import ConfigError
+    from store_tools.mix import bench
+    from store_tools.mix.dataset_db import default_config
+
+    url = "mysql+pymysql://root@127.0.0.1:3306"
+    config = StoreConfig.from_dict(default_config(url, url, shards=4))
+    options = bench.MixOptions(threads=[1])
+    schema = None  # (not reached: names are refused first)
+    for name, said in (
+        ("postgres", "unknown system 'postgres'"),
+        ("store:colour=red", "give store:KEY=VALUE with KEY one of max_stale_s"),
+        ("store:follow=maybe", "'maybe' is not a value of follow"),
+        ("store-mysqldb:follow=true", "--mysqldb URL runs on the mix's own config"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            bench._system(name, config, schema, options)  # type: ignore[arg-type]

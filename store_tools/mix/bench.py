@@ -164,30 +164,31 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
         from store_tools.mix.peer import ShardedPeer
 
         return ShardedPeer(schema, pool_size=pool)
-    if name == "store":
-        return StoreSystem(Store(replace(config, pool_size=max(config.pool_size, pool))))
-    if name.startswith("store:"):
+    base, _, knobs = name.partition(":")
+    if base == "store":
+        cfg = config
+    elif base == "store-mysqldb":
+        if options.config is not None or options.mysqldb_url is None:
+            raise ConfigError("--mysqldb URL runs on the mix's own config: leave out --config")
+        url = options.mysqldb_url
+        cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
+    else:
+        raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, 'store-mysqldb'))}")
+    if knobs:
         # A variant of the store's cache settings, e.g. store:max_stale_s=3600 (named as given).
         changes: dict[str, Any] = {}
-        for item in name[len("store:") :].split(","):
+        for item in knobs.split(","):
             key, _, value = item.partition("=")
             if key not in _CACHE_KNOBS or not value:
                 raise ConfigError(
-                    f"system {name!r}: give store:KEY=VALUE with KEY one of {', '.join(_CACHE_KNOBS)}"
+                    f"system {name!r}: give {base}:KEY=VALUE with KEY one of {', '.join(_CACHE_KNOBS)}"
                 )
             try:
                 changes[key] = _CACHE_KNOBS[key](value)
             except (KeyError, ValueError):
                 raise ConfigError(f"system {name!r}: {value!r} is not a value of {key}") from None
-        cfg = replace(config, cache=replace(config.cache, **changes), pool_size=max(config.pool_size, pool))
-        return StoreSystem(Store(cfg), name=name)
-    if name == "store-mysqldb":
-        if options.config is not None or options.mysqldb_url is None:
-            raise ConfigError("--mysqldb URL runs on the mix's own config: leave out --config")
-        url = options.mysqldb_url
-        cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
-        return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name="store-mysqldb")
-    raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, 'store-mysqldb'))}")
+        cfg = replace(cfg, cache=replace(cfg.cache, **changes))
+    return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name=name)
 
 
 def _timed(
@@ -251,7 +252,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     schema = mix_schema(config, shards)
     data = make_data_set(options.shape)
     names = list(options.systems)
-    if options.mysqldb_url and "store-mysqldb" not in names:
+    if options.mysqldb_url and not any(n.partition(":")[0] == "store-mysqldb" for n in names):
         names.append("store-mysqldb")
     _check_connections(schema, names, max(options.threads), max(1, options.processes))
     systems = {n: _system(n, config, schema, options) for n in names}
