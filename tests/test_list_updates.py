@@ -335,3 +335,21 @@ def test_concurrent_writers_and_readers_leave_every_cached_list_equal_to_the_row
             client.close()
         updates = sum(st["updates"] for st in (s.stats()["redis"], other.stats()["redis"]))
         assert updates > 0, "no list was updated in place"
+
+
+def test_a_list_ahead_of_the_database_is_dropped_by_the_next_fill(redis_backend: RedisListBackend) -> None:
+    """A shard restored from an older backup: the cached list holds a later version than the rows.
+    The next fill drops it rather than leave it for good, and the one after fills it."""
+    for backend in (redis_backend, MemoryListBackend()):
+        backend.invalidate([KEY], TTL_S)
+
+        def seen(backend: ListBackend = backend) -> bytes | None:
+            read = backend.read(KEY, ("meta",))
+            assert read is not None
+            return read.version
+
+        assert backend.fill(KEY, seen(), 1, encode_member(1, 1), TTL_S, 1, 9)
+        assert not backend.fill(KEY, seen(), 0, b"", TTL_S, 2, 3)  # the database says 3
+        assert cached(backend) is None
+        assert backend.fill(KEY, seen(), 0, b"", TTL_S, 3, 3)
+        assert cached(backend) == (0, [], 3)

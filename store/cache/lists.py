@@ -27,8 +27,9 @@ list at exactly the version before it; a list already at that version or
 later is left alone, and any other (a change missed, out of order, or a
 list of unknown version) is dropped as before. So the cached head is always
 the database's list at some version, whatever order the writers' calls
-arrive in. A fill never replaces a cached list of a later version; a fill
-that knows no version drops a versioned list instead of replacing it. The
+arrive in. A fill never replaces a cached list of a later version (nor a
+versioned one, if it knows no version): it drops it, and the next reader
+fills it again. The
 log's followers (`store.cache.follower`) drop a list only if it is older
 than the version their log entry names.
 
@@ -186,8 +187,8 @@ class ListBackend(Protocol):
         ``members`` is the head packed by `encode_members` (one bytes object,
         not one per entry: a fill of 100 entries costs one argument to pack).
         ``list_version`` is the database's version of the list the head was
-        read at (0: unknown); a cached list of a later one is kept, and a
-        versioned list is dropped, not replaced, by a fill of unknown version.
+        read at (0: unknown); a cached list of a later one, or a versioned
+        list when this one is unknown, is dropped rather than replaced.
         """
         ...
 
@@ -377,10 +378,8 @@ class MemoryListBackend:
             if (None if current is None else str(current).encode()) != version:
                 return False
             held = self._held(key)
-            if held and not list_version:
-                self._drop(key)
-                return False
-            if held > list_version:
+            if held > list_version or (held and not list_version):
+                self._drop(key)  # never replaced by an older read: dropped (see the Redis script)
                 return False
             self._lists[key] = (
                 (n, len(entries)),

@@ -41,8 +41,10 @@ __all__ = ["RedisListBackend"]
 
 # KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
 # packed end to end (16 bytes each, in order): stored as they come, one string; the
-# database's list version the head was read at (0: unknown); the versions' TTL. A list held
-# at a later list version is kept; a versioned one is dropped by a fill of unknown version.
+# database's list version the head was read at (0: unknown); the versions' TTL. A fill never
+# replaces a list held at a later list version, nor a versioned one when it knows no version:
+# it drops that list instead (the next reader fills it again), so a list whose version is
+# ahead of the database's (a shard restored from an older backup) cannot stay for good.
 _FILL = """
 local v = redis.call('GET', KEYS[3])
 if (v or '') ~= ARGV[1] then return 0 end
@@ -50,13 +52,12 @@ local want = tonumber(ARGV[6])
 local meta = redis.call('GET', KEYS[2])
 if meta then
   local held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0')
-  if held > 0 and want == 0 then
+  if held > want or (held > 0 and want == 0) then
     redis.call('INCR', KEYS[3])
     redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
     redis.call('DEL', KEYS[1], KEYS[2])
     return 0
   end
-  if held > want then return 0 end
 end
 local ttl = tonumber(ARGV[3])
 local packed = ARGV[5] or ''
