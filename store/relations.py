@@ -73,7 +73,7 @@ class RelationRepository:
     def __init__(self) -> None:
         self._stmts: dict[tuple[str, str], RelationStatements] = {}
         self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
-        self._guarded: dict[tuple[str, int, str, str, str], str] = {}
+        self._guarded: dict[tuple[str, int, str, str, str, str], str] = {}
         self._guarded_stmts: dict[tuple[str, str, str, str], GuardedInsertStatements] = {}
         self._heads: dict[tuple[str, int, str], str] = {}
 
@@ -124,8 +124,39 @@ class RelationRepository:
         """
         g = side.guard
         assert g is not None
+        cur.execute(self._guarded_sql(side, "insert_live"), (side.from_id, side.to_id, sequence, g.value))
+        if cur.rowcount != 1:
+            return False
+        cur.defer(self.sql(side.h, side.relation).count_up, (side.relation, side.from_id, 1), seen)
+        return True
+
+    @staticmethod
+    def can_upsert_live(side: Side) -> bool:
+        """True if `upsert_live_in` serves ``side`` (a guarded side on MariaDB/MySQL)."""
+        return side.guard is not None and side.h.backend.name == "mysql"
+
+    def upsert_live_in(self, cur: Cursor, side: Side, sequence: int, seen: Seen = None) -> str | None:
+        """Insert the pair at ``sequence``, or move it there, if its guard's object is live, in one
+        statement; `ADD` or `MOVE`, or None if neither happened (the pair is at ``sequence``
+        already, or the object is not live: the caller asks which). See `can_upsert_live`."""
+        g = side.guard
+        assert g is not None
+        cur.execute(self._guarded_sql(side, "upsert_live"), (side.from_id, side.to_id, sequence, g.value))
+        sql = self.sql(side.h, side.relation)
+        if cur.rowcount == 1:
+            cur.defer(sql.count_up, (side.relation, side.from_id, 1), seen)
+            return ADD
+        if cur.rowcount == 2:
+            cur.defer(sql.bump, (side.relation, side.from_id), seen)
+            return MOVE
+        return None
+
+    def _guarded_sql(self, side: Side, name: str) -> str:
+        """Statement ``name`` of `GuardedInsertStatements` for ``side``'s shard and guard."""
+        g = side.guard
+        assert g is not None
         h = side.h
-        key = (h.backend.name, h.shard, side.relation, g.table, g.key)
+        key = (h.backend.name, h.shard, side.relation, g.table, g.key, name)
         sql = self._guarded.get(key)
         if sql is None:
             kind = (h.backend.name, side.relation, g.table, g.key)
@@ -135,12 +166,8 @@ class RelationRepository:
                 stmts = self._guarded_stmts[kind] = GuardedInsertStatements(
                     h.backend, side.relation, g.table, ids=ids
                 )
-            sql = self._guarded[key] = stmts.for_shard(h.shard)["insert_live"]
-        cur.execute(sql, (side.from_id, side.to_id, sequence, g.value))
-        if cur.rowcount != 1:
-            return False
-        cur.defer(self.sql(h, side.relation).count_up, (side.relation, side.from_id, 1), seen)
-        return True
+            sql = self._guarded[key] = stmts.for_shard(h.shard)[name]
+        return sql
 
     def move_in(self, cur: Cursor, side: Side, sequence: int, seen: Seen = None) -> bool:
         """Move an existing pair to ``sequence``; True if it existed at another sequence (and moved)."""
