@@ -144,12 +144,12 @@ class PairWriter:
 
         The usual cases take one statement a side: a new pair is inserted
         by a statement that also reads the object in share mode
-        (``insert_live``), and a move is one statement too: on MariaDB/MySQL
-        one that inserts or moves the pair, reading the object the same way
-        (``upsert_live``), elsewhere an UPDATE of an existing pair (no object
-        read: the pair exists, so a delete's sweep removes it, or has, and
-        then the move finds nothing and takes the slow way). The slow way
-        reads the object first, as every link once did.
+        (``insert_live``), and a move of an existing pair is one UPDATE (no
+        object read: the pair exists, so a delete's sweep removes it, or
+        has, and then the move finds nothing and takes the slow way). A
+        link at a sequence of a pair that is not there is the move, then
+        ``insert_live``. The slow way reads the object first, as every link
+        once did.
         """
         new = False
         moved = False
@@ -161,22 +161,12 @@ class PairWriter:
             made.clear()
             self._lock_key(cur, primary)
             c = Change(primary)
-            if move and self.repo.can_upsert_live(primary):
-                # One statement inserts the pair or moves it (reading the object in share mode).
-                kind = self.repo.upsert_live_in(cur, primary, sequence, c.seen)
-                if kind is not None:
-                    new, moved = kind == ADD, kind == MOVE
-                    self._changed(cur, c, kind, sequence, made)
-                    return True, sequence
-            elif move and self.repo.move_in(cur, primary, sequence, c.seen):
+            if move and self.repo.move_in(cur, primary, sequence, c.seen):
                 moved = True
                 self._changed(cur, c, MOVE, sequence, made)
                 return True, sequence
-            if (
-                not move
-                and primary.guard is not None
-                and self.repo.insert_live_in(cur, primary, sequence, c.seen)
-            ):
+            # (a move that found nothing: the pair is absent, or at this sequence already)
+            if primary.guard is not None and self.repo.insert_live_in(cur, primary, sequence, c.seen):
                 new = True
                 self._changed(cur, c, ADD, sequence, made)
                 return True, sequence

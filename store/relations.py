@@ -130,27 +130,6 @@ class RelationRepository:
         cur.defer(self.sql(side.h, side.relation).count_up, (side.relation, side.from_id, 1), seen)
         return True
 
-    @staticmethod
-    def can_upsert_live(side: Side) -> bool:
-        """True if `upsert_live_in` serves ``side`` (a guarded side on MariaDB/MySQL)."""
-        return side.guard is not None and side.h.backend.name == "mysql"
-
-    def upsert_live_in(self, cur: Cursor, side: Side, sequence: int, seen: Seen = None) -> str | None:
-        """Insert the pair at ``sequence``, or move it there, if its guard's object is live, in one
-        statement; `ADD` or `MOVE`, or None if neither happened (the pair is at ``sequence``
-        already, or the object is not live: the caller asks which). See `can_upsert_live`."""
-        g = side.guard
-        assert g is not None
-        cur.execute(self._guarded_sql(side, "upsert_live"), (side.from_id, side.to_id, sequence, g.value))
-        sql = self.sql(side.h, side.relation)
-        if cur.rowcount == 1:
-            cur.defer(sql.count_up, (side.relation, side.from_id, 1), seen)
-            return ADD
-        if cur.rowcount == 2:
-            cur.defer(sql.bump, (side.relation, side.from_id), seen)
-            return MOVE
-        return None
-
     def _guarded_sql(self, side: Side, name: str) -> str:
         """Statement ``name`` of `GuardedInsertStatements` for ``side``'s shard and guard."""
         g = side.guard

@@ -51,10 +51,10 @@ def test_link_writes_take_few_round_trips(store: Store) -> None:
     assert trips(lambda: store.link(BHP, board, here)) == 3
     assert trips(lambda: store.link(BHP, board, there, sequence=1 << 40)) == 4
     assert trips(lambda: store.unlink(BHP, board, there)) == 4
-    # A link at a sequence of a pair that is not there yet: one statement inserts it (no move
-    # tried first, no separate read of the board); then moving it is one statement too.
+    # A link at a sequence of a pair that is not there yet: the move finds nothing, and one
+    # statement inserts it (no separate read of the board); then moving it is one statement.
     fresh = store.create("pin", {"n": 4}, near=board)
-    assert trips(lambda: store.link(BHP, board, fresh, sequence=7)) == 3
+    assert trips(lambda: store.link(BHP, board, fresh, sequence=7)) == 4
     assert trips(lambda: store.link(BHP, board, fresh, sequence=9)) == 3
     assert store.page(BHP, board).ids == [fresh, here]
     assert store.count("pin_owned_by_board", fresh) == 1

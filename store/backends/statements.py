@@ -289,10 +289,7 @@ class GuardedInsertStatements(Statements):
       row ``key`` of ``table`` is live, reading it in share mode (a delete of
       the object waits for this transaction, as with ``live_shared``), and
       skips a pair that exists. Rowcount 1: the pair is new and the object
-      live; 0: the pair exists, or the object is not live (ask which);
-    - upsert_live (from, to, seq, key), MariaDB/MySQL only: the same, and an
-      existing pair is moved to ``seq``. Rowcount 1: inserted; 2: moved; 0:
-      the pair is at ``seq`` already, or the object is not live.
+      live; 0: the pair exists, or the object is not live (ask which).
 
     One round trip where a link otherwise reads the object first.
     """
@@ -309,12 +306,3 @@ class GuardedInsertStatements(Statements):
         columns = ["from_id", "to_id", "sequence"]
         stmt = backend.upsert_skip(rel).from_select(columns, source.with_for_update(read=True))
         self._add("insert_live", stmt, ["f", "t", "s", "k"])
-        if backend.name == "mysql":
-            # The same read, and an existing pair moved to the sequence: the rowcount says which
-            # (1 inserted, 2 moved, 0 neither), where PostgreSQL's and SQLite's upserts say 1.
-            from sqlalchemy.dialects import mysql
-
-            moving = mysql.insert(rel).from_select(columns, source.with_for_update(read=True))
-            # (VALUES(): SQLAlchemy writes an INSERT ... SELECT's new row as an alias MariaDB lacks)
-            to: dict[str, Any] = {"sequence": literal_column("VALUES(sequence)")}
-            self._add("upsert_live", moving.on_duplicate_key_update(to), ["f", "t", "s", "k"])
