@@ -39,6 +39,29 @@ from store.cache.stats import Breaker, CacheStats
 
 __all__ = ["RedisListBackend"]
 
+# Lua shared by the scripts: where member m falls among the n packed members of s. Members are
+# compared as four big-endian 32-bit words (struct), never with Lua's string "<", which follows
+# the server's collation locale.
+_CUT = """
+local function cut_in(s, n, m, strict)
+  -- the first index (0-based) whose member is after m (strict) or not before it
+  local a1, a2, a3, a4 = struct.unpack('>I4I4I4I4', m)
+  local lo, hi = 0, n
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local b1, b2, b3, b4 = struct.unpack('>I4I4I4I4', s, 16 * mid + 1)
+    local before
+    if b1 ~= a1 then before = b1 < a1
+    elseif b2 ~= a2 then before = b2 < a2
+    elseif b3 ~= a3 then before = b3 < a3
+    elseif b4 ~= a4 then before = b4 < a4
+    else before = strict end
+    if before then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+"""
+
 # KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
 # packed end to end (16 bytes each, in order): stored as they come, one string; the
 # database's list version the head was read at (0: unknown); the versions' TTL. A fill never
@@ -74,9 +97,8 @@ return 1
 # KEYS: list, meta, version. ARGV: kind (rank, after, lex, all, meta), then for rank: start,
 # stop, desc; for after: member, limit, desc; for lex: low, high, limit, desc.
 # Returns {meta, version, the selected members packed end to end, last member of the head
-# (lex only)}. Members are compared as four big-endian 32-bit words (struct), never with
-# Lua's string "<", which follows the server's collation locale.
-_READ = """
+# (lex only)}. Members are compared by `_CUT`.
+_READ = _CUT + """
 local meta = redis.call('GET', KEYS[2])
 local ver = redis.call('GET', KEYS[3])
 local kind = ARGV[1]
@@ -89,23 +111,7 @@ local total, cached = string.match(meta, '^(%d+):(%d+)')
 if tonumber(cached) ~= n then  -- the head and its meta apart (one evicted): not cached
   return {false, ver or false, '', false}
 end
-local function cut(m, strict)
-  -- the first index (0-based) whose member is after m (strict) or not before it
-  local a1, a2, a3, a4 = struct.unpack('>I4I4I4I4', m)
-  local lo, hi = 0, n
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local b1, b2, b3, b4 = struct.unpack('>I4I4I4I4', s, 16 * mid + 1)
-    local before
-    if b1 ~= a1 then before = b1 < a1
-    elseif b2 ~= a2 then before = b2 < a2
-    elseif b3 ~= a3 then before = b3 < a3
-    elseif b4 ~= a4 then before = b4 < a4
-    else before = strict end
-    if before then lo = mid + 1 else hi = mid end
-  end
-  return lo
-end
+local function cut(m, strict) return cut_in(s, n, m, strict) end
 local function span(i, j)  -- members i .. j - 1, in order
   if j <= i then return '' end
   return string.sub(s, 16 * i + 1, 16 * j)
@@ -179,23 +185,9 @@ return 1
 # `store.cache.lists.apply_change` for the rules, the same in Python); a head at that version
 # or later is left alone; any other is dropped as by _INVALIDATE. Returns how many lists
 # were left cached.
-_APPLY = """
+_APPLY = _CUT + """
 local vttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
-local function cut(s, n, m)  -- the first index (0-based) whose member is not before m
-  local a1, a2, a3, a4 = struct.unpack('>I4I4I4I4', m)
-  local lo, hi = 0, n
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local b1, b2, b3, b4 = struct.unpack('>I4I4I4I4', s, 16 * mid + 1)
-    local before
-    if b1 ~= a1 then before = b1 < a1
-    elseif b2 ~= a2 then before = b2 < a2
-    elseif b3 ~= a3 then before = b3 < a3
-    else before = b4 < a4 end
-    if before then lo = mid + 1 else hi = mid end
-  end
-  return lo
-end
+local function cut(s, n, m) return cut_in(s, n, m, false) end
 local function find(s, tail)  -- the index (0-based) of the member ending in tail, or nil
   local from = 1
   while true do
