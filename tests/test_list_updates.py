@@ -353,3 +353,30 @@ def test_a_list_ahead_of_the_database_is_dropped_by_the_next_fill(redis_backend:
         assert cached(backend) is None
         assert backend.fill(KEY, seen(), 0, b"", TTL_S, 3, 3)
         assert cached(backend) == (0, [], 3)
+
+
+def test_a_recount_is_a_new_version_of_the_list(
+    mariadb_ready: Any, memcached_pair: list[str], redis_ready: str
+) -> None:
+    """A count fixed by a recount (the repair job) moves the list's version on: a list cached with
+    the wrong count is dropped by the next write, not updated in place from the wrong count."""
+    raw = cached_mariadb_config(memcached_pair, redis_ready)
+    with Store.from_config(raw) as s:
+        board = s.create("board", {})
+        pins = [s.create("pin", {"i": i}, near=board) for i in range(4)]
+        for p in pins[:3]:
+            s.link(BHP, board, p)
+        ctx = s.admin_context()
+        h = ctx.relations.handle(s.config.relations[BHP], board)
+        with h.connect() as conn:  # the kept count drifts (rows written behind the store's back)
+            cur = conn.cursor()
+            cur.execute(
+                f"UPDATE {h.table('relation_counts')} SET n = 2 WHERE relation = %s AND from_id = %s",
+                (BHP, board),
+            )
+        ctx.relations.invalidate([(BHP, board)])
+        assert s.count(BHP, board) == 2  # cached with the drifted count
+        assert ctx.relations.repo.recount(h, BHP, board) == 3  # fixed, its invalidation lost
+        s.link(BHP, board, pins[3])
+        assert s.count(BHP, board) == 4
+        assert s.page(BHP, board).ids == pins

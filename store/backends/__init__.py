@@ -194,8 +194,9 @@ class Backend:
         """``value`` as an expression the statement also returns, where `list_versions`."""
         return value
 
-    def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
-        """An INSERT construct on ``table`` that overwrites ``column`` of the existing ``key`` row."""
+    def upsert_set(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
+        """An INSERT construct on ``table`` that overwrites ``column`` of the existing ``key`` row
+        (and sets the columns of ``also`` to their expressions there)."""
         raise NotImplementedError
 
     def ts_now(self) -> ClauseElement | None:

@@ -335,10 +335,10 @@ class MySQLBackend(Backend):
         """``LAST_INSERT_ID(value)``: the statement's OK packet carries it (the driver's ``lastrowid``)."""
         return func.last_insert_id(value)
 
-    def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
-        """``ON DUPLICATE KEY UPDATE n = VALUES(n)``."""
+    def upsert_set(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
+        """``ON DUPLICATE KEY UPDATE n = VALUES(n)`` (and ``also``)."""
         ins = mysql.insert(table)
-        return ins.on_duplicate_key_update({column: ins.inserted[column]})
+        return ins.on_duplicate_key_update({column: ins.inserted[column], **also})
 
 
 def _mysql_driver(url: URL) -> tuple[str, Any]:

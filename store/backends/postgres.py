@@ -254,10 +254,12 @@ class PostgresBackend(Backend):
             index_elements=list(key), set_={column: table.c[column] + ins.excluded[column], **also}
         )
 
-    def upsert_set(self, table: Any, key: Sequence[str], column: str) -> Any:
+    def upsert_set(self, table: Any, key: Sequence[str], column: str, *, also: Mapping[str, Any]) -> Any:
         """``ON CONFLICT (key) DO UPDATE SET n = excluded.n``."""
         ins = postgresql.insert(table)
-        return ins.on_conflict_do_update(index_elements=list(key), set_={column: ins.excluded[column]})
+        return ins.on_conflict_do_update(
+            index_elements=list(key), set_={column: ins.excluded[column], **also}
+        )
 
     def ts_now(self) -> ClauseElement | None:
         """``now()``: PostgreSQL has no ON UPDATE."""

@@ -187,7 +187,11 @@ class RelationStatements(Statements):
         self._add("bump", update(c).where(*this_list).values(version=bumped), ["r", "cf"])
         self._add("version_of", select(c.c.version).where(*this_list), ["r", "cf"])
         self._add("count", select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf), ["r", "cf"])
-        setn = backend.upsert_set(c, key, "n").values(relation=rel, from_id=cf, n=n)
+        # A recount changes no row of the list but its count: a new version all the same, so a
+        # cached list that holds the old count is never taken for current.
+        setn = backend.upsert_set(c, key, "n", also={"version": c.c.version + _ONE}).values(
+            relation=rel, from_id=cf, n=n
+        )
         self._add("count_set", setn, ["r", "cf", "n"])
         # PostgreSQL refuses FOR UPDATE with an aggregate: lock the rows in a subquery (all backends).
         locked = select(_ONE).where(f == pf).with_for_update().subquery()

@@ -98,7 +98,9 @@ return 1
 # stop, desc; for after: member, limit, desc; for lex: low, high, limit, desc.
 # Returns {meta, version, the selected members packed end to end, last member of the head
 # (lex only)}. Members are compared by `_CUT`.
-_READ = _CUT + """
+_READ = (
+    _CUT
+    + """
 local meta = redis.call('GET', KEYS[2])
 local ver = redis.call('GET', KEYS[3])
 local kind = ARGV[1]
@@ -159,6 +161,7 @@ elseif kind == 'lex' then
 end
 return {meta, ver or false, picked, last}
 """
+)
 
 #: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
 VERSION_TTL_S = 86_400
@@ -185,7 +188,9 @@ return 1
 # `store.cache.lists.apply_change` for the rules, the same in Python); a head at that version
 # or later is left alone; any other is dropped as by _INVALIDATE. Returns how many lists
 # were left cached.
-_APPLY = _CUT + """
+_APPLY = (
+    _CUT
+    + """
 local vttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local function cut(s, n, m) return cut_in(s, n, m, false) end
 local function find(s, tail)  -- the index (0-based) of the member ending in tail, or nil
@@ -251,6 +256,7 @@ for i = 0, #KEYS / 3 - 1 do
 end
 return kept
 """
+)
 
 # KEYS: (list, meta, version) for each list. ARGV: the versions' TTL, then each list's version
 # named by the log (0: none). A list cached at that version or later is kept; any other dropped.
