@@ -116,7 +116,7 @@ class _Txn:
     COMMIT and go as one row, however many writes of the transaction named keys.
     """
 
-    __slots__ = ("_backend", "_batch", "_begin", "_c", "_deferred", "_log", "_seen", "_versions")
+    __slots__ = ("_backend", "_batch", "_begin", "_c", "_deferred", "_log", "_seen")
 
     def __init__(self, cursor: Any, backend: Backend) -> None:
         self._c = cursor
@@ -125,7 +125,6 @@ class _Txn:
         self._deferred: list[tuple[str, Sequence[Any]]] = []
         #: (index in ``_deferred``, told the statement's ``lastrowid`` once its result is read).
         self._seen: list[tuple[int, Callable[[int], None]]] = []
-        self._versions = backend.list_versions  # else no statement returns a version: none is told
         self._backend = backend
         #: The pending log row; None if nothing to log.
         self._log: _LogRow | None = None
@@ -176,8 +175,8 @@ class _Txn:
         ``seen``, if given, is told the statement's ``lastrowid`` (0 if none) once its result is in,
         where the backend returns list versions so (`Backend.list_versions`); else never.
         """
-        if not self._versions:
-            seen = None
+        if not self._backend.list_versions:
+            seen = None  # no statement returns a version here: none is told
         if self._batch:
             if seen is not None:
                 self._seen.append((len(self._deferred), seen))

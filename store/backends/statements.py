@@ -307,6 +307,7 @@ class GuardedInsertStatements(Statements):
         key = obj.c["id" if ids == "instagram" else "local_id"]
         f, t, s = (bindparam(n, type_=c.type) for n, c in zip("fts", rel.c, strict=True))
         source = select(f, t, s).where(key == bindparam("k", type_=key.type), obj.c.active == _ONE)
-        columns = ["from_id", "to_id", "sequence"]
-        stmt = backend.upsert_skip(rel).from_select(columns, source.with_for_update(read=True))
+        stmt = backend.upsert_skip(rel).from_select(
+            ["from_id", "to_id", "sequence"], source.with_for_update(read=True)
+        )
         self._add("insert_live", stmt, ["f", "t", "s", "k"])

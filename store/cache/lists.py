@@ -317,9 +317,6 @@ class ListCache:
         """Update cached lists in place after a committed write, in version order (else drop them)."""
         if not changes:
             return
-        if not any(c[1] for c in changes):
-            self.invalidate([c[0] for c in changes])
-            return
         updated = self.backend.apply(changes, self._ttl_s, self.entries)
         self.stats.add(updates=updated, invalidations=len(changes) - updated)
 
@@ -421,7 +418,7 @@ class MemoryListBackend:
                     kept += 1
                     continue
                 entry = self._lists.get(key)
-                if not held or not version or held != version - 1 or entry is None:
+                if entry is None or not held or held != version - 1:
                     self._drop(key)
                     continue
                 (n, _cached), members, expires, read_ms, _db = entry

@@ -464,51 +464,37 @@ class RedisListBackend:
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump versions and drop lists; on failure, mark the cache dirty."""
-        if not self.breaker.allow():
-            self.stats.add(skipped=1)
-            self.breaker.dirty = True
-            return
-        try:
-            self._script(self._invalidate, [k for key in keys for k in self._keys(key)], [VERSION_TTL_S])
-        except redis.RedisError as exc:
-            self._failed(exc)
-            self.breaker.dirty = True
-            return
-        self.breaker.success()
+        self._dropping(self._invalidate, [k for key in keys for k in self._keys(key)], [VERSION_TTL_S])
 
     def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
         """Each change in place, or its list dropped (one Lua call); on failure, mark the cache dirty."""
-        if not self.breaker.allow():
-            self.stats.add(skipped=1)
-            self.breaker.dirty = True
-            return 0
         keys = [k for c in changes for k in self._keys(c[0])]
         args: list[Any] = [VERSION_TTL_S, cap]
         for _key, version, kind, member, to_id in changes:
             args += [version, kind, member, to_id.to_bytes(8, "big")]
-        try:
-            kept = self._script(self._apply, keys, args)
-        except redis.RedisError as exc:
-            self._failed(exc)
-            self.breaker.dirty = True
-            return 0
-        self.breaker.success()
-        return int(kept)
+        kept = self._dropping(self._apply, keys, args)
+        return 0 if kept is None else int(kept)
 
     def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
         """Drop each list not cached at the given version or later (one Lua call); on failure, mark dirty."""
+        keys = [k for key, _v in entries for k in self._keys(key)]
+        self._dropping(self._settle, keys, [VERSION_TTL_S, *(v for _k, v in entries)])
+
+    def _dropping(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A script that may drop lists, or the reply None: a call that was skipped or failed may
+        have lost a drop, so the cache is marked dirty (cleaned before it is trusted again)."""
         if not self.breaker.allow():
             self.stats.add(skipped=1)
             self.breaker.dirty = True
-            return
-        keys = [k for key, _v in entries for k in self._keys(key)]
+            return None
         try:
-            self._script(self._settle, keys, [VERSION_TTL_S, *(v for _k, v in entries)])
+            reply = self._script(script, keys, args)
         except redis.RedisError as exc:
             self._failed(exc)
             self.breaker.dirty = True
-            return
+            return None
         self.breaker.success()
+        return reply
 
     def _clean(self) -> bool:
         """Drop every cached list (not the versions) after a lost invalidation."""
