@@ -23,7 +23,7 @@ from store import (
     encode_pinterest,
 )
 from store.admin import init_shards
-from tests.conftest import make_app_account, mariadb_config
+from tests.conftest import TEST_SHARDS, make_app_account, mariadb_config
 
 
 def root() -> Any:
@@ -100,6 +100,26 @@ def test_missing_shard_says_to_run_init(mariadb_ready: StoreConfig) -> None:
         report = init_shards(store.config, shards=[9])
         assert report.databases_created == 1
         assert store.get(store.create("pin", {"a": 1}, shard=9)) == {"a": 1}
+
+
+def test_init_with_a_small_pool_waits_for_no_connection(mariadb_ready: StoreConfig) -> None:
+    # Two connections a host, eight workers asked for, and next to no wait allowed: init must run
+    # no more workers on a host than its pool opens, or a worker times out behind another's DDL.
+    conn = root()
+    try:
+        with conn.cursor() as cur:
+            for s in range(TEST_SHARDS):
+                cur.execute(f"DROP DATABASE IF EXISTS db{s:05d}")
+    finally:
+        conn.close()
+    raw = mariadb_config()
+    raw["pool_size"] = 1
+    raw["pool_timeout_s"] = 0.001
+    report = init_shards(StoreConfig.from_dict(raw), workers_per_host=8)
+    assert report.databases_created == TEST_SHARDS
+    make_app_account(StoreConfig.from_dict(raw))
+    with Store.from_config(mariadb_config()) as store:
+        assert store.get(store.create("pin", {"a": 1}, shard=5)) == {"a": 1}
 
 
 def test_a_read_survives_a_killed_connection(mariadb_ready: StoreConfig) -> None:
@@ -266,3 +286,66 @@ def test_the_int_binding_cursor_sends_what_pymysql_would(mariadb_ready: StoreCon
             ours.execute(query, [*args, 1])
     finally:
         conn.close()
+
+
+def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: StoreConfig) -> None:
+    """``execute_oks`` reads each statement's OK packet itself: the same affected rows and insert
+    ids as PyMySQL's own reading (large ids in 8-byte length encoding too), an error in the middle
+    raised as the driver raises it with the connection usable after, and a statement that returns
+    rows refused with its connection closed."""
+    from store.backends.mysql import _pymysql_cursor_class
+
+    def connect() -> Any:
+        return pymysql.connect(
+            host="127.0.0.1",
+            port=3306,
+            user="root",
+            autocommit=True,
+            client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS,
+            cursorclass=_pymysql_cursor_class(pymysql),
+        )
+
+    conn = connect()
+    try:
+        cur = conn.cursor()
+        cur.execute("CREATE DATABASE IF NOT EXISTS store_oks_test")
+
+        def fresh() -> None:
+            cur.execute("DROP TABLE IF EXISTS store_oks_test.t")
+            cur.execute(
+                "CREATE TABLE store_oks_test.t (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, v INT) "
+                "AUTO_INCREMENT = 72057594037927936"  # 2^56: an 8-byte insert id
+            )
+
+        fresh()
+        request = (
+            "BEGIN; INSERT INTO store_oks_test.t (v) VALUES (%s), (%s); "
+            "UPDATE store_oks_test.t SET v = v + 1 WHERE v < %s; SELECT LAST_INSERT_ID(300) INTO @x; "
+            "DELETE FROM store_oks_test.t WHERE v = %s; COMMIT"
+        )
+        ours = cur.execute_oks(request, (1, 2, 100, 3))
+        fresh()
+        theirs = []
+        cur.execute(request, (1, 2, 100, 3))
+        while True:
+            theirs.append((cur.rowcount, cur.lastrowid or 0))
+            if not cur.nextset():
+                break
+        assert [n for n, _ in ours] == [0, 2, 2, 1, 1, 0]
+        assert ours[1][1] == 72057594037927936
+        assert theirs == ours
+        cur.execute("SELECT @x")
+        assert cur.fetchone()[0] == 300
+        # an error half way: the driver's exception, later statements not run, connection in step
+        with pytest.raises(pymysql.err.ProgrammingError):
+            cur.execute_oks("DO 1; INSERT INTO store_oks_test.nope VALUES (1); DO 2")
+        assert cur.execute_oks("DO 3") == [(0, 0)]
+        # rows where none were expected: refused, and the connection is not reused
+        with pytest.raises(pymysql.err.InternalError):
+            cur.execute_oks("DO 1; SELECT 1; DO 2")
+        assert not conn.open
+    finally:
+        conn.close()
+        other = connect()
+        other.cursor().execute("DROP DATABASE IF EXISTS store_oks_test")
+        other.close()

@@ -193,6 +193,9 @@ def _init_host(
         tables = {what for what, _stmt in todo if not what.endswith(ADDED_VERSION)} - {""}
         return ns_created, len(tables)
 
+    # No more workers than the host's pool lets open at once: a worker waiting for a connection
+    # behind another's DDL would fail after pool_timeout_s, which a small pool makes short.
+    workers = max(1, min(workers, engines.shard(shards[0], host).pool.max_open))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(work, shards))
     return sum(r[0] for r in results), sum(r[1] for r in results)
