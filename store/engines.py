@@ -60,6 +60,13 @@ class Cursor(Protocol):
     def executemany(self, sql: str, params: Any, /) -> Any:
         """Run one statement for many parameter sets."""
 
+    def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run several statements (in one request where the backend can); (rowcount, lastrowid) of each."""
+
+    def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run ``statements``, then COMMIT (in one request where the backend can); (rowcount,
+        lastrowid) of each. What the cursor runs next is a new transaction."""
+
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run a statement whose rows are not read (in a transaction: possibly with the next request);
         ``seen`` is told its ``lastrowid`` once its result is in."""
@@ -132,7 +139,15 @@ class _Txn:
             cursor.execute(backend.begin)
             self._begin = None
 
-    def _send(self, sql: str | None, params: Any) -> None:
+    def _send(
+        self, own: Sequence[tuple[str, Sequence[Any] | None]], *, rowless: bool = False
+    ) -> list[tuple[int, int]]:
+        """BEGIN (if not yet sent), the deferred statements, then ``own``, in one request;
+        (rowcount, lastrowid) of each of ``own`` (the cursor is left on the last one's rows).
+
+        ``rowless``: no statement of ``own`` returns rows, so where the driver's cursor reads
+        such a request's answers in one go (``execute_oks``, the store's PyMySQL cursor), it does.
+        """
         parts: list[str] = []
         args: list[Any] = []
         if self._begin is not None:
@@ -145,29 +160,71 @@ class _Txn:
         self._deferred.clear()
         seen = {first + i: tell for i, tell in self._seen}
         self._seen.clear()
-        if sql is not None:
-            parts.append(sql)
-            if params is not None:
-                args.extend(params)
-        if len(parts) == 1:
-            self._c.execute(parts[0], tuple(args) if args else None)
-        else:
-            if args:  # the driver interpolates the whole text: a literal % must be doubled
-                parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]
-            self._c.execute("; ".join(parts), tuple(args) if args else None)
+        mine = len(parts)
+        for text, values in own:
+            parts.append(text)
+            if values is not None:
+                args.extend(values)
+        if args and len(parts) > 1:  # the driver interpolates the whole text: a literal % must be doubled
+            parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]
+        text = parts[0] if len(parts) == 1 else "; ".join(parts)
+        fast = getattr(self._c, "execute_oks", None) if rowless else None
+        if fast is not None:
+            answers: list[tuple[int, int]] = fast(text, tuple(args) if args else None)
+            for i, told in seen.items():
+                told(answers[i][1])
+            return answers[mine:]
+        self._c.execute(text, tuple(args) if args else None)
+        results: list[tuple[int, int]] = []
         for i in range(len(parts)):
             if i:
                 self._c.nextset()  # on to the next statement's result; an error of any of them raises here
             tell = seen.get(i)
             if tell is not None:
                 tell(int(self._c.lastrowid or 0))
+            if i >= mine:
+                # (a PostgreSQL cursor has no lastrowid)
+                results.append((int(self._c.rowcount), int(getattr(self._c, "lastrowid", 0) or 0)))
+        return results
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
         """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
         if not self._batch:
+            self._open()
             return self._c.execute(sql, params)
-        self._send(sql, params)
+        self._send([(sql, params)])
         return None
+
+    def _open(self) -> None:
+        """BEGIN, where statements go one by one and the transaction has not begun (`commit_with`)."""
+        if self._begin is not None:
+            self._c.execute(self._begin)
+            self._begin = None
+
+    def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run ``statements`` in one request where the backend can (with BEGIN and anything
+        deferred before them), else one by one; (rowcount, lastrowid) of each, in order."""
+        if self._batch:
+            return self._send(statements, rowless=True)
+        self._open()
+        out: list[tuple[int, int]] = []
+        for sql, params in statements:
+            self._c.execute(sql, params)
+            out.append((int(self._c.rowcount), int(getattr(self._c, "lastrowid", 0) or 0)))
+        return out
+
+    def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run ``statements`` and COMMIT: one request with BEGIN and anything deferred where the
+        backend can (and no log row waits: that one goes with a COMMIT of its own); (rowcount,
+        lastrowid) of each. The next statement begins a new transaction, which `commit` ends
+        (nothing is sent if none does)."""
+        if self._batch and self._log is None:
+            out = self._send([*statements, ("COMMIT", None)], rowless=True)[: len(statements)]
+        else:
+            out = self.batch(statements)
+            self.commit()
+        self._begin = self._backend.begin  # (one by one: sent before the next statement, `_open`)
+        return out
 
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run ``sql`` whose rows are not read: with the next request where the backend can, else now.
@@ -182,6 +239,7 @@ class _Txn:
                 self._seen.append((len(self._deferred), seen))
             self._deferred.append((sql, params))
         else:
+            self._open()
             self._c.execute(sql, params)
             if seen is not None:
                 seen(int(self._c.lastrowid or 0))
@@ -208,7 +266,7 @@ class _Txn:
     def executemany(self, sql: str, params: Any, /) -> Any:
         """Run ``sql`` for each parameter set (after BEGIN and anything deferred)."""
         if self._begin is not None or self._deferred:
-            self._send(None, None)
+            self._send([], rowless=True)
         return self._c.executemany(sql, params)
 
     def commit(self) -> None:
@@ -229,7 +287,7 @@ class _Txn:
         if self._begin is not None and not self._deferred:
             self._begin = None  # the transaction never began
             return
-        self._send("COMMIT", None)
+        self._send([("COMMIT", None)], rowless=True)
 
     def rollback(self) -> None:
         """Drop what is deferred; ROLLBACK if the transaction began."""

@@ -215,10 +215,11 @@ class ObjectRepository:
         if log_sql is not None:
 
             def txn(cur: Cursor) -> bool:
-                cur.execute(self.sql(h, table)["delete"], (local_id,))
-                changed = cur.rowcount
-                cur.defer(log_sql, (wall_ms(), logged))
-                return bool(changed)
+                # The mark, its log row and the COMMIT: one request where the backend can.
+                done = cur.commit_with(
+                    [(self.sql(h, table)["delete"], (local_id,)), (log_sql, (wall_ms(), logged))]
+                )
+                return bool(done[0][0])
 
             return h.transaction(txn)
         with h.connect() as conn:

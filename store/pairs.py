@@ -48,13 +48,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from store.backends.statements import ObjectStatements
 from store.cache.follower import VERSION_MARK
 from store.cache.leases import wall_ms
 from store.engines import Cursor, ShardHandle, transaction_pair
-from store.exceptions import NotFound
+from store.exceptions import NotFound, StoreError
+
+if TYPE_CHECKING:  # (store.relations imports this module)
+    from store.relations import Plan
 
 __all__ = ["ADD", "MOVE", "REMOVE", "Change", "Guard", "PairWriter", "Seen", "Side"]
 
@@ -150,6 +153,15 @@ class PairWriter:
         link at a sequence of a pair that is not there is the move, then
         ``insert_live``. The slow way reads the object first, as every link
         once did.
+
+        Where statements can be conditional (`Backend.conditional_writes`),
+        a side's move, insert and counts go in one request. Where one
+        connection reaches both sides, both sides' go in that request, the
+        inverse's speculatively: if the primary side then needs the slow way
+        and the inverse side changed, the transaction is rolled back and the
+        write runs a side at a time. The COMMIT is the second request.
+        Where the inverse side is a transaction of its own (another host), its
+        write, count, log row and COMMIT are one request: three in all.
         """
         new = False
         moved = False
@@ -161,15 +173,19 @@ class PairWriter:
             made.clear()
             self._lock_key(cur, primary)
             c = Change(primary)
-            if move and self.repo.move_in(cur, primary, sequence, c.seen):
-                moved = True
-                self._changed(cur, c, MOVE, sequence, made)
+            kind = self.repo.link_in(
+                cur, primary, sequence, move=move, insert=primary.guard is not None, seen=c.seen
+            )
+            if kind is not None:
+                new, moved = kind == ADD, kind == MOVE
+                self._changed(cur, c, kind, sequence, made)
                 return True, sequence
-            # (a move that found nothing: the pair is absent, or at this sequence already)
-            if primary.guard is not None and self.repo.insert_live_in(cur, primary, sequence, c.seen):
-                new = True
-                self._changed(cur, c, ADD, sequence, made)
-                return True, sequence
+            # (the pair is at this sequence already, or it exists and is not to move, or it is
+            # absent and its object is not live: the slow way says which)
+            return slow_first(cur, c)
+
+        def slow_first(cur: Cursor, c: Change) -> State:
+            nonlocal new
             self._check_live(cur, primary)
             new, settled = self.repo.add_in(cur, primary, sequence, move=move, seen=c.seen)
             if new or move:
@@ -182,17 +198,79 @@ class PairWriter:
             _present, settled = state
             c = Change(inverse)
             kind: str | None = None
-            if new and inverse.guard is not None and self.repo.insert_live_in(cur, inverse, settled, c.seen):
-                kind = ADD
-            elif moved and self.repo.move_in(cur, inverse, settled, c.seen):
-                kind = MOVE
-            else:
-                self._check_live(cur, inverse)
-                kind = self.repo.set_in(cur, inverse, state, c.seen)
+            insert = new and inverse.guard is not None
+            if insert or moved:
+                kind = self.repo.link_in(cur, inverse, settled, move=moved, insert=insert, seen=c.seen)
+            if kind is None:
+                kind = slow_second(cur, state, c)
             if kind is not None:
                 self._changed(cur, c, kind, settled, made)
 
-        self._run(primary, inverse, first, second)
+        def slow_second(cur: Cursor, state: State, c: Change) -> str | None:
+            assert inverse is not None
+            self._check_live(cur, inverse)
+            return self.repo.set_in(cur, inverse, state, c.seen)  # type: ignore[no-any-return]
+
+        def second_alone(cur: Cursor, state: State) -> None:
+            # The inverse side in a transaction of its own, where statements can be conditional:
+            # its move or insert, count and log row with the COMMIT, in one request.
+            assert inverse is not None
+            _present, settled = state
+            insert = new and inverse.guard is not None
+            if not (insert or moved):
+                second(cur, state)
+                return
+            c = Change(inverse)
+            kind = self._committed(cur, c, self.repo.link_plan(inverse, settled, move=moved, insert=insert))
+            if kind is None:  # it changed nothing: the slow way, in a new transaction
+                kind = slow_second(cur, state, c)
+                if kind is not None:
+                    self._changed(cur, c, kind, settled, made)
+            else:
+                self._changed(cur, c, kind, settled, made, logged=True)
+
+        def at_once(cur: Cursor) -> None:
+            # Both sides on one connection, where statements can be conditional: both sides'
+            # move-or-insert in one request, speculatively, then their log row with the COMMIT.
+            nonlocal new, moved
+            assert inverse is not None
+            assert primary.guard is not None
+            assert inverse.guard is not None
+            new = moved = False  # (again after a deadlock)
+            made.clear()
+            cp, ci = Change(primary), Change(inverse)
+            mine = self.repo.link_plan(primary, sequence, move=move, insert=True)
+            theirs = self.repo.link_plan(inverse, sequence, move=move, insert=True)
+            results = cur.batch(mine.statements + theirs.statements)
+            n = len(mine.statements)
+            kind = mine.outcome(results[:n], cp.seen)
+            other = theirs.outcome(results[n:], ci.seen)
+            if kind is None:
+                # The primary side takes the slow way; the inverse side must not have moved first.
+                if other is not None:
+                    raise _AgainError
+                state = slow_first(cur, cp)
+                second(cur, state)
+                return
+            new, moved = kind == ADD, kind == MOVE
+            self._changed(cur, cp, kind, sequence, made)
+            if other is None:
+                other = slow_second(cur, (True, sequence), ci)
+            if other is not None:
+                self._changed(cur, ci, other, sequence, made)
+
+        conditional = primary.h.backend.conditional_writes
+        try:
+            self._run(
+                primary,
+                inverse,
+                first,
+                second,
+                at_once=at_once if conditional else None,
+                alone=second_alone if conditional else None,
+            )
+        except _AgainError:  # rolled back: the plain protocol, a side at a time
+            self._run(primary, inverse, first, second)
         if changes is not None:
             changes += made
         return new
@@ -219,7 +297,38 @@ class PairWriter:
             if kind is not None:
                 self._changed(cur, c, kind, state[1], made)
 
-        self._run(primary, inverse, first, second)
+        def second_alone(cur: Cursor, _state: State) -> None:
+            # The inverse side in a transaction of its own: its delete, count and log row with
+            # the COMMIT, in one request.
+            assert inverse is not None
+            c = Change(inverse)
+            if self._committed(cur, c, self.repo.unlink_plan(inverse)) is not None:
+                self._changed(cur, c, REMOVE, 0, made, logged=True)
+
+        def at_once(cur: Cursor) -> None:
+            # Both sides on one connection: both deletes and their counts in one request.
+            nonlocal gone
+            assert inverse is not None
+            gone = False  # (again after a deadlock)
+            made.clear()
+            sides = [(primary, self.repo.unlink_plan(primary)), (inverse, self.repo.unlink_plan(inverse))]
+            results = cur.batch([s for _side, plan in sides for s in plan.statements])
+            for n, (side, plan) in enumerate(sides):
+                c = Change(side)
+                k = len(plan.statements)
+                if plan.outcome(results[n * k : (n + 1) * k], c.seen) is not None:
+                    gone = gone or side is primary
+                    self._changed(cur, c, REMOVE, 0, made)
+
+        conditional = primary.h.backend.conditional_writes
+        self._run(
+            primary,
+            inverse,
+            first,
+            second,
+            at_once=at_once if conditional else None,
+            alone=second_alone if conditional else None,
+        )
         if changes is not None:
             changes += made
         return gone
@@ -252,12 +361,22 @@ class PairWriter:
         inverse: Side | None,
         first: Callable[[Cursor], State],
         second: Callable[[Cursor, State], None],
+        *,
+        at_once: Callable[[Cursor], None] | None = None,
+        alone: Callable[[Cursor, State], None] | None = None,
     ) -> None:
+        """``first`` on the primary side, then ``second`` on the inverse side, as the protocol says;
+        ``at_once``, if given, writes both where one connection reaches both sides; ``alone``, if
+        given, takes ``second``'s place where the inverse side is a transaction of its own (it may
+        commit that transaction itself)."""
         step = self.step or _no_step
         step("start")
         p, i = primary.h, None if inverse is None else inverse.h
         if i is None:
             p.transaction(first)
+            return
+        if p.pool is i.pool and at_once is not None:
+            p.transaction(at_once)
             return
         if p.pool is i.pool:
             # One pool, one server: one connection reaches both shards (a pin on
@@ -271,24 +390,45 @@ class PairWriter:
 
             p.transaction(both)
             return
-        transaction_pair(p, i, first, second, step=step)
+        transaction_pair(p, i, first, alone or second, step=step)
 
-    def _changed(self, cur: Cursor, c: Change, kind: str, sequence: int, made: list[Change]) -> None:
-        """Note how ``c``'s side changed, and log its list for the followers (where the host logs).
+    def _committed(self, cur: Cursor, c: Change, plan: Plan) -> str | None:
+        """Run ``plan`` (a `store.relations.Plan` of one write) on ``c``'s side, its log row (where
+        the host logs: written only if the write changed the row) and COMMIT, in one request; the
+        kind of change it made, or None."""
+        h = c.side.h
+        statements = list(plan.statements)
+        sql = None if self.log is None else h.log_sql()
+        if sql is not None:
+            assert self.log is not None
+            logged = h.backend.change_log_insert_if_changed()
+            statements.append((logged, (wall_ms(), self.log(c.side) + VERSION_MARK)))
+        results = cur.commit_with(statements)
+        return plan.outcome(results[: len(plan.statements)], c.seen)
+
+    def _changed(
+        self, cur: Cursor, c: Change, kind: str, sequence: int, made: list[Change], *, logged: bool = False
+    ) -> None:
+        """Note how ``c``'s side changed, and log its list for the followers (where the host logs;
+        ``logged``: it is logged already, by `_committed`).
 
         The list goes in the transaction's one log row, with its COMMIT;
         where the backend keeps list versions, with the version the
-        transaction leaves the list at (`Backend.change_log_insert_versions`).
+        transaction leaves the list at: the one its statement returned if
+        that is in already (the row's lock is held to the COMMIT), else read
+        in the log row's statement (`Backend.change_log_insert_versions`).
         """
         c.kind, c.sequence = kind, sequence
         made.append(c)
-        if self.log is None:
+        if self.log is None or logged:
             return
         h = c.side.h
         sql = h.log_sql()
         if sql is None:
             return
-        if h.backend.list_versions:
+        if c.version:  # known already (its statement's result is in): the entry as it is
+            cur.defer_log(sql, wall_ms(), f"{self.log(c.side)}{VERSION_MARK}{c.version}")
+        elif h.backend.list_versions:
             version = self.repo.sql(h, c.side.relation).version_of
             entry = self.log(c.side) + VERSION_MARK
             cur.defer_log_version(sql, wall_ms(), entry, version, (c.side.relation, c.side.from_id))
@@ -321,6 +461,10 @@ class PairWriter:
         row = cur.fetchone()
         if row is not None and not row[0]:
             raise NotFound(f"{g.what} was deleted: a deleted object cannot be linked")
+
+
+class _AgainError(StoreError):
+    """A speculative write of both sides went wrong way round: rolled back, to be run side by side."""
 
 
 def _no_step(_name: str) -> None:

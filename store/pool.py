@@ -43,10 +43,14 @@ RECYCLE_S = 3600.0
 class _ReusedCursor:
     """The connection's one cursor; ``close()`` leaves it open for the next user."""
 
-    __slots__ = ("_c",)
+    __slots__ = ("_c", "execute_oks")
 
     def __init__(self, cursor: Any) -> None:
         self._c = cursor
+        #: The driver cursor's one-request reader of rowless statements, where it has one.
+        self.execute_oks: Callable[[str, Any], list[tuple[int, int]]] | None = getattr(
+            cursor, "execute_oks", None
+        )
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
         return self._c.execute(sql) if params is None else self._c.execute(sql, params)

@@ -67,6 +67,32 @@ class Page:
     objects: list[dict[str, Any]] = field(default_factory=list)
 
 
+class Plan:
+    """Pair writes as statements for one request (`RelationRepository.link_plan`): each write is
+    followed by its count, which runs only if the write changed the row (`Backend.conditional_writes`)."""
+
+    __slots__ = ("kinds", "statements")
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+        self.statements: list[tuple[str, Any]] = []
+
+    def add(self, kind: str, write: tuple[str, Any], count: tuple[str, Any]) -> None:
+        """A write of ``kind`` (`store.pairs.ADD`, `MOVE`, `REMOVE`) and its conditional count."""
+        self.kinds.append(kind)
+        self.statements += [write, count]
+
+    def outcome(self, results: Sequence[tuple[int, int]], seen: Seen = None) -> str | None:
+        """The kind of the first write that changed its row, or None; from the statements'
+        (rowcount, lastrowid). ``seen`` is told the list version its count returned."""
+        for i, kind in enumerate(self.kinds):
+            if results[2 * i][0] == 1:
+                if seen is not None:
+                    seen(results[2 * i + 1][1])
+                return kind
+        return None
+
+
 class RelationRepository:
     """Pairs of one relation on one shard: add, remove, list, page, count."""
 
@@ -148,6 +174,49 @@ class RelationRepository:
             sql = self._guarded[key] = stmts.for_shard(h.shard)[name]
         return sql
 
+    def link_plan(self, side: Side, sequence: int, *, move: bool, insert: bool) -> Plan:
+        """`link_in` as statements for one request, where `Backend.conditional_writes`: the move
+        (if ``move``), then the guarded insert (if ``insert``), each followed by its count, which
+        runs only if it changed the row. `Plan.outcome` reads what they did."""
+        sql = self.sql(side.h, side.relation)
+        f, t = side.from_id, side.to_id
+        plan = Plan()
+        if move:
+            plan.add(MOVE, (sql.move_if_other, (sequence, f, t, sequence)), (sql.bump_if, (side.relation, f)))
+        if insert:
+            g = side.guard
+            assert g is not None
+            live = (self._guarded_sql(side, "insert_live"), (f, t, sequence, g.value))
+            plan.add(ADD, live, (sql.count_up_if, (side.relation, f, 1)))
+        return plan
+
+    def unlink_plan(self, side: Side) -> Plan:
+        """`remove_in` as statements for one request, where `Backend.conditional_writes`."""
+        sql = self.sql(side.h, side.relation)
+        plan = Plan()
+        plan.add(
+            REMOVE,
+            (sql.delete, (side.from_id, side.to_id)),
+            (sql.count_down_if, (side.relation, side.from_id)),
+        )
+        return plan
+
+    def link_in(
+        self, cur: Cursor, side: Side, sequence: int, *, move: bool, insert: bool, seen: Seen = None
+    ) -> str | None:
+        """Move the pair to ``sequence`` if ``move``; if that found nothing to move and ``insert``,
+        insert it if it is absent and its guard's object is live. `store.pairs.MOVE`, `ADD`, or
+        None if neither changed the row (the pair is at ``sequence`` already, or absent and not
+        insertable: the caller asks which, the slow way). One request where the backend can."""
+        if side.h.backend.conditional_writes:
+            plan = self.link_plan(side, sequence, move=move, insert=insert)
+            return plan.outcome(cur.batch(plan.statements), seen)
+        if move and self.move_in(cur, side, sequence, seen):
+            return MOVE
+        if insert and self.insert_live_in(cur, side, sequence, seen):
+            return ADD
+        return None
+
     def move_in(self, cur: Cursor, side: Side, sequence: int, seen: Seen = None) -> bool:
         """Move an existing pair to ``sequence``; True if it existed at another sequence (and moved)."""
         sql = self.sql(side.h, side.relation)
@@ -159,6 +228,9 @@ class RelationRepository:
 
     def remove_in(self, cur: Cursor, side: Side, seen: Seen = None) -> bool:
         """Delete the pair (and count it out); True if it was there."""
+        if side.h.backend.conditional_writes:
+            plan = self.unlink_plan(side)
+            return plan.outcome(cur.batch(plan.statements), seen) is not None
         sql = self.sql(side.h, side.relation)
         cur.execute(sql.delete, (side.from_id, side.to_id))
         if cur.rowcount:
@@ -222,6 +294,26 @@ class RelationRepository:
             query = sql.page_desc_after if newest_first else sql.page_asc_after
             params = (from_id, after[0], after[0], after[1], limit)
         return [(int(s), int(t)) for s, t in h.read(query, params, one=False)]
+
+    def first_pages(
+        self, h: ShardHandle, relations: Sequence[str], from_id: int, limit: int
+    ) -> list[list[tuple[int, int]]]:
+        """The first ``limit`` (sequence, to_id) rows of ``from_id``'s list in each of ``relations``
+        (all on ``h``'s shard), in list order: one query for all of them."""
+        if len(relations) == 1:
+            return [self.page(h, relations[0], from_id, limit, None, False)]
+        parts: list[str] = []
+        params: list[int] = []
+        for i, relation in enumerate(relations):
+            # (a LIMIT inside a derived table is valid on every backend; its order is sorted here)
+            parts.append(f"SELECT {i} AS part, p{i}.* FROM ({self.sql(h, relation).page_asc}) p{i}")
+            params += [from_id, limit]
+        out: list[list[tuple[int, int]]] = [[] for _r in relations]
+        for part, seq, to_id in h.read(" UNION ALL ".join(parts), params, one=False):
+            out[int(part)].append((int(seq), int(to_id)))
+        for rows in out:
+            rows.sort()
+        return out
 
     def page_range(
         self,
@@ -465,18 +557,26 @@ class RelationService:
         primary, inverse = self._sides(self._router.relation(relation), from_id, to_id, guarded=False)
         return self._unlink(primary, inverse)
 
-    def _unlink(self, primary: Side, inverse: Side | None) -> bool:
+    def _unlink(self, primary: Side, inverse: Side | None, pending: list[Change] | None = None) -> bool:
         return self._written(
-            primary, inverse, lambda changes: self.pairs.unlink(primary, inverse, changes=changes)
+            primary, inverse, lambda changes: self.pairs.unlink(primary, inverse, changes=changes), pending
         )
 
-    def _written(self, primary: Side, inverse: Side | None, write: Callable[[list[Change]], bool]) -> bool:
+    def _written(
+        self,
+        primary: Side,
+        inverse: Side | None,
+        write: Callable[[list[Change]], bool],
+        pending: list[Change] | None = None,
+    ) -> bool:
         """Run a pair write, then update (or drop) the cached lists whose rows it changed.
 
         Commit first, then change the cache, only where rows changed (a
         re-link of a pair in place leaves the cached lists alone): each list
         in place, in its version order (`ListCache.apply`); after a failure
-        drop both, since a side may have committed before it.
+        drop both, since a side may have committed before it. With
+        ``pending``, the changes are added there for the caller to apply
+        with others (`_apply`: one call to the cache for many writes).
         """
         changes: list[Change] = []
         try:
@@ -484,6 +584,14 @@ class RelationService:
         except BaseException:
             self._invalidate_sides(primary, inverse)
             raise
+        if pending is not None:
+            pending += changes
+        else:
+            self._apply(changes)
+        return result
+
+    def _apply(self, changes: Sequence[Change]) -> None:
+        """Update the cached lists in place with committed ``changes`` (in their order)."""
         if self.lists is not None and changes:
             self.lists.apply(
                 [
@@ -497,7 +605,6 @@ class RelationService:
                     for c in changes
                 ]
             )
-        return result
 
     def sync(self, relation: str, from_id: int, to_id: int) -> bool:
         """Make the inverse row of a pair match its primary row (the repair job's fix); True if it changed."""
@@ -518,19 +625,30 @@ class RelationService:
         committed before this reads the list and removed here.
         """
         removed = 0
-        for spec in self._router.config.relations.values():
-            if spec.from_type != type_name or spec.inverse is None:
-                continue
-            h = self._side(spec, obj, None)
-            after: tuple[int, int] | None = None
-            while True:  # by key, so that it ends even if a pair could not be removed
-                rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, after, False)
-                for _seq, to_id in rows:
-                    primary, inverse = self._sides(spec, obj, to_id, guarded=False)
-                    removed += self._unlink(primary, inverse)
-                if len(rows) < REMOVE_CHUNK:
-                    break
-                after = rows[-1]
+        pending: list[Change] = []  # the cached lists are updated in one call per chunk
+        specs = [
+            s
+            for s in self._router.config.relations.values()
+            if s.from_type == type_name and s.inverse is not None
+        ]
+        if not specs:
+            return 0
+        h = self._side(specs[0], obj, None)  # (every list of ``obj`` is on its shard)
+        firsts = self.repo.first_pages(h, [s.name for s in specs], obj, REMOVE_CHUNK)
+        try:
+            for spec, rows in zip(specs, firsts, strict=True):
+                while True:  # by key, so that it ends even if a pair could not be removed
+                    for _seq, to_id in rows:
+                        primary, inverse = self._sides(spec, obj, to_id, guarded=False)
+                        removed += self._unlink(primary, inverse, pending)
+                    if len(pending) >= REMOVE_CHUNK:
+                        self._apply(pending)
+                        pending.clear()
+                    if len(rows) < REMOVE_CHUNK:
+                        break
+                    rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, rows[-1], False)
+        finally:
+            self._apply(pending)
         return removed
 
     def _sides(

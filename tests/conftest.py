@@ -77,6 +77,19 @@ def base_config(**overrides: Any) -> dict[str, Any]:
     return raw
 
 
+def root_sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of ``query``, run as root straight on the test MariaDB (3306), in autocommit."""
+    import pymysql
+
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query, args)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
 def sqlite_config(folder: Path) -> dict[str, Any]:
     """Eight shards in SQLite files, split over two host folders."""
     return base_config(

@@ -9,6 +9,7 @@ rows committed out of id order are not missed.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ import pytest
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.cache.follower import Follower, LogSource, parse_entries
-from tests.conftest import cached_mariadb_config
+from store.naming import database_name
+from tests.conftest import cached_mariadb_config, root_sql
 
 BHP = "board_has_pins"
 
@@ -56,13 +58,15 @@ def _wait_for(check: Any, *, within_s: float) -> float:
 
 
 def _log_rows() -> list[str]:
-    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT entries FROM store_log.cache_log ORDER BY id DESC LIMIT 20")
-            return [str(r[0]) for r in cur.fetchall()]
-    finally:
-        conn.close()
+    return [str(r[0]) for r in root_sql("SELECT entries FROM store_log.cache_log ORDER BY id DESC LIMIT 20")]
+
+
+def _log_count() -> int:
+    return int(root_sql("SELECT COUNT(*) FROM store_log.cache_log")[0][0])
+
+
+def _table(s: Store, from_id: int, relation: str) -> str:
+    return f"{database_name(s.locate(from_id).shard)}.{relation}"
 
 
 def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
@@ -87,8 +91,23 @@ def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
         s.link(BHP, board, elsewhere, sequence=5)  # a move: both lists' versions go up too
         _objects, lists = parse_entries(_log_rows()[:2])  # (a row on each host)
         assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@3", f"t:l:pin_owned_by_board:{elsewhere}@2"])
-        before = len(_log_rows())
+        s.unlink(BHP, board, elsewhere)  # an unlink too: the inverse's row goes with its COMMIT
+        _objects, lists = parse_entries(_log_rows()[:2])
+        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@4", f"t:l:pin_owned_by_board:{elsewhere}@3"])
+        before = _log_count()
         s.link(BHP, board, pin)  # changes nothing: logs nothing
+        assert s.unlink(BHP, board, elsewhere) is False  # nor does an unlink of nothing
+        assert _log_count() == before
+        # A split pair (the inverse row left behind): the inverse side's insert finds its row, its
+        # COMMIT logs nothing, and the slow way moves the row to the new sequence and logs that.
+        s.link(BHP, board, elsewhere, sequence=7)
+        root_sql(f"DELETE FROM {_table(s, board, BHP)} WHERE from_id = %s AND to_id = %s", board, elsewhere)
+        before = _log_count()
+        assert s.link(BHP, board, elsewhere, sequence=8) is True
+        assert _log_count() == before + 2  # a row on each host
+        _objects, lists = parse_entries(_log_rows()[:2])
+        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@6", f"t:l:pin_owned_by_board:{elsewhere}@5"])
+        assert s.page("pin_owned_by_board", elsewhere).ids == [board]
         s.unlink(BHP, board, pin)
         s.delete(pin)
         assert parse_entries(_log_rows()[:1])[0] == [s.cache_key(pin)]
@@ -204,3 +223,40 @@ def test_without_follow_nothing_is_logged_or_followed(no_follow: Store) -> None:
     caches = no_follow.admin_context().caches
     assert caches.objects is not None
     assert caches.objects.follower is None
+
+
+def test_old_rows_are_deleted_a_short_batch_a_pass(mariadb_ready: StoreConfig) -> None:
+    """A backlog of old rows goes in statements of at most CLEAN_BATCH rows, one a pass, until
+    every row up to the old checkpoint is gone; newer rows stay."""
+    from store.cache.follower import CLEAN_BATCH, KEEP_S
+
+    root_sql("CREATE DATABASE IF NOT EXISTS store_log")
+    root_sql("DROP TABLE IF EXISTS store_log.clean_test")
+    root_sql(
+        "CREATE TABLE store_log.clean_test (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
+        "at_ms BIGINT NOT NULL, entries MEDIUMTEXT NOT NULL) ENGINE=InnoDB"
+    )
+    total = 2 * CLEAN_BATCH + 500
+    values = ", ".join(["(0, 'x')"] * total)
+    root_sql(f"INSERT INTO store_log.clean_test (at_ms, entries) VALUES {values}")
+    ids = [int(r[0]) for r in root_sql("SELECT id FROM store_log.clean_test ORDER BY id")]
+    upto = ids[2 * CLEAN_BATCH + 100]  # the checkpoint: more than two batches old
+    source = LogSource("local", None, "`store_log`.`clean_test`", checkpoints=[(0.0, upto)])
+    follower = Follower(lambda: [source], lambda _objects, _lists: None)
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    left = [total]
+    try:
+        with conn.cursor() as cur:
+            for k in range(5):
+                follower._clean(cur, source, KEEP_S + 100.0 + k)
+                left.append(int(root_sql("SELECT COUNT(*) FROM store_log.clean_test")[0][0]))
+                if source.clean_upto is None:
+                    break
+    finally:
+        conn.close()
+        remaining = [int(r[0]) for r in root_sql("SELECT id FROM store_log.clean_test ORDER BY id")]
+        root_sql("DROP TABLE store_log.clean_test")
+    assert [a - b for a, b in itertools.pairwise(left)] == [CLEAN_BATCH, CLEAN_BATCH, 101]
+    assert remaining == [i for i in ids if i > upto]
+    assert source.clean_upto is None
+    assert source.checkpoints == [(KEEP_S + 100.0, source.last)]  # the old one used, a new one kept

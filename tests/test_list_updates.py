@@ -31,7 +31,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Store
+from store import Store, StoreConfig
+from store.admin import init_shards
 from store.cache.lists import ListBackend, MemoryListBackend, apply_change, decode_members, encode_member
 from store.cache.redis_lists import RedisListBackend
 from tests.conftest import REDIS_TEST_URL, cached_mariadb_config
@@ -271,6 +272,8 @@ def test_concurrent_writers_and_readers_leave_every_cached_list_equal_to_the_row
 ) -> None:
     raw = cached_mariadb_config(memcached_pair, redis_ready)
     raw["cache"] = {**raw["cache"], "follow": follow, "follow_poll_s": 0.1}
+    if follow:
+        init_shards(StoreConfig.from_dict(raw))  # makes the logs: the application account may not
     with Store.from_config(raw) as s, Store.from_config(raw) as other:
         boards = [s.create("board", {"b": b}, shard=b) for b in range(2)]
         # Pins on the boards' shards and on the other host's: pairs in one transaction and in two.

@@ -7,14 +7,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import pymysql
 import pytest
 
 from store import StoreConfig
 from store.admin import init_shards
 from store_tools.mix.peer import ShardedPeer, local_of, make_id, shard_of, type_of
 from store_tools.mix.system import MixSchema, System
-from tests.conftest import MARIADB_URL, base_config, require_port
+from tests.conftest import MARIADB_URL, base_config, require_port, root_sql
 
 pytestmark = pytest.mark.mariadb
 
@@ -61,15 +60,7 @@ def peer() -> Iterator[ShardedPeer]:
         p.close()
 
 
-def sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of ``query``, read straight from the server."""
-    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(query, args)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
+sql = root_sql
 
 
 def object_row(id_: int) -> tuple[dict[str, Any], int] | None:

@@ -254,6 +254,8 @@ def test_the_checker_finds_the_race_of_writing_each_side_in_its_own_transaction(
         inverse: Side | None,
         first: Callable[[Cursor], tuple[bool, int]],
         second: Callable[[Cursor, tuple[bool, int]], None],
+        at_once: object = None,  # (both sides in one transaction: never, here)
+        alone: object = None,  # (the inverse side's own commit: the plain one, here)
     ) -> None:
         step = self.step or (lambda _s: None)
         step("start")

@@ -98,10 +98,18 @@ def test_init_after_a_move_does_not_open_the_moved_shards_again(
 # -- 2. link and unlink of one pair at once ----------------------------------------
 
 
-def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(mariadb_ready: StoreConfig) -> None:
+@pytest.mark.parametrize("where", ["two pools", "one pool"])
+def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(
+    mariadb_ready: StoreConfig, where: str
+) -> None:
+    # Two pools: a transaction a side. One pool: both sides in one transaction, each side's
+    # write sent with the other's in one request (`store.pairs`, at once), moves included.
     with Store(mariadb_ready) as store:
         board = store.create("board", {}, shard=0)  # host MySQL001A
-        pins = [store.create("pin", {"i": i}, shard=5) for i in range(1)]  # host MySQL002A
+        if where == "two pools":
+            pins = [store.create("pin", {"i": i}, shard=5) for i in range(1)]  # host MySQL002A
+        else:
+            pins = [store.create("pin", {"i": i}, near=board) for i in range(2)]
         for round_ in range(10):
             errors: list[BaseException] = []
             barrier = threading.Barrier(8)
@@ -114,8 +122,11 @@ def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(mariadb_
                     barrier.wait()
                     for _ in range(100):
                         p = rng.choice(pins)
-                        if rng.random() < 0.5:
+                        roll = rng.random()
+                        if roll < 0.35:
                             store.link(BHP, board, p)
+                        elif roll < 0.5:
+                            store.link(BHP, board, p, sequence=rng.randrange(3))
                         else:
                             store.unlink(BHP, board, p)
                 except BaseException as exc:  # surfaced below
@@ -128,10 +139,46 @@ def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(mariadb_
                 t.join()
             assert errors == []
             linked = set(store.links(BHP, board, limit=100))
+            repo = store.admin_context().relation_repository
             for p in pins:
                 assert (board in store.links(POB, p)) == (p in linked), f"round {round_}: sides differ"
                 assert store.count(POB, p) == (1 if p in linked else 0)
+                sides = [
+                    repo.sequence_of(_handle(store, f, kind), rel, f, t)
+                    for rel, f, t, kind in ((BHP, board, p, "board"), (POB, p, board, "pin"))
+                ]
+                assert sides[0] == sides[1], f"round {round_}: sequences differ"
             assert store.count(BHP, board) == len(linked)
+
+
+def _handle(store: Store, id_: int, type_name: str) -> Any:
+    loc = store.locate(id_, type_name=type_name)
+    return store.admin_context().engines.shard(loc.shard, loc.host)
+
+
+def test_a_link_mends_a_split_pair_whichever_side_is_missing(mariadb_ready: StoreConfig) -> None:
+    # The speculative one-request link writes the inverse side before it knows the primary
+    # side's outcome: where the primary side exists (not to move), the inverse side it
+    # inserted is rolled back and the link runs a side at a time, as the primary side says.
+    with Store(mariadb_ready) as store:
+        repo = store.admin_context().relation_repository
+        board = store.create("board", {}, shard=0)
+        for missing in (POB, BHP):
+            pin = store.create("pin", {}, near=board)
+            store.link(BHP, board, pin, sequence=5)
+            h = _handle(store, pin if missing == POB else board, "pin" if missing == POB else "board")
+            f, t = (pin, board) if missing == POB else (board, pin)
+            assert repo.remove(h, missing, f, t)  # a split pair, as a crash between commits leaves
+            assert store.link(BHP, board, pin) is (missing == BHP)
+            seqs = [
+                repo.sequence_of(_handle(store, board, "board"), BHP, board, pin),
+                repo.sequence_of(_handle(store, pin, "pin"), POB, pin, board),
+            ]
+            assert seqs[0] == seqs[1] is not None, missing
+            if missing == POB:
+                assert seqs[0] == 5  # the primary side's sequence stands
+            assert store.count(POB, pin) == 1
+        assert store.count(BHP, board) == 2
 
 
 # -- 3. a lost invalidation, seen from another process -----------------------------

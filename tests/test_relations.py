@@ -342,6 +342,32 @@ def test_deleting_a_board_with_more_pins_than_one_round_empties_every_list(store
     assert store.delete(board) is False  # again: nothing left to do, nothing fails
 
 
+def test_deleting_a_pin_takes_it_out_of_every_list_of_every_relation(store: Store) -> None:
+    """A pin on more boards than one round of the sweep takes, and liked by users: each list of
+    both relations loses it, on both sides, with its count; another pin stays where it was."""
+    from store.relations import REMOVE_CHUNK
+
+    shards = store.config.shards
+    pin, other = store.create("pin", {}, shard=2), store.create("pin", {}, shard=2)
+    boards = [store.create("board", {"i": i}, shard=i % shards) for i in range(REMOVE_CHUNK + 3)]
+    users = [store.create("user", {"i": i}, shard=(i * 3) % shards) for i in range(5)]
+    for b in boards:
+        store.link(BHP, b, pin)
+    for u in users:
+        store.link("users_likes_pins", u, pin)
+    store.link(BHP, boards[0], other)
+    store.link("users_likes_pins", users[0], other)
+    assert store.count(POB, pin) == len(boards)
+    assert store.delete(pin) is True
+    assert (store.links(POB, pin), store.count(POB, pin)) == ([], 0)
+    assert (store.links("pin_liked_by_user", pin), store.count("pin_liked_by_user", pin)) == ([], 0)
+    assert [store.links(BHP, b) for b in boards] == [[other]] + [[]] * (len(boards) - 1)
+    assert [store.count(BHP, b) for b in boards] == [1] + [0] * (len(boards) - 1)
+    assert [store.links("users_likes_pins", u) for u in users] == [[other]] + [[]] * (len(users) - 1)
+    assert store.links(POB, other) == [boards[0]]
+    assert store.links("pin_liked_by_user", other) == [users[0]]
+
+
 @pytest.mark.parametrize("backend", ["mariadb"], indirect=True)
 def test_a_fills_packed_head_is_the_head_the_rows_give(store: Store, board: int) -> None:
     """MariaDB packs a fill's head into one value: the same entries, in the same order, as the rows.

@@ -1,10 +1,12 @@
 """Round trips of the write path on MariaDB, counted on the sockets (the property, not a timing).
 
 A new pair with its inverse on another host: BEGIN goes with each side's
-first statement, the object read is inside each insert, and the count
-updates go with the COMMITs: 4 requests to the databases. On one host (a
-pin on its board's shard): 3. A move: 4; an unlink: 4; an update: 2. Warm
-pools, no cache.
+first statement, the object read is inside each insert, each count runs
+in the same request as its write, only if the write changed the row, and
+the inverse side's COMMIT goes with them too: 3 requests to the databases
+(the primary side's write, the inverse side's write and COMMIT, the
+primary side's COMMIT). On one host (a pin on its board's shard): 2. A
+move and an unlink alike; an update: 2. Warm pools, no cache.
 """
 
 from __future__ import annotations
@@ -47,15 +49,27 @@ def test_link_writes_take_few_round_trips(store: Store) -> None:
     store.link(BHP, board, warm)
     store.unlink(BHP, board, warm)
 
-    assert trips(lambda: store.link(BHP, board, there)) == 4
-    assert trips(lambda: store.link(BHP, board, here)) == 3
-    assert trips(lambda: store.link(BHP, board, there, sequence=1 << 40)) == 4
-    assert trips(lambda: store.unlink(BHP, board, there)) == 4
-    # A link at a sequence of a pair that is not there yet: the move finds nothing, and one
-    # statement inserts it (no separate read of the board); then moving it is one statement.
+    # Two pools: the primary side's write and its count in one request; the inverse side's write,
+    # count and COMMIT in one; then the primary side's COMMIT.
+    assert trips(lambda: store.link(BHP, board, there)) == 3
+    # One connection reaches both sides: both sides' writes and counts, then the COMMIT.
+    assert trips(lambda: store.link(BHP, board, here)) == 2
+    assert trips(lambda: store.link(BHP, board, there, sequence=1 << 40)) == 3
+    assert trips(lambda: store.unlink(BHP, board, there)) == 3
+    # A link at a sequence of a pair that is not there yet: the move finds nothing and the
+    # guarded insert, in the same request, inserts it (no separate read of the board); then
+    # moving it is the same request, where the move does it.
     fresh = store.create("pin", {"n": 4}, near=board)
-    assert trips(lambda: store.link(BHP, board, fresh, sequence=7)) == 4
-    assert trips(lambda: store.link(BHP, board, fresh, sequence=9)) == 3
+    assert trips(lambda: store.link(BHP, board, fresh, sequence=7)) == 2
+    assert trips(lambda: store.link(BHP, board, fresh, sequence=9)) == 2
+    far = store.create("pin", {"n": 6}, shard=5)
+    assert trips(lambda: store.link(BHP, board, far, sequence=7)) == 3
+    assert trips(lambda: store.link(BHP, board, far, sequence=9)) == 3
+    assert trips(lambda: store.unlink(BHP, board, here)) == 2
+    assert trips(lambda: store.link(BHP, board, here)) == 2
+    # A re-link of a pair in place: the speculative request changes nothing, the slow way says so.
+    assert store.link(BHP, board, here) is False
+    store.unlink(BHP, board, far)
     assert store.page(BHP, board).ids == [fresh, here]
     assert store.count("pin_owned_by_board", fresh) == 1
     store.unlink(BHP, board, fresh)

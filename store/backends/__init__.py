@@ -90,6 +90,10 @@ class Backend:
     #: ``lastrowid``), and a log row can name it: cached lists are updated in place
     #: (`store.cache.lists`). Elsewhere a write drops the cached lists it changed.
     list_versions: ClassVar[bool] = False
+    #: A statement can be made to run only if the one before it changed a row (``ROW_COUNT()``),
+    #: and several go in one request: a pair write and its counts travel together
+    #: (`store.backends.statements.RelationStatements`: count_up_if, count_down_if, bump_if).
+    conditional_writes: ClassVar[bool] = False
     #: ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` is understood (MariaDB, PostgreSQL; not SQLite).
     add_column_if_not_exists: ClassVar[bool] = True
 
@@ -158,6 +162,12 @@ class Backend:
         leaves them, where `list_versions`: (at_ms, the plain entries, then for each of
         ``versions`` (a query of one list's version) the entry up to the version and the
         query's parameters)."""
+        raise NotImplementedError
+
+    def change_log_insert_if_changed(self) -> str:
+        """``INSERT`` of one log row (at_ms, one list's entry up to its version), where
+        `conditional_writes`: written only if the statement before it in the request changed a row,
+        the entry ending in the version that statement returned (``LAST_INSERT_ID()``)."""
         raise NotImplementedError
 
     def existing(self, cur: Any) -> set[tuple[str, str]]:

@@ -136,6 +136,8 @@ class RelationStatements(Statements):
     - exists (from, to); exists_locked (from, to) FOR UPDATE;
     - count_up (relation, from, n): adds n; count_down (relation, from); bump (relation, from): a
       move; each bumps the list's version and returns it where `Backend.list_versions`;
+      count_up_if, count_down_if, bump_if (same parameters), where `Backend.conditional_writes`:
+      the same, only if the statement before them in the request changed one row;
       version_of (relation, from); count (relation, from);
     - count_set (relation, from, n); lock_count (from): counts the list, rows locked;
     - counts_kept (relation); counts_actual ();
@@ -168,6 +170,15 @@ class RelationStatements(Statements):
         other = update(t).where(pair, seq != _p("s2")).values(sequence=ps)
         self._add("move_if_other", other, ["s", "f", "t", "s2"])
         self._add("delete", delete(t).where(pair), ["f", "t"])
+        if backend.name == "mysql":
+            # MariaDB can read a short list's pair for a DELETE through (from_id, sequence,
+            # to_id), locking every row of the list, and in the other order than an UPDATE of
+            # the pair takes (primary key, then that index): the two deadlock. The multi-table
+            # form takes an index hint, and the pair's key is then one row's lock.
+            text = self._templates["delete"]
+            head, where = text.split(" WHERE ", 1)
+            target = head.removeprefix("DELETE FROM ")
+            self._templates["delete"] = f"DELETE {target} FROM {target} FORCE INDEX (PRIMARY) WHERE {where}"
         self._add("exists", select(seq).where(pair), ["f", "t"])
         self._add("exists_locked", select(seq).where(pair).with_for_update(), ["f", "t"])
         key = ("relation", "from_id")
@@ -186,6 +197,19 @@ class RelationStatements(Statements):
         self._add("count_down", down, ["r", "cf"])
         self._add("bump", update(c).where(*this_list).values(version=bumped), ["r", "cf"])
         self._add("version_of", select(c.c.version).where(*this_list), ["r", "cf"])
+        if backend.conditional_writes:
+            # The same three, run only if the statement before them changed one row
+            # (ROW_COUNT() = 1): sent with a pair write in one request, they count what it did.
+            did = func.row_count() == _ONE
+            src = select(rel, cf, n, backend.returned(_ONE)).where(did)
+            up_if = backend.upsert_add(c, key, "n", also={"version": bumped})
+            self._add(
+                "count_up_if",
+                up_if.from_select(["relation", "from_id", "n", "version"], src),
+                ["r", "cf", "n"],
+            )
+            self._add("count_down_if", down.where(did), ["r", "cf"])
+            self._add("bump_if", update(c).where(*this_list, did).values(version=bumped), ["r", "cf"])
         self._add("count", select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf), ["r", "cf"])
         # A recount changes no row of the list but its count: a new version all the same, so a
         # cached list that holds the old count is never taken for current.

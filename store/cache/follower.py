@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "CLEAN_BATCH",
     "GAP_WAIT_S",
     "KEEP_S",
     "LOG_DATABASE",
@@ -72,6 +73,8 @@ KEEP_S = 600.0
 BATCH = 5000
 #: A follower starts this many ids before the end of each log.
 START_BACK = 1000
+#: Old rows deleted per pass at most (a short statement: writers' inserts never wait long on it).
+CLEAN_BATCH = 2000
 
 #: The kinds of cache key a log row names: object cache, list cache.
 OBJECT, LIST = "o", "l"
@@ -115,6 +118,7 @@ class LogSource:
     step: int = 1  # the server's auto_increment_increment
     checkpoints: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, last)
     cleaned: float = 0.0
+    clean_upto: int | None = None  # rows up to this id are being deleted, a batch a pass
 
 
 class Follower:
@@ -248,15 +252,21 @@ class Follower:
         return out
 
     def _clean(self, cur: Any, s: LogSource, now: float) -> None:
-        """Now and then, delete rows older than `KEEP_S` (any follower may; they agree)."""
-        if now - s.cleaned < 60:
-            return
-        s.cleaned = now
-        s.checkpoints.append((now, s.last))
-        old = [c for c in s.checkpoints if now - c[0] >= KEEP_S]
-        if old:
-            cur.execute(f"DELETE FROM {s.table} WHERE id <= %s LIMIT 100000", (old[-1][1],))
+        """Now and then, delete rows older than `KEEP_S` (any follower may; they agree): at most
+        `CLEAN_BATCH` a pass, the next pass going on, so no one statement holds the table long."""
+        if s.clean_upto is None:
+            if now - s.cleaned < 60:
+                return
+            s.cleaned = now
+            s.checkpoints.append((now, s.last))
+            old = [c for c in s.checkpoints if now - c[0] >= KEEP_S]
+            if not old:
+                return
+            s.clean_upto = old[-1][1]
             s.checkpoints = [c for c in s.checkpoints if now - c[0] < KEEP_S]
+        cur.execute(f"DELETE FROM {s.table} WHERE id <= %s LIMIT {CLEAN_BATCH}", (s.clean_upto,))
+        if cur.rowcount < CLEAN_BATCH:
+            s.clean_upto = None  # done, until the next checkpoint is old enough
 
 
 def build_follower(
