@@ -23,7 +23,7 @@ import pymysql
 import pytest
 import yaml
 
-from store import Store, StoreConfig, decode_pinterest
+from store import NotFound, Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Mover
 from tests.conftest import base_config, cached_mariadb_config, run_cli
@@ -235,6 +235,97 @@ def test_deleted_objects_leave_their_lists(store: Store) -> None:
     assert page.next_cursor is None
     assert store.count("users_likes_pins", user) == 1
     assert store.links("pin_liked_by_user", pins[0]) == []
+
+
+@pytest.mark.parametrize("caches", ["none", "shared", "shared, followed"])
+def test_deletes_racing_links_leave_no_deleted_object_in_any_list(
+    mariadb_ready: StoreConfig, request: pytest.FixtureRequest, caches: str
+) -> None:
+    # Threads link, move, unlink and like pins on two boards (one on each host, so each pin's pair
+    # is written on one host or across two) while others delete pins. Whatever the interleaving,
+    # afterwards no list (cached or not) holds a deleted pin, both sides of every pair agree, and
+    # each count is its list's length. A link that loses to the delete is refused (NotFound).
+    if caches == "none":
+        config: StoreConfig | dict[str, Any] = mariadb_ready
+    else:
+        config = cached_mariadb_config(
+            request.getfixturevalue("memcached_pair"), request.getfixturevalue("redis_ready")
+        )
+        config["cache"]["follow"] = caches.endswith("followed")
+        if config["cache"]["follow"]:
+            init_shards(StoreConfig.from_dict(config))  # makes the invalidation logs
+    with Store.from_config(config) if isinstance(config, dict) else Store(config) as store:
+        boards = [store.create("board", {}, shard=0), store.create("board", {}, shard=5)]
+        user = store.create("user", {}, shard=2)
+        pins = [store.create("pin", {"i": i}, shard=i % 8) for i in range(24)]
+        deleted: set[int] = set()
+        refused: set[int] = set()
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(8)
+
+        def writer(seed: int) -> None:
+            rng = random.Random(seed)
+            try:
+                barrier.wait()
+                for _ in range(60):
+                    p, b = rng.choice(pins), rng.choice(boards)
+                    roll = rng.random()
+                    try:
+                        if roll < 0.45:
+                            store.link(BHP, b, p)
+                        elif roll < 0.6:
+                            store.link(BHP, b, p, sequence=rng.randrange(4))
+                        elif roll < 0.8:
+                            store.link("users_likes_pins", user, p)
+                        else:
+                            store.unlink(BHP, b, p)
+                    except NotFound:
+                        refused.add(p)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        def deleter(seed: int) -> None:
+            rng = random.Random(seed)
+            mine = [p for i, p in enumerate(pins) if i % 2 == seed % 2]
+            rng.shuffle(mine)
+            try:
+                barrier.wait()
+                for p in mine[:5]:
+                    time.sleep(rng.random() * 0.05)
+                    assert store.delete(p) is True
+                    deleted.add(p)
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(6)]
+        threads += [threading.Thread(target=deleter, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(deleted) == 10
+        assert refused <= deleted  # only a deleted pin is refused
+        with Store(mariadb_ready) as truth:  # no caches: the database's own answers
+            for b in boards:
+                listed = truth.links(BHP, b, limit=100)
+                assert not deleted & set(listed)
+                assert store.links(BHP, b, limit=100) == listed
+                assert store.count(BHP, b) == truth.count(BHP, b) == len(listed)
+                assert store.board_pins(b, limit=100).ids == listed
+            liked = truth.links("users_likes_pins", user, limit=100)
+            assert not deleted & set(liked)
+            assert store.links("users_likes_pins", user, limit=100) == liked
+            assert store.count("users_likes_pins", user) == len(liked)
+            for p in pins:
+                owners = truth.links(POB, p)
+                assert owners == store.links(POB, p)
+                assert sorted(owners) == sorted(b for b in boards if p in truth.links(BHP, b, limit=100))
+                assert (user in truth.links("pin_liked_by_user", p)) == (p in liked)
+                if p in deleted:
+                    assert owners == []
+                    assert truth.count(POB, p) == 0
+                    assert truth.links("pin_liked_by_user", p) == []
 
 
 # -- 5. Instagram IDs: the type is part of every cached read --------------------------
