@@ -215,6 +215,46 @@ def test_list_queries_use_the_sequence_index_without_filesort(
     assert "filesort" not in (plan[0]["Extra"] or ""), plan
 
 
+@pytest.mark.parametrize("statement", ["delete", "move", "move_if_other", "exists_locked"])
+def test_a_pairs_writes_by_key_read_the_primary_key_on_a_one_entry_list(
+    mariadb_ready: StoreConfig, statement: str
+) -> None:
+    # Through (from_id, sequence, to_id) a write of one pair locks every entry of its list, and
+    # in the other order than a write through the primary key: the two deadlock. MariaDB chose
+    # that index for a plain DELETE of a one-entry list; each write of a pair must name one row.
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {}, shard=6)
+        h = store.admin_context().engines.shard(6, store.shard_map.master(6))
+        table = h.table("board_has_pins")
+        pin = encode_pinterest(6, 1, 10**9)
+        others = [encode_pinterest(6, 2, 10**9 + k) for k in range(3)]
+        rows = [(board, pin, 1)] + [
+            (f, encode_pinterest(6, 1, 10**9 + j), j) for f in others for j in range(2)
+        ]
+        conn = root()
+        try:
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s)", rows)
+                cur.execute(f"ANALYZE TABLE {table}")
+                cur.fetchall()
+                sql = getattr(store.admin_context().relation_repository.sql(h, "board_has_pins"), statement)
+                params = {
+                    "delete": (board, pin),
+                    "move": (5, board, pin),
+                    "move_if_other": (5, board, pin, 7),
+                    "exists_locked": (board, pin),
+                }[statement]
+                cur.execute("EXPLAIN " + sql, params)
+                names = [d[0] for d in cur.description]
+                plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        finally:
+            with conn.cursor() as cur:
+                cur.executemany(f"DELETE FROM {table} WHERE from_id = %s", [(f,) for f in [board, *others]])
+            conn.close()
+    assert len(plan) == 1, plan
+    assert plan[0]["key"] == "PRIMARY", plan
+
+
 def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) -> None:
     """A write the store itself refuses (a deleted object linked, a stale version) rolls back and
     reuses its connections: no new connection is opened, none is left in a transaction, and a

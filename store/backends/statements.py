@@ -170,17 +170,15 @@ class RelationStatements(Statements):
         other = update(t).where(pair, seq != _p("s2")).values(sequence=ps)
         self._add("move_if_other", other, ["s", "f", "t", "s2"])
         self._add("delete", delete(t).where(pair), ["f", "t"])
-        if backend.name == "mysql":
-            # MariaDB can read a short list's pair for a DELETE through (from_id, sequence,
-            # to_id), locking every row of the list, and in the other order than an UPDATE of
-            # the pair takes (primary key, then that index): the two deadlock. The multi-table
-            # form takes an index hint, and the pair's key is then one row's lock.
-            text = self._templates["delete"]
-            head, where = text.split(" WHERE ", 1)
-            target = head.removeprefix("DELETE FROM ")
-            self._templates["delete"] = f"DELETE {target} FROM {target} FORCE INDEX (PRIMARY) WHERE {where}"
         self._add("exists", select(seq).where(pair), ["f", "t"])
         self._add("exists_locked", select(seq).where(pair).with_for_update(), ["f", "t"])
+        if backend.name == "mysql":
+            # MariaDB can read a short list's pair for a write (a DELETE, an UPDATE of the
+            # sequence) through (from_id, sequence, to_id), locking every row of the list, and in
+            # the other order than a write through the primary key takes: the two deadlock. Each
+            # write of one pair names the primary key, and then locks that one row.
+            for name in ("delete", "move", "move_if_other", "exists_locked"):
+                self._templates[name] = _by_primary_key(self._templates[name])
         key = ("relation", "from_id")
         rel, cf, n = _p("r"), _p("cf"), _p("n")
         # Each statement that changes a list's rows bumps its version, and returns the new one
@@ -335,3 +333,19 @@ class GuardedInsertStatements(Statements):
             ["from_id", "to_id", "sequence"], source.with_for_update(read=True)
         )
         self._add("insert_live", stmt, ["f", "t", "s", "k"])
+
+
+def _by_primary_key(text: str) -> str:
+    """A MySQL statement on one table that reads it by its primary key (``FORCE INDEX``); a DELETE
+    takes the multi-table form, the one that allows an index hint."""
+    if text.startswith("DELETE FROM "):
+        head, where = text.split(" WHERE ", 1)
+        target = head.removeprefix("DELETE FROM ")
+        return f"DELETE {target} FROM {target} FORCE INDEX (PRIMARY) WHERE {where}"
+    if text.startswith("UPDATE "):
+        head, rest = text.split(" SET ", 1)
+        return f"{head} FORCE INDEX (PRIMARY) SET {rest}"
+    if text.startswith("SELECT "):
+        head, where = text.split(" \nWHERE ", 1)
+        return f"{head} FORCE INDEX (PRIMARY) \nWHERE {where}"
+    raise AssertionError(f"no index hint for: {text}")
