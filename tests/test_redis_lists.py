@@ -167,3 +167,28 @@ def test_a_head_whose_meta_disagrees_reads_as_not_cached(
         assert got is not None
         assert (got.meta, got.members) == (None, []), op
     raw.delete(key + ":m", key + ":v")
+
+
+@given(
+    keys=st.lists(st.text(max_size=20), max_size=4),
+    args=st.lists(
+        st.one_of(st.text(max_size=20), st.binary(max_size=40), st.integers(-(1 << 64), 1 << 64)), max_size=8
+    ),
+)
+def test_the_script_call_is_packed_as_redis_py_packs_it(keys: list[str], args: list[object]) -> None:
+    from redis._parsers import Encoder
+    from redis.connection import PythonRespSerializer
+
+    from store.cache.redis_lists import _evalsha
+
+    theirs = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    assert _evalsha(sha, keys, args) == b"".join(theirs.pack("EVALSHA", sha, len(keys), *keys, *args))
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, None, ["x"]])
+def test_a_script_argument_of_another_type_is_refused(bad: object) -> None:
+    from store.cache.redis_lists import _evalsha
+
+    with pytest.raises(redis.DataError, match="str, bytes or int"):
+        _evalsha("0" * 40, ["k"], [bad])

@@ -351,7 +351,7 @@ class RedisListBackend:
             conn = self.client.connection_pool.make_connection()
         try:
             for attempt in (1, 2):
-                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                conn.send_packed_command([_evalsha(script.sha, keys, args)])
                 try:
                     reply = conn.read_response()
                 except redis.exceptions.NoScriptError:
@@ -411,25 +411,39 @@ class RedisListBackend:
         return sum(1 for d in done if d)
 
     def _pipelined(self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
-        """Each call of ``script`` as ``EVALSHA`` in one pipeline (no MULTI); their replies.
+        """Each call of ``script`` as ``EVALSHA``, all sent at once on a connection of this
+        backend's own (no MULTI: each is atomic on its own); their replies.
 
         redis-py's own script-in-pipeline support asks ``SCRIPT EXISTS`` first,
         a second round trip every time: here the script is loaded only when
         the server says it does not know it (after a restart), then sent again.
         """
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            replies = pipe.execute(raise_on_error=False)
-            unknown = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
-            if unknown and attempt == 1:
-                self.client.script_load(script.script)
-                continue
-            for r in replies:
-                if isinstance(r, Exception):
-                    raise r
-            return list(replies)
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self.client.connection_pool.make_connection()
+        try:
+            for attempt in (1, 2):
+                conn.send_packed_command([b"".join(_evalsha(script.sha, k, a) for k, a in calls)])
+                replies: list[Any] = []
+                for _ in calls:
+                    try:
+                        replies.append(conn.read_response())
+                    except redis.ResponseError as exc:  # an error reply: the next replies still follow
+                        replies.append(exc)
+                unknown = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
+                if unknown and attempt == 1:
+                    self.client.script_load(script.script)
+                    continue
+                break
+        except BaseException:
+            conn.disconnect()
+            raise
+        self._idle.append(conn)
+        for r in replies:
+            if isinstance(r, Exception):
+                raise r
+        return replies
         raise AssertionError("unreachable")
 
     def fill(
@@ -522,6 +536,28 @@ class RedisListBackend:
         while self._idle:
             self._idle.pop().disconnect()
         self.client.close()
+
+
+def _evalsha(sha: str, keys: Sequence[str], args: Sequence[Any]) -> bytes:
+    """``EVALSHA sha len(keys) *keys *args`` in RESP, packed in one pass.
+
+    redis-py's packer runs each argument through its encoder and a generator
+    (11 us for a list update's 19 arguments, against 4 us here). Arguments
+    are str (UTF-8), bytes or int, as the scripts take them.
+    """
+    parts = [b"*%d\r\n$7\r\nEVALSHA\r\n" % (3 + len(keys) + len(args))]
+    for a in (sha, len(keys), *keys, *args):
+        kind = type(a)
+        if kind is bytes:
+            b = a
+        elif kind is str:
+            b = a.encode()
+        elif kind is int:
+            b = b"%d" % a
+        else:
+            raise redis.DataError(f"a list script argument must be str, bytes or int, not {kind.__name__}")
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
 
 
 def _read_args(op: tuple[object, ...]) -> list[Any]:
