@@ -259,16 +259,8 @@ class PairWriter:
             if other is not None:
                 self._changed(cur, ci, other, sequence, made)
 
-        conditional = primary.h.backend.conditional_writes
         try:
-            self._run(
-                primary,
-                inverse,
-                first,
-                second,
-                at_once=at_once if conditional else None,
-                alone=second_alone if conditional else None,
-            )
+            self._run(primary, inverse, first, second, at_once=at_once, alone=second_alone)
         except _AgainError:  # rolled back: the plain protocol, a side at a time
             self._run(primary, inverse, first, second)
         if changes is not None:
@@ -320,15 +312,7 @@ class PairWriter:
                     gone = gone or side is primary
                     self._changed(cur, c, REMOVE, 0, made)
 
-        conditional = primary.h.backend.conditional_writes
-        self._run(
-            primary,
-            inverse,
-            first,
-            second,
-            at_once=at_once if conditional else None,
-            alone=second_alone if conditional else None,
-        )
+        self._run(primary, inverse, first, second, at_once=at_once, alone=second_alone)
         if changes is not None:
             changes += made
         return gone
@@ -365,10 +349,15 @@ class PairWriter:
         at_once: Callable[[Cursor], None] | None = None,
         alone: Callable[[Cursor, State], None] | None = None,
     ) -> None:
-        """``first`` on the primary side, then ``second`` on the inverse side, as the protocol says;
-        ``at_once``, if given, writes both where one connection reaches both sides; ``alone``, if
-        given, takes ``second``'s place where the inverse side is a transaction of its own (it may
-        commit that transaction itself)."""
+        """``first`` on the primary side, then ``second`` on the inverse side, as the protocol says.
+
+        Where statements can be conditional (`Backend.conditional_writes`): ``at_once``, if given,
+        writes both where one connection reaches both sides; ``alone``, if given, takes
+        ``second``'s place where the inverse side is a transaction of its own (it may commit that
+        transaction itself). Elsewhere both are ignored.
+        """
+        if not primary.h.backend.conditional_writes:
+            at_once = alone = None
         step = self.step or _no_step
         step("start")
         p, i = primary.h, None if inverse is None else inverse.h

@@ -174,6 +174,26 @@ def test_unreachable_host_is_a_connection_error() -> None:
         store.create("pin", {"a": 1})
 
 
+def _plan_with_rows(
+    table: str, rows: list[tuple[int, int, int]], sql: str, params: tuple[Any, ...]
+) -> list[Any]:
+    """EXPLAIN of ``sql`` once ``rows`` are in ``table`` (and its statistics read again); the rows
+    are removed again after."""
+    conn = root()
+    try:
+        with conn.cursor() as cur:
+            cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s)", rows)
+            cur.execute(f"ANALYZE TABLE {table}")
+            cur.fetchall()
+            cur.execute("EXPLAIN " + sql, params)
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+    finally:
+        with conn.cursor() as cur:
+            cur.executemany(f"DELETE FROM {table} WHERE from_id = %s", sorted({(r[0],) for r in rows}))
+        conn.close()
+
+
 @pytest.mark.parametrize(
     "statement", ["list_asc", "list_desc", "page_asc", "page_asc_after", "page_desc_after"]
 )
@@ -187,29 +207,17 @@ def test_list_queries_use_the_sequence_index_without_filesort(
         # This board and three others no test creates, 500 pins each; removed again below.
         froms = [board] + [encode_pinterest(6, 2, 10**9 + k) for k in range(3)]
         rows = [(f, encode_pinterest(6, 1, 10**9 + j), j) for f in froms for j in range(500)]
-        conn = root()
-        try:
-            with conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s)", rows)
-                cur.execute(f"ANALYZE TABLE {table}")
-                cur.fetchall()
-                sql = getattr(store.admin_context().relation_repository.sql(h, "board_has_pins"), statement)
-                offset_paged = {"f": board, "lim": 50, "off": 150}
-                orders = store.admin_context().relation_repository.statements(h, "board_has_pins").orders
-                params = {
-                    "list_asc": tuple(offset_paged[p] for p in orders["list_asc"]),
-                    "list_desc": tuple(offset_paged[p] for p in orders["list_desc"]),
-                    "page_asc": (board, 51),
-                    "page_asc_after": (board, 200, 200, rows[200][1], 51),
-                    "page_desc_after": (board, 200, 200, rows[200][1], 51),
-                }[statement]
-                cur.execute("EXPLAIN " + sql, params)
-                names = [d[0] for d in cur.description]
-                plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-        finally:
-            with conn.cursor() as cur:
-                cur.executemany(f"DELETE FROM {table} WHERE from_id = %s", [(f,) for f in froms])
-            conn.close()
+        sql = getattr(store.admin_context().relation_repository.sql(h, "board_has_pins"), statement)
+        offset_paged = {"f": board, "lim": 50, "off": 150}
+        orders = store.admin_context().relation_repository.statements(h, "board_has_pins").orders
+        params = {
+            "list_asc": tuple(offset_paged[p] for p in orders["list_asc"]),
+            "list_desc": tuple(offset_paged[p] for p in orders["list_desc"]),
+            "page_asc": (board, 51),
+            "page_asc_after": (board, 200, 200, rows[200][1], 51),
+            "page_desc_after": (board, 200, 200, rows[200][1], 51),
+        }[statement]
+        plan = _plan_with_rows(table, rows, sql, params)
     assert len(plan) == 1, plan
     assert plan[0]["key"] == "board_has_pins_from_sequence_to", plan
     assert "filesort" not in (plan[0]["Extra"] or ""), plan
@@ -231,26 +239,14 @@ def test_a_pairs_writes_by_key_read_the_primary_key_on_a_one_entry_list(
         rows = [(board, pin, 1)] + [
             (f, encode_pinterest(6, 1, 10**9 + j), j) for f in others for j in range(2)
         ]
-        conn = root()
-        try:
-            with conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {table} (from_id, to_id, sequence) VALUES (%s, %s, %s)", rows)
-                cur.execute(f"ANALYZE TABLE {table}")
-                cur.fetchall()
-                sql = getattr(store.admin_context().relation_repository.sql(h, "board_has_pins"), statement)
-                params = {
-                    "delete": (board, pin),
-                    "move": (5, board, pin),
-                    "move_if_other": (5, board, pin, 7),
-                    "exists_locked": (board, pin),
-                }[statement]
-                cur.execute("EXPLAIN " + sql, params)
-                names = [d[0] for d in cur.description]
-                plan = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-        finally:
-            with conn.cursor() as cur:
-                cur.executemany(f"DELETE FROM {table} WHERE from_id = %s", [(f,) for f in [board, *others]])
-            conn.close()
+        sql = getattr(store.admin_context().relation_repository.sql(h, "board_has_pins"), statement)
+        params = {
+            "delete": (board, pin),
+            "move": (5, board, pin),
+            "move_if_other": (5, board, pin, 7),
+            "exists_locked": (board, pin),
+        }[statement]
+        plan = _plan_with_rows(table, rows, sql, params)
     assert len(plan) == 1, plan
     assert plan[0]["key"] == "PRIMARY", plan
 

@@ -336,35 +336,14 @@ class RedisListBackend:
         self.stats.error("redis", exc)
 
     def _script(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """``EVALSHA`` of ``script`` on a connection of this backend's own, its raw reply.
+        """``EVALSHA`` of ``script`` on a connection of this backend's own, its raw reply (`_pipelined`).
 
         The request path's calls (a list read, a fill, an invalidation) skip
         redis-py's client layer (pool checkout with a socket poll, retry
         wrapper, per-command instrumentation): a third of a warm list read's
-        client CPU. The script is loaded when the server says it does not
-        know it (after a restart), then sent again. A connection that fails
-        is closed, not reused.
+        client CPU.
         """
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self.client.connection_pool.make_connection()
-        try:
-            for attempt in (1, 2):
-                conn.send_packed_command([_evalsha(script.sha, keys, args)])
-                try:
-                    reply = conn.read_response()
-                except redis.exceptions.NoScriptError:
-                    if attempt == 2:
-                        raise
-                    self.client.script_load(script.script)
-                    continue
-                break
-        except BaseException:
-            conn.disconnect()
-            raise
-        self._idle.append(conn)
-        return reply
+        return self._pipelined(script, [(keys, args)])[0]
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """Meta, version and selected members in one Lua call; None on failure."""
@@ -417,6 +396,8 @@ class RedisListBackend:
         redis-py's own script-in-pipeline support asks ``SCRIPT EXISTS`` first,
         a second round trip every time: here the script is loaded only when
         the server says it does not know it (after a restart), then sent again.
+        A connection that fails is closed, not reused; an error reply is
+        raised once every reply is read (the connection stays in step).
         """
         try:
             conn = self._idle.pop()
@@ -444,7 +425,6 @@ class RedisListBackend:
             if isinstance(r, Exception):
                 raise r
         return replies
-        raise AssertionError("unreachable")
 
     def fill(
         self,
