@@ -96,6 +96,8 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     assert "vs floor" in doc["report"]
     assert "server CPU us per call by program" in doc["report"]
     assert "| 2 | warm | store |" in (out / "mix.md").read_text()
+    assert "CPU per call vs floor" in (out / "mix.md").read_text()
+    assert "CPU per call" in doc["report"]
 
 
 @pytest.mark.mariadb
@@ -281,3 +283,19 @@ def test_system_names_are_checked_before_anything_runs() -> None:
     ):
         with pytest.raises(ConfigError, match=re.escape(said)):
             bench._system(name, config, schema, options)  # type: ignore[arg-type]
+
+
+def test_cpu_per_call_vs_the_floor_counts_the_client_and_every_server() -> None:
+    from store_tools.mix.report import cpu_vs
+
+    floor = {
+        "process_cpu_us_per_call": 300.0,
+        "server_cpu_us_per_call": {"mariadbd": 150.0, "redis-server": 50.0},
+    }
+    store = {
+        "process_cpu_us_per_call": 400.0,
+        "server_cpu_us_per_call": {"mariadbd": 200.0, "memcached": 25.0},
+    }
+    assert cpu_vs(store, floor) == pytest.approx(625 / 500)
+    assert cpu_vs(floor, floor) == pytest.approx(1.0)
+    assert cpu_vs({**store, "server_cpu_us_per_call": {}}, floor) is None  # the servers not measured

@@ -66,6 +66,21 @@ def _server_total(s: dict[str, Any]) -> str:
     return f"{sum(per.values()):.0f}" if per else "-"
 
 
+def cpu_vs(s: dict[str, Any], base: dict[str, Any]) -> float | None:
+    """All the CPU a call of ``s`` costs (the client's and the servers'), as a multiple of
+    ``base``'s; None where the servers' CPU was not measured.
+
+    Where the servers share the client's cores, throughput follows it: a system at 1.25x the
+    floor's CPU per call runs at about 0.8x its ops/s (BENCHMARKS.md).
+    """
+    mine, theirs = s.get("server_cpu_us_per_call") or {}, base.get("server_cpu_us_per_call") or {}
+    if not mine or not theirs:
+        return None
+    total = s["process_cpu_us_per_call"] + sum(mine.values())
+    floor = base["process_cpu_us_per_call"] + sum(theirs.values())
+    return total / floor if floor > 0 else None
+
+
 def per_op(s: OpSamples) -> dict[str, Any]:
     """One operation's figures in a phase."""
     return {
@@ -134,6 +149,9 @@ def tables(
                 b = summary(base)
                 speed = s["ops_per_s"] / b["ops_per_s"]
                 ratio = f"  {speed:.2f}x ops/s, p99 {s['p99_ms'] / max(b['p99_ms'], 1e-9):.2f}x"
+                cpu = cpu_vs(s, b)
+                if cpu is not None:
+                    ratio += f", CPU per call {cpu:.2f}x"
             lines.append(
                 f"{name:<22}{s['ops_per_s']:>9,.0f}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}{s['p999_ms']:>10.2f}"
                 f"{s['process_cpu_us_per_call']:>9.0f}{_server_total(s):>9}{s['errors']:>8}{ratio}"
@@ -272,24 +290,27 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
     column = "threads" if processes == 1 else "threads x processes"
     out = [
         f"| {column} | caches | system | ops/s | p50 ms | p99 ms | p99.9 ms | CPU us/call "
-        "| server CPU us/call | ops/s vs floor | p99 vs floor |"
+        "| server CPU us/call | ops/s vs floor | p99 vs floor | CPU per call vs floor |"
     ]
-    out.append("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out.append("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for threads, temp in keys:
         base = by.get((floor, threads, temp))
         for name in systems:
             p = by.get((name, threads, temp))
             if p is None:
                 continue
-            ratio = p99 = ""
+            ratio = p99 = cpu_ratio = ""
             if base is not None and name != floor and base["ops_per_s"]:
                 ratio = f"{p['ops_per_s'] / base['ops_per_s']:.2f}x"
                 p99 = f"{p['p99_ms'] / max(base['p99_ms'], 1e-9):.2f}x"
+                cpu_vs_floor = cpu_vs(p, base)
+                cpu_ratio = "-" if cpu_vs_floor is None else f"{cpu_vs_floor:.2f}x"
             times = f"{p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['p999_ms']:.2f}"
             cpu = f"{p['process_cpu_us_per_call']:.0f} | {_server_total(p)}"
             who = f"{threads}" if processes == 1 else f"{threads} x {processes}"
             out.append(
-                f"| {who} | {temp} | {name} | {p['ops_per_s']:,.0f} | {times} | {cpu} | {ratio} | {p99} |"
+                f"| {who} | {temp} | {name} | {p['ops_per_s']:,.0f} | {times} | {cpu} | {ratio} | {p99} "
+                f"| {cpu_ratio} |"
             )
     if keys:
         top = max(k[0] for k in keys)
