@@ -112,6 +112,11 @@ class _LogRow:
         self.versions: list[tuple[str, str, Sequence[Any]]] = []
 
 
+def _answer(cursor: Any) -> tuple[int, int]:
+    """(rowcount, lastrowid) of the statement ``cursor`` last ran (a PostgreSQL cursor has no lastrowid)."""
+    return int(cursor.rowcount), int(getattr(cursor, "lastrowid", 0) or 0)
+
+
 class _Txn:
     """A transaction's cursor: fewer round trips where the backend takes several statements a request.
 
@@ -136,8 +141,7 @@ class _Txn:
         #: The pending log row; None if nothing to log.
         self._log: _LogRow | None = None
         if not self._batch:
-            cursor.execute(backend.begin)
-            self._begin = None
+            self._open()
 
     def _send(
         self, own: Sequence[tuple[str, Sequence[Any] | None]], *, rowless: bool = False
@@ -183,8 +187,7 @@ class _Txn:
             if tell is not None:
                 tell(int(self._c.lastrowid or 0))
             if i >= mine:
-                # (a PostgreSQL cursor has no lastrowid)
-                results.append((int(self._c.rowcount), int(getattr(self._c, "lastrowid", 0) or 0)))
+                results.append(_answer(self._c))
         return results
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
@@ -210,7 +213,7 @@ class _Txn:
         out: list[tuple[int, int]] = []
         for sql, params in statements:
             self._c.execute(sql, params)
-            out.append((int(self._c.rowcount), int(getattr(self._c, "lastrowid", 0) or 0)))
+            out.append(_answer(self._c))
         return out
 
     def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:

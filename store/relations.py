@@ -300,19 +300,13 @@ class RelationRepository:
     ) -> list[list[tuple[int, int]]]:
         """The first ``limit`` (sequence, to_id) rows of ``from_id``'s list in each of ``relations``
         (all on ``h``'s shard), in list order: one query for all of them."""
-        if len(relations) == 1:
-            return [self.page(h, relations[0], from_id, limit, None, False)]
-        parts: list[str] = []
-        params: list[int] = []
-        for i, relation in enumerate(relations):
-            # (a LIMIT inside a derived table is valid on every backend; its order is sorted here)
-            parts.append(f"SELECT {i} AS part, p{i}.* FROM ({self.sql(h, relation).page_asc}) p{i}")
-            params += [from_id, limit]
+        parts = [with_part(self.sql(h, relation).part_page_asc, i) for i, relation in enumerate(relations)]
+        params = [x for _r in relations for x in (from_id, limit)]
         out: list[list[tuple[int, int]]] = [[] for _r in relations]
         for part, seq, to_id in h.read(" UNION ALL ".join(parts), params, one=False):
             out[int(part)].append((int(seq), int(to_id)))
         for rows in out:
-            rows.sort()
+            rows.sort()  # UNION ALL keeps no order across the parts' rows
         return out
 
     def page_range(

@@ -64,7 +64,7 @@ TOMBSTONE_ERRNO = 9451
 # 1049 unknown database, 1146 unknown table.
 _MISSING = frozenset({1049, 1146})
 # A write to a view (1471 not insertable, 1288 not updatable), or an index hint
-# on one (1176 no such key: a pair's DELETE names the primary key): the store's
+# on one (1176 no such key: each write of a pair names the primary key): the store's
 # tables are never views, except the tombstone a moved shard leaves behind.
 _TOMBSTONE = frozenset({TOMBSTONE_ERRNO, 1471, 1288, 1176})
 # Client errors meaning the connection is gone: can't connect (2002, 2003),
