@@ -1,7 +1,7 @@
 """The Redis list backend answers every read as the in-process one does (the reference), on a real Redis.
 
 A cached head is one string of packed members; reads find a cursor's place
-by binary search in Lua. Hypothesis draws lists (sequences that collide,
+by binary search over its bytes. Hypothesis draws lists (sequences that collide,
 negative ones, to_ids at the ends of their range) and reads of every kind:
 by rank either way, after a member either way, between lex bounds, whole,
 meta only; one at a time and many in one pipeline.
