@@ -23,6 +23,7 @@ from store import (
     encode_pinterest,
 )
 from store.admin import init_shards
+from store.engines import ShardHandle
 from tests.conftest import TEST_SHARDS, make_app_account, mariadb_config
 
 
@@ -194,6 +195,13 @@ def _plan_with_rows(
         conn.close()
 
 
+def _new_board(store: Store) -> tuple[int, ShardHandle, str]:
+    """A new board on shard 6, that shard's handle, and its board_has_pins table."""
+    board = store.create("board", {}, shard=6)
+    h = store.admin_context().engines.shard(6, store.shard_map.master(6))
+    return board, h, h.table("board_has_pins")
+
+
 @pytest.mark.parametrize(
     "statement", ["list_asc", "list_desc", "page_asc", "page_asc_after", "page_desc_after"]
 )
@@ -201,9 +209,7 @@ def test_list_queries_use_the_sequence_index_without_filesort(
     mariadb_ready: StoreConfig, statement: str
 ) -> None:
     with Store(mariadb_ready) as store:
-        board = store.create("board", {}, shard=6)
-        h = store.admin_context().engines.shard(6, store.shard_map.master(6))
-        table = h.table("board_has_pins")
+        board, h, table = _new_board(store)
         # This board and three others no test creates, 500 pins each; removed again below.
         froms = [board] + [encode_pinterest(6, 2, 10**9 + k) for k in range(3)]
         rows = [(f, encode_pinterest(6, 1, 10**9 + j), j) for f in froms for j in range(500)]
@@ -231,9 +237,7 @@ def test_a_pairs_writes_by_key_read_the_primary_key_on_a_one_entry_list(
     # in the other order than a write through the primary key: the two deadlock. MariaDB chose
     # that index for a plain DELETE of a one-entry list; each write of a pair must name one row.
     with Store(mariadb_ready) as store:
-        board = store.create("board", {}, shard=6)
-        h = store.admin_context().engines.shard(6, store.shard_map.master(6))
-        table = h.table("board_has_pins")
+        board, h, table = _new_board(store)
         pin = encode_pinterest(6, 1, 10**9)
         others = [encode_pinterest(6, 2, 10**9 + k) for k in range(3)]
         rows = [(board, pin, 1)] + [
