@@ -29,6 +29,7 @@ from store.exceptions import (
     TicketError,
     UnknownRelationError,
     UnknownTypeError,
+    WriteTimeoutError,
     WrongTypeError,
 )
 from store.ids import (
@@ -87,6 +88,7 @@ __all__ = [
     "UnknownRelationError",
     "UnknownTypeError",
     "Versioned",
+    "WriteTimeoutError",
     "WrongTypeError",
     "__version__",
     "decode_instagram",

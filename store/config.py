@@ -56,6 +56,8 @@ DEFAULT_MAX_STALE_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_QUERY_TIMEOUT_S = 30.0
 DEFAULT_POOL_TIMEOUT_S = 30.0
+#: How long a write keeps retrying what cannot land yet (an update racing writers of its unique values).
+DEFAULT_WRITE_TIMEOUT_S = 10.0
 #: Connections older than this are replaced at checkout (below MariaDB's default wait_timeout of 8 h).
 DEFAULT_POOL_RECYCLE_S = 3600.0
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
@@ -70,7 +72,7 @@ LIMIT_KEYS = frozenset(
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s", "unique"}
+     "pool_timeout_s", "pool_recycle_s", "unique", "write_timeout_s"}
 )  # fmt: skip
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
@@ -202,6 +204,9 @@ class StoreConfig:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S
     pool_timeout_s: float = DEFAULT_POOL_TIMEOUT_S
+    #: How long a write keeps retrying a step that cannot land yet (an update whose object's
+    #: unique values other writers keep changing) before `WriteTimeoutError`.
+    write_timeout_s: float = DEFAULT_WRITE_TIMEOUT_S
     #: A pooled connection older than this is closed and replaced at checkout (set it below the
     #: servers' ``wait_timeout`` and any proxy's idle cut-off).
     pool_recycle_s: float = DEFAULT_POOL_RECYCLE_S
@@ -315,6 +320,7 @@ class StoreConfig:
             connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
             query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
+            write_timeout_s=_seconds(raw, "write_timeout_s", DEFAULT_WRITE_TIMEOUT_S),
             pool_recycle_s=_seconds(raw, "pool_recycle_s", DEFAULT_POOL_RECYCLE_S, 365 * 86400.0),
             tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"], base),
             map_source=map_source,

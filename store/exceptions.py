@@ -18,6 +18,7 @@ The tree::
     ├── CursorError            (also ValueError)  a page cursor that is not for this list
     ├── NotFound               (also LookupError) no live object with that ID
     ├── ConflictError                             the object changed since the version given
+    ├── WriteTimeoutError      (also TimeoutError) a write could not land within write_timeout_s
     ├── DuplicateKeyError      (also ValueError)  a unique key another object holds
     ├── ShardFullError                            a shard table ran out of local ids
     ├── BackendError                              a database failed; `.orig` is the driver error
@@ -62,6 +63,7 @@ __all__ = [
     "TicketError",
     "UnknownRelationError",
     "UnknownTypeError",
+    "WriteTimeoutError",
     "WrongTypeError",
     "brief",
 ]
@@ -190,12 +192,22 @@ class ConflictError(StoreError):
         self.actual = actual
 
 
+class WriteTimeoutError(StoreError, TimeoutError):
+    """A write could not land within ``write_timeout_s``: nothing of it was written.
+
+    An update of an object's unique values that kept meeting other writers
+    changing those values, or a create abandoned again and again before it
+    went live. Plain updates never raise `ConflictError` for contention:
+    they retry until they land or this is raised.
+    """
+
+
 class DuplicateKeyError(StoreError, ValueError):
     """A unique key (config ``unique:``) that another live object holds; nothing was written.
 
     ``.key`` is the unique key's name, ``.value`` the value asked for and
-    ``.owner`` the ID of the object that holds it (0 while its create is
-    still under way).
+    ``.owner`` the ID of the object that holds it (or is being created with
+    it; 0 for a row an earlier version's create left, which repair fixes).
     """
 
     def __init__(self, message: str, *, key: str, value: str, owner: int) -> None:

@@ -6,10 +6,16 @@ checked every ``map_poll_s`` seconds, and at once when a call is refused
 for a routing reason. A shard that moved leaves a tombstone on its old host
 that refuses every read and write (`ShardMovedError`, naming the new host
 and map version); while the move switches, its tables are briefly absent
-there instead (`ShardNotInitializedError`). Either way the call wrote
-nothing: `LiveMap.run` waits briefly for the newer map, then runs the call
-again on the new host. Link and unlink are idempotent, so their retry is
-safe even if one side had committed.
+there instead (`ShardNotInitializedError`). Either way the refused statement
+wrote nothing.
+
+What is run again after a refusal is one *step*: a read, or one
+transaction (or one idempotent statement) of a write's plan
+(`store.steps`). `LiveMap.step` waits briefly for the newer map, then runs
+the step again on the shard's new host, and again after each further move,
+for at most `REROUTE_WAIT_S`. A write whose plan has several steps (an
+object, then its unique keys, then its lists) is never run again whole:
+what committed before the refusal stays committed, once.
 """
 
 from __future__ import annotations
@@ -54,23 +60,43 @@ class LiveMap:
         return self._router.shard_map
 
     def run(self, call: Callable[[], R]) -> R:
-        """``call()``, with a newer map now and then; after a routing refusal, reload and retry once."""
+        """``call()`` as one step (`step`), with a newer map now and then: for reads, which write nothing."""
+        self.tick()
+        return self.step(call)
+
+    def tick(self) -> None:
+        """Reload the map if it is time to ask the source (every ``map_poll_s``)."""
         if self.dynamic and time.monotonic() >= self._next_check:
             self.refresh()
-        version = self._router.shard_map.version
-        started = time.monotonic()
-        try:
-            return call()
-        except (RoutingError, ShardNotInitializedError, ShardMovedError) as exc:
-            self._reload_after_failure(started)
-            if not isinstance(exc, RoutingError):
-                told = exc.map_version if isinstance(exc, ShardMovedError) else None
-                # The move publishes the new map a moment after it fences the
-                # old host: wait for it (for the version the tombstone names).
-                self._wait_for(max(version + 1, told or 0))
-            if self._router.shard_map.version <= version:
-                raise
-            return call()
+
+    def step(self, call: Callable[[], R]) -> R:
+        """``call()``; after a routing refusal, reload the map and run it again, alone.
+
+        ``call`` must route by the map current when it runs (not one read
+        before) and must have written nothing when it is refused: one read,
+        one transaction, or one idempotent statement. It runs again after
+        every newer map, waiting at most `REROUTE_WAIT_S` in all; refused by
+        a map that does not change, the refusal is raised.
+        """
+        deadline: float | None = None
+        while True:
+            version = self._router.shard_map.version
+            started = time.monotonic()
+            try:
+                return call()
+            except (RoutingError, ShardNotInitializedError, ShardMovedError) as exc:
+                if not self.dynamic:
+                    raise
+                if deadline is None:
+                    deadline = started + REROUTE_WAIT_S
+                self._reload_after_failure(started)
+                if not isinstance(exc, RoutingError):
+                    told = exc.map_version if isinstance(exc, ShardMovedError) else None
+                    # The move publishes the new map a moment after it fences the
+                    # old host: wait for it (for the version the tombstone names).
+                    self._wait_for(max(version + 1, told or 0), deadline)
+                if self._router.shard_map.version <= version:
+                    raise
 
     def refresh(self, *, force: bool = False) -> bool:
         """Reload the map if the source has a newer one (``force``: ask it now); True if it changed."""
@@ -99,11 +125,10 @@ class LiveMap:
             )
         self._router.shard_map = new
 
-    def _wait_for(self, version: int) -> None:
-        """Poll the source until the map reaches ``version`` (at most `REROUTE_WAIT_S`)."""
+    def _wait_for(self, version: int, deadline: float) -> None:
+        """Poll the source until the map reaches ``version`` (at most until ``deadline``)."""
         if not self.dynamic:
             return
-        deadline = time.monotonic() + REROUTE_WAIT_S
         while self._router.shard_map.version < version and time.monotonic() < deadline:
             time.sleep(REROUTE_POLL_S)
             self.refresh(force=True)

@@ -9,10 +9,15 @@ look-up, not a statement build.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import random
+import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
+import store.unique as _keys
 from store.backends.statements import ObjectStatements
 from store.cache.follower import log_entries
 from store.cache.leases import ObjectCache, wall_ms
@@ -27,7 +32,9 @@ from store.exceptions import (
     NotFound,
     NotSerializableError,
     ShardFullError,
+    StoreError,
     UnknownTypeError,
+    WriteTimeoutError,
     brief,
 )
 from store.ids import MAX_ID, encode_pinterest
@@ -36,7 +43,8 @@ from store.relations import RelationService
 from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
 from store.specs import TypeSpec
-from store.unique import Claim, UniqueKeys
+from store.steps import Steps
+from store.unique import Claim, Holder, UniqueKeys
 
 __all__ = ["ObjectRepository", "ObjectService", "Updater", "Versioned"]
 
@@ -46,7 +54,8 @@ Updater = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 
 
 _INSERT_ATTEMPTS = 5
-_KEYED_UPDATE_ATTEMPTS = 5
+#: A create whose pending row is abandoned before it goes live (a repair ran) starts over this often.
+_CREATE_ATTEMPTS = 3
 
 
 def applied(changes: Updater, old: dict[str, Any], what: str) -> dict[str, Any]:
@@ -104,14 +113,18 @@ class ObjectRepository:
         """Validate and serialise ``data``; raises `DataError` before any I/O."""
         return self._serde.dumps(data)
 
-    def insert(self, h: ShardHandle, table: str, text: str) -> int:
-        """Insert one encoded object; return its new key (local id, or the whole Instagram ID)."""
-        sql = self.sql(h, table)
+    def insert(self, h: ShardHandle, table: str, text: str, *, pending: bool = False) -> int:
+        """Insert one encoded object; return its new key (local id, or the whole Instagram ID).
+
+        ``pending``: not live yet (`activate` makes it live), for a create whose unique keys
+        are claimed in its new ID's name first.
+        """
+        sql = self.sql(h, table)["insert_pending" if pending else "insert"]
         for attempt in range(1, _INSERT_ATTEMPTS + 1):
             try:
                 with h.connect() as conn:
                     cur = conn.cursor()
-                    cur.execute(sql["insert"], (text,))
+                    cur.execute(sql, (text,))
                     local_id = cur.fetchone()[0] if self._ids == "instagram" else cur.lastrowid
                     cur.close()
                 break
@@ -124,6 +137,28 @@ class ObjectRepository:
         if not local_id:
             raise DataError(f"the database returned no local id for the insert into {table}")
         return int(local_id)
+
+    def activate(self, h: ShardHandle, table: str, local_id: int) -> bool:
+        """Make a pending object live at version 1; False if it is no longer pending (abandoned)."""
+        return self._change(h, self.sql(h, table)["activate"], local_id) == 1
+
+    def abandon(self, h: ShardHandle, table: str, local_id: int) -> bool:
+        """Make a pending object unable ever to go live; False if it was not pending."""
+        return self._change(h, self.sql(h, table)["abandon"], local_id) == 1
+
+    def state(self, h: ShardHandle, table: str, local_id: int) -> tuple[bool, int, str] | None:
+        """(live, version, JSON text) of the row whatever its state (version 0: pending), or None."""
+        row = h.read(self.sql(h, table)["state"], (local_id,), one=True)
+        return None if row is None else (bool(row[0]), int(row[1]), str(row[2]))
+
+    @staticmethod
+    def _change(h: ShardHandle, sql: str, local_id: int) -> int:
+        with h.connect() as conn:
+            cur = conn.cursor()
+            cur.execute(sql, (local_id,))
+            n = int(cur.rowcount)
+            cur.close()
+        return n
 
     def remove(self, h: ShardHandle, table: str, local_id: int) -> None:
         """Hard-delete one row (used only to undo an insert that cannot get an ID)."""
@@ -173,6 +208,7 @@ class ObjectRepository:
         if_version: int | None = None,
         before_write: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
         logged: str = "",
+        known: tuple[int, dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Read-modify-write one object under a row lock, in one transaction.
 
@@ -180,7 +216,9 @@ class ObjectRepository:
         (else `ConflictError`, nothing written). ``before_write(old, new)``
         runs under the lock before the write; what it raises rolls back.
         ``logged``: the invalidation log entries the write commits with
-        (`store.cache.follower`), where the host logs.
+        (`store.cache.follower`), where the host logs. ``known``: (version,
+        new object) made from the object as read at that version: if it is
+        still at that version, ``changes`` is not applied again.
         """
         sql = self.sql(h, table)
         log_sql = h.log_sql() if logged else None
@@ -198,7 +236,7 @@ class ObjectRepository:
                     actual=int(row[2]),
                 )
             old = self._serde.loads(row[0])
-            new = applied(changes, old, what)
+            new = known[1] if known is not None and known[0] == int(row[2]) else applied(changes, old, what)
             text = self._serde.dumps(new)  # refused data raises before any claim
             if before_write is not None:
                 before_write(old, new)
@@ -229,6 +267,35 @@ class ObjectRepository:
             cur.close()
         return bool(changed)
 
+    def delete_held(
+        self, h: ShardHandle, table: str, local_id: int, *, logged: str = ""
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Mark one object inactive and read what it holds, under its row lock, in one transaction.
+
+        (was it live, its data; None if there is no row). A pending object
+        (a create not finished) is abandoned instead, so it never goes live;
+        a deleted one is left as it is, its data read all the same, so that
+        a delete run again can finish releasing what it held.
+        """
+        sql = self.sql(h, table)
+        log_sql = h.log_sql() if logged else None
+
+        def txn(cur: Cursor) -> tuple[bool, dict[str, Any] | None]:
+            cur.execute(sql["lock"], (local_id,))
+            row = cur.fetchone()
+            if row is None:
+                return False, None
+            data = self._serde.loads(row[0])
+            if row[1]:
+                cur.defer(sql["delete"], (local_id,))
+                if log_sql is not None:
+                    cur.defer(log_sql, (wall_ms(), logged))
+            elif not int(row[2]):
+                cur.defer(sql["abandon"], (local_id,))
+            return bool(row[1]), data
+
+        return h.transaction(txn)
+
 
 class ObjectService:
     """Objects by 64-bit ID: routed, cached aside, batched by host; a delete also empties their lists.
@@ -251,8 +318,10 @@ class ObjectService:
         cache: ObjectCache | None,
         prefix: str,
         unique: UniqueKeys | None = None,
+        steps: Steps | None = None,
     ) -> None:
         self._config = config
+        self._steps = steps or Steps()
         self._unique = unique
         self._router = router
         self._engines = engines
@@ -264,9 +333,22 @@ class ObjectService:
         self._object_prefix = prefix + "o:"
 
     # -- writes ----------------------------------------------------------------
+    #
+    # Each write is a plan of steps (`store.steps`): one statement or transaction on one
+    # shard each, routed when it runs, run again alone if its shard moved. The first step
+    # that commits the object decides the call's result; later steps (unique keys, lists)
+    # finish or are left for `store relations repair`, and never apply ``changes`` again.
+
+    def _at(self, shard: int) -> ShardHandle:
+        """The handle of ``shard`` on its master by the map current now (each step routes anew)."""
+        return self._engines.shard(shard, self._router.shard_map.master(shard))
 
     def create(self, type_name: str, data: dict[str, Any], *, near: int | None, shard: int | None) -> int:
-        """Store a new object on the shard ``near``/``shard`` name (else a random open one); its ID."""
+        """Store a new object on the shard ``near``/``shard`` name (else a random open one); its ID.
+
+        Without unique keys, one step: the insert. With them: insert the object pending,
+        claim each key in its new ID's name, make it live (see `store.unique`).
+        """
         spec = self._router.type(type_name)
         text = self.repo.encode(data)
         if near is not None and shard is not None:
@@ -286,67 +368,98 @@ class ObjectService:
             target = shard
         else:
             target = self._router.pick_shard()
-        h = self._engines.shard(target, self._router.shard_map.master(target))
         unique = self._unique
         claims = unique.claims(spec.name, data) if unique is not None else []
         if claims:
             assert unique is not None
-            return self._create_claimed(unique, claims, spec, h, text)
-        return self._insert(spec, h, text)
-
-    def _create_claimed(
-        self, unique: UniqueKeys, claims: list[Claim], spec: TypeSpec, h: ShardHandle, text: str
-    ) -> int:
-        """Claim the unique keys (owner 0), insert, then name the new ID their owner."""
-        held: list[tuple[Claim, int]] = []
-        try:
-            for c in claims:
-                held.append((c, unique.claim(c, 0, live_value=self._live_value(c))))
-            if unique.after_claim is not None:
-                unique.after_claim()
-            new = self._insert(spec, h, text)
-        except BaseException:
-            # Nothing was created (a failed insert wrote no row): give the keys back.
-            unique.release([c for c, _ms in held], 0)
-            raise
-        for c, ms in held:
-            unique.own(c, new, ms)
+            return self._create_claimed(unique, claims, spec, target, text)
+        new, _key = self._steps("insert", lambda: self._insert(spec, target, text, pending=False))
+        self._created(new, spec)
         return new
 
-    def _live_value(self, c: Claim) -> Callable[[int], bytes | None]:
-        """What the live object ``id`` holds for ``c``'s key now (None: nothing, or not live)."""
-
-        def value(id_: int) -> bytes | None:
-            got = self.get_with_version(id_, type_name=c.spec.type) if id_ else None
-            if got is None:
-                return None
+    def _create_claimed(
+        self, unique: UniqueKeys, claims: list[Claim], spec: TypeSpec, target: int, text: str
+    ) -> int:
+        """Insert pending, claim every key in the new ID's name, then make the object live."""
+        for _attempt in range(_CREATE_ATTEMPTS):
+            new, key = self._steps("insert pending", lambda: self._insert(spec, target, text, pending=True))
+            claimed: list[Claim] = []
             try:
-                held = UniqueKeys.claim_of(c.spec, got.data.get(c.spec.field))
-            except DataError:
-                return None
-            return None if held is None else held.value
+                for c in claims:
+                    unique.claim(c, new, holders=self)
+                    claimed.append(c)
+                live = self._steps(
+                    "activate",
+                    lambda key=key: self.repo.activate(self._at(target), spec.table, key),  # type: ignore[misc]
+                )
+            except BaseException:
+                # Nothing went live: the pending row goes, and so do the claims made in its name.
+                self._undo_create(unique, claimed, new, spec, target, key)
+                raise
+            if live:
+                self._created(new, spec)
+                return new
+            # Abandoned before it went live (by `store relations repair`, or a takeover after
+            # a stall past the grace period): its claims are not to be trusted; start again.
+            self._undo_create(unique, claimed, new, spec, target, key)
+        raise WriteTimeoutError(
+            f"the create of a {spec.name} was abandoned {_CREATE_ATTEMPTS} times before it went live "
+            "(a repair running, or the database stalling past the claims' grace period); try again"
+        )
 
-        return value
+    def _undo_create(
+        self, unique: UniqueKeys, claimed: list[Claim], new: int, spec: TypeSpec, target: int, key: int
+    ) -> None:
+        """Best effort: whatever is left is a row of a dead object that claims and repair take over."""
+        with contextlib.suppress(StoreError):
+            self._steps("remove pending", lambda: self.repo.remove(self._at(target), spec.table, key))
+        with contextlib.suppress(StoreError):
+            unique.release(claimed, new)
 
-    def _insert(self, spec: TypeSpec, h: ShardHandle, text: str) -> int:
-        target = h.shard
-        local_id = self.repo.insert(h, spec.table, text)
+    def _insert(self, spec: TypeSpec, target: int, text: str, *, pending: bool) -> tuple[int, int]:
+        """Insert on ``target``'s master (as the map is now): (the new ID, its row's key)."""
+        h = self._at(target)
+        key = self.repo.insert(h, spec.table, text, pending=pending)
         if self._instagram:
-            new = local_id  # the database made the whole ID
-        elif local_id > MAX_LOCAL_ID:
-            self.repo.remove(h, spec.table, local_id)
+            return key, key  # the database made the whole ID
+        if key > MAX_LOCAL_ID:
+            self.repo.remove(h, spec.table, key)
             raise ShardFullError(
                 f"shard {target} table {spec.table} has used all {MAX_LOCAL_ID} local ids; "
                 "create the object on another shard"
             )
-        else:
-            new = encode_pinterest(target, spec.id, local_id)
-        # A create is a write: drop whatever the caches hold under the new ID.
+        return encode_pinterest(target, spec.id, key), key
+
+    def _created(self, new: int, spec: TypeSpec) -> None:
+        """A create is a write: drop whatever the caches hold under the new ID."""
         self._invalidate(new, spec)
         self._relations.invalidate(
             [(r.name, new) for r in self._config.relations.values() if r.from_type == spec.name]
         )
-        return new
+
+    # -- the objects that unique-key rows name (`store.unique.Holders`) ----------------
+
+    def holder(self, type_name: str, id_: int) -> tuple[Holder, dict[str, Any] | None]:
+        """What object ``id_`` is now (live, pending or dead), and its data if live."""
+        try:
+            shard, spec, key, _host = self._router.route(id_, type_name)
+        except IdError:
+            return Holder.DEAD, None  # no object of this type can have that ID
+        got = self._steps("read holder", lambda: self.repo.state(self._at(shard), spec.table, key))
+        if got is None:
+            return Holder.DEAD, None
+        live, version, text = got
+        if live:
+            return Holder.LIVE, self.repo.decode(text)
+        return (Holder.PENDING if version == 0 else Holder.DEAD), None
+
+    def abandon(self, type_name: str, id_: int) -> bool:
+        """Make the pending object ``id_`` unable ever to go live; False if it is not pending."""
+        try:
+            shard, spec, key, _host = self._router.route(id_, type_name)
+        except IdError:
+            return False
+        return self._steps("abandon", lambda: self.repo.abandon(self._at(shard), spec.table, key))
 
     def update(
         self,
@@ -363,62 +476,79 @@ class ObjectService:
             raise DataError(
                 f"if_version must be a version from get_with_version (an int >= 1), got {brief(if_version)}"
             )
-        shard, spec, local_id, host = self._router.route(id, type_name)
+        shard, spec, local_id, _host = self._router.route(id, type_name)
         if isinstance(changes, dict):
             # Whatever the merge would refuse is in the changes: refused here, before any I/O.
             self.repo.encode(changes)
-        h = self._engines.shard(shard, host)
         unique = self._unique
         if unique is None or not unique.indexes(spec.name):
             try:
-                return self.repo.update(
-                    h,
-                    spec.table,
-                    local_id,
-                    changes,
-                    what=str(id),
-                    if_version=if_version,
-                    logged=self._logged(id, spec),
+                return self._steps(
+                    "update",
+                    lambda: self.repo.update(
+                        self._at(shard),
+                        spec.table,
+                        local_id,
+                        changes,
+                        what=str(id),
+                        if_version=if_version,
+                        logged=self._logged(id, spec),
+                    ),
                 )
             finally:
                 # Also after a failure: the commit may have happened before the
                 # error (a lost connection), and a needless delete is harmless.
                 self._invalidate(id, spec)
-        for _attempt in range(_KEYED_UPDATE_ATTEMPTS):
+        deadline = time.monotonic() + self._config.write_timeout_s
+        for attempt in itertools.count(1):
             try:
-                new = self._update_keyed(unique, h, spec, local_id, id, changes, if_version)
+                return self._update_keyed(unique, shard, spec, local_id, id, changes, if_version)
             except _KeysMovedError:
-                continue  # the object changed between the claim and the lock: claim again
+                pass  # the object changed between the claim and the lock: claim again
             finally:
                 self._invalidate(id, spec)
-            return new
-        raise ConflictError(
-            f"object {id} kept changing while its unique keys were claimed; try again",
-            expected=if_version or 0,
-            actual=0,
-        )
+            if time.monotonic() >= deadline:
+                raise WriteTimeoutError(
+                    f"object {id} kept changing its unique values while this update claimed them "
+                    f"({attempt} attempts in write_timeout_s = {self._config.write_timeout_s:g} s); "
+                    "nothing of this update was written"
+                )
+            # Writers that keep missing each other's values: apart by a random, growing pause.
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+        raise AssertionError("unreachable")
 
     def _update_keyed(
         self,
         unique: UniqueKeys,
-        h: ShardHandle,
+        shard: int,
         spec: TypeSpec,
         local_id: int,
         id_: int,
         changes: Updater,
         if_version: int | None,
     ) -> dict[str, Any]:
-        """An update of an object with unique keys: claim the new values first, then write, then free the old.
+        """An update of an object with unique keys: read, claim the new values, write, free the old.
 
-        The claims are made before the row lock is taken (never while it is
-        held: on SQLite a key's shard may be the object's own file), from the
-        object as read just before; under the lock the new values must be
-        the ones claimed, else everything is undone and `_KeysMovedError` raised.
-        A function ``changes`` may therefore be called more than once.
+        The steps: read the object; apply ``changes`` and claim the values
+        it adds, in the object's name (never while the row lock is held: on
+        SQLite a key's shard may be the object's own file); lock and write,
+        where the values the write adds must be the ones claimed (else
+        everything is undone and `_KeysMovedError` raised); after the commit,
+        release the values the write dropped, as read under the lock. If the
+        object is still at the version read, ``changes`` is not applied again
+        under the lock: a function runs once per attempt, and an attempt runs
+        again only if another writer changed the object's unique values.
         """
-        seen = self.repo.get_with_version(h, spec.table, local_id)
+        seen = self._steps("read", lambda: self.repo.get_with_version(self._at(shard), spec.table, local_id))
         if seen is None:
             raise NotFound(f"no live object {id_}")
+        if if_version is not None and seen[1] != if_version:
+            raise ConflictError(
+                f"object {id_} is at version {seen[1]}, not {if_version}: it changed since it was "
+                "read; read it again (get_with_version) and retry",
+                expected=if_version,
+                actual=seen[1],
+            )
         old = self.repo.decode(seen[0])
         new = applied(changes, old, str(id_))
         self.repo.encode(new)  # data the write would refuse is refused before any claim
@@ -426,6 +556,7 @@ class ObjectService:
         after = {c.spec.name: c for c in unique.claims(spec.name, new)}
         wanted = [c for name, c in after.items() if before.get(name) != c]
         claimed: list[Claim] = []
+        claimed_at = time.monotonic()
         dropped: list[Claim] = []
 
         def check(locked_old: dict[str, Any], locked_new: dict[str, Any]) -> None:
@@ -434,45 +565,74 @@ class ObjectService:
             needed = [c for name, c in now_after.items() if now_before.get(name) != c]
             if any(c not in claimed for c in needed):
                 raise _KeysMovedError
+            if needed and time.monotonic() - claimed_at > _keys.CLAIM_GRACE_S / 2:
+                # Claimed long ago (a stall): a takeover may have passed; look before writing.
+                for c in needed:
+                    row = unique.owner_of(c)
+                    if row is None or row[0] != id_:
+                        raise _KeysMovedError
             dropped.extend(c for name, c in now_before.items() if now_after.get(name) != c)
 
         try:
             for c in wanted:
-                unique.claim(c, id_, live_value=self._live_value(c))
+                unique.claim(c, id_, holders=self)
                 claimed.append(c)
-            result = self.repo.update(
-                h,
-                spec.table,
-                local_id,
-                changes,
-                what=str(id_),
-                if_version=if_version,
-                before_write=check,
-                logged=self._logged(id_, spec),
+            result = self._steps(
+                "write",
+                lambda: self.repo.update(
+                    self._at(shard),
+                    spec.table,
+                    local_id,
+                    changes,
+                    what=str(id_),
+                    if_version=if_version,
+                    before_write=check,
+                    logged=self._logged(id_, spec),
+                    known=(seen[1], new),
+                ),
             )
         except (DataError, DuplicateKeyError, ConflictError, NotFound, _KeysMovedError):
             # Refused before the write: the new values claimed so far go back.
             unique.release(claimed, id_)
             raise
+        # Committed: what follows finishes, or is left for repair; it never writes the object again.
         unique.release(dropped, id_)
         return result
 
     def delete(self, id: int, *, type_name: str | None) -> bool:  # noqa: A002
-        """Mark the object inactive, then take it out of every list that reaches it through an inverse."""
-        shard, spec, local_id, host = self._router.route(id, type_name)
+        """Mark the object inactive, release its unique values, take it out of every list.
+
+        Steps: the mark (with unique keys, in one transaction with a read of
+        the values the object holds, under its row lock); the release of
+        those values; the removal of each pair that reaches it through an
+        inverse. The result is the first step's: True if the object was
+        live. Run again, a delete finishes what an earlier one left.
+        """
+        shard, spec, local_id, _host = self._router.route(id, type_name)
         unique = self._unique
+        keyed = unique is not None and bool(unique.indexes(spec.name))
         held: list[Claim] = []
-        if unique is not None and unique.indexes(spec.name):
-            got = self.get_with_version(id, type_name=spec.name)
-            held = [] if got is None else unique.claims(spec.name, got.data)
         try:
-            was_live = self.repo.delete(
-                self._engines.shard(shard, host), spec.table, local_id, logged=self._logged(id, spec)
-            )
+            if keyed:
+                assert unique is not None
+                was_live, data = self._steps(
+                    "delete",
+                    lambda: self.repo.delete_held(
+                        self._at(shard), spec.table, local_id, logged=self._logged(id, spec)
+                    ),
+                )
+                held = [] if data is None else unique.held_by(spec.name, data)
+            else:
+                was_live = self._steps(
+                    "delete",
+                    lambda: self.repo.delete(
+                        self._at(shard), spec.table, local_id, logged=self._logged(id, spec)
+                    ),
+                )
         finally:
             self._invalidate(id, spec)
         if unique is not None and held:
-            unique.release(held, id)  # only rows this object holds: a value renamed meanwhile stays
+            unique.release(held, id)  # only rows this object holds: a value another took stays
         self._relations.remove_object(spec.name, id)
         return was_live
 

@@ -34,6 +34,7 @@ from store.exceptions import DataError, LimitError, brief
 from store.pairs import ADD, MOVE, REMOVE, Change, Guard, PairWriter, Seen, Side
 from store.routing import Router
 from store.specs import RelationSpec
+from store.steps import Steps
 
 __all__ = ["Page", "RelationRepository", "RelationService", "fill_size"]
 
@@ -443,8 +444,11 @@ class RelationService:
         clock_us: Callable[[], int] | None = None,
         lists: ListCache | None = None,
         prefix: str = "s:",
+        steps: Steps | None = None,
     ) -> None:
         self._router = router
+        #: Runs each pair write as one step of its call's plan (`store.steps`): alone again after a reroute.
+        self.steps = steps or Steps()
         self._shard = shard
         self.repo = repo or RelationRepository()
         self._clock_us = clock_us or (lambda: time.time_ns() // 1000)
@@ -533,23 +537,34 @@ class RelationService:
     # -- writes --------------------------------------------------------------
 
     def link(self, relation: str, from_id: int, to_id: int, *, sequence: int | None = None) -> bool:
-        """Add the pair (and its inverse); True if the pair is new."""
+        """Add the pair (and its inverse); True if the pair is new. One step: the pair protocol's write."""
         spec = self._router.relation(relation)
         if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
             raise DataError(f"sequence must be a 64-bit signed int, got {brief(sequence)}")
-        primary, inverse = self._sides(spec, from_id, to_id, guarded=True)
+        first = [self._sides(spec, from_id, to_id, guarded=True)]  # bad input raises before any I/O
         seq = self._clock_us() if sequence is None else sequence
         move = sequence is not None
-        return self._written(
-            primary,
-            inverse,
-            lambda changes: self.pairs.link(primary, inverse, seq, move=move, changes=changes),
-        )
+
+        def write() -> bool:
+            # Routed as the map is now: again after a reroute (the first time, as routed above).
+            primary, inverse = first.pop() if first else self._sides(spec, from_id, to_id, guarded=True)
+            return self._written(
+                primary,
+                inverse,
+                lambda changes: self.pairs.link(primary, inverse, seq, move=move, changes=changes),
+            )
+
+        return self.steps("link", write)
 
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
-        """Remove the pair (and its inverse); True if it was there."""
-        primary, inverse = self._sides(self._router.relation(relation), from_id, to_id, guarded=False)
-        return self._unlink(primary, inverse)
+        """Remove the pair (and its inverse); True if it was there. One step, as `link`."""
+        spec = self._router.relation(relation)
+        first = [self._sides(spec, from_id, to_id, guarded=False)]
+
+        def write() -> bool:
+            return self._unlink(*(first.pop() if first else self._sides(spec, from_id, to_id, guarded=False)))
+
+        return self.steps("unlink", write)
 
     def _unlink(self, primary: Side, inverse: Side | None, pending: list[Change] | None = None) -> bool:
         return self._written(
@@ -602,20 +617,26 @@ class RelationService:
 
     def sync(self, relation: str, from_id: int, to_id: int) -> bool:
         """Make the inverse row of a pair match its primary row (the repair job's fix); True if it changed."""
-        primary, inverse = self._sides(self._router.relation(relation), from_id, to_id, guarded=False)
-        if inverse is None:
-            return False
-        try:
-            return self.pairs.sync(primary, inverse)
-        finally:
-            self._invalidate_sides(primary, inverse)
+        spec = self._router.relation(relation)
+
+        def fix() -> bool:
+            primary, inverse = self._sides(spec, from_id, to_id, guarded=False)
+            if inverse is None:
+                return False
+            try:
+                return self.pairs.sync(primary, inverse)
+            finally:
+                self._invalidate_sides(primary, inverse)
+
+        return self.steps("sync", fix)
 
     def remove_object(self, type_name: str, obj: int) -> int:
         """Take a (deleted) object out of every list that reaches it through an inverse; pairs removed.
 
         For each relation from ``type_name`` that has an inverse, every pair
-        of the object's list goes, both sides, by the pair protocol. A link
-        racing with this is refused (the object is marked deleted first), or
+        of the object's list goes, both sides, by the pair protocol: one
+        step per pair, and one per page read (`store.steps`). A link racing
+        with this is refused (the object is marked deleted first), or
         committed before this reads the list and removed here.
         """
         removed = 0
@@ -627,20 +648,35 @@ class RelationService:
         ]
         if not specs:
             return 0
-        h = self._side(specs[0], obj, None)  # (every list of ``obj`` is on its shard)
-        firsts = self.repo.first_pages(h, [s.name for s in specs], obj, REMOVE_CHUNK)
+        # (every list of ``obj`` is on its shard)
+        firsts = self.steps(
+            "read lists",
+            lambda: self.repo.first_pages(
+                self._side(specs[0], obj, None), [s.name for s in specs], obj, REMOVE_CHUNK
+            ),
+        )
         try:
             for spec, rows in zip(specs, firsts, strict=True):
                 while True:  # by key, so that it ends even if a pair could not be removed
                     for _seq, to_id in rows:
-                        primary, inverse = self._sides(spec, obj, to_id, guarded=False)
-                        removed += self._unlink(primary, inverse, pending)
+                        removed += self.steps(
+                            "sweep",
+                            lambda spec=spec, to_id=to_id: self._unlink(  # type: ignore[misc]
+                                *self._sides(spec, obj, to_id, guarded=False), pending
+                            ),
+                        )
                     if len(pending) >= REMOVE_CHUNK:
                         self._apply(pending)
                         pending.clear()
                     if len(rows) < REMOVE_CHUNK:
                         break
-                    rows = self.repo.page(h, spec.name, obj, REMOVE_CHUNK, rows[-1], False)
+                    after = rows[-1]
+                    rows = self.steps(
+                        "read lists",
+                        lambda spec=spec, after=after: self.repo.page(  # type: ignore[misc]
+                            self._side(spec, obj, None), spec.name, obj, REMOVE_CHUNK, after, False
+                        ),
+                    )
         finally:
             self._apply(pending)
         return removed

@@ -3,8 +3,9 @@
 Data flows one way: caller -> `Store` -> `ObjectService` / `RelationService`
 -> routing (the ID's shard bits and the live map) and caches -> backends ->
 the shard's host. No call ever scans shards to find an object: its ID says
-where it lives. Every call runs through the live map (`store.livemap`),
-which reroutes it once when a host refuses it for an older map.
+where it lives. Every call runs through the live map (`store.livemap`):
+a read is run again when a host refuses it for an older map; a write is a
+plan of steps (`store.steps`), and only the refused step runs again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from store.relations import Page, RelationRepository, RelationService
 from store.routing import Location, Router
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
+from store.steps import Steps
 from store.unique import UniqueKeys
 
 if TYPE_CHECKING:
@@ -45,11 +47,22 @@ R = TypeVar("R")
 
 
 def _rerouted(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
-    """Run the call through the live map: a newer map now and then, one retry after a reroute."""
+    """A read through the live map: a newer map now and then, run again after a reroute."""
 
     @functools.wraps(method)
     def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
         return self._live.run(lambda: method(self, *args, **kwargs))
+
+    return wrapper
+
+
+def _planned(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    """A write: a newer map now and then; its steps reroute one by one (`store.steps`), the call never."""
+
+    @functools.wraps(method)
+    def wrapper(self: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self._live.tick()
+        return method(self, *args, **kwargs)
 
     return wrapper
 
@@ -70,6 +83,8 @@ class AdminContext:
     caches: Caches
     #: The unique keys (None when the config has no ``unique:``).
     unique: UniqueKeys | None = None
+    #: What runs the steps of writes' plans (its ``hook`` hears each step's name).
+    steps: Steps | None = None
 
     @property
     def relation_repository(self) -> RelationRepository:
@@ -114,6 +129,8 @@ class Store:
         self._engines = engines or Engines(config)
         self._router = Router(config, rng=rng)
         self._live = LiveMap(config, self._router, map_source)
+        #: Runs the steps of every write's plan: a step refused by a moved shard runs again alone.
+        self._steps = Steps(self._live.step)
         self._caches = caches if caches is not None else build_caches(config.cache)
         self._relations = RelationService(
             router=self._router,
@@ -121,6 +138,7 @@ class Store:
             clock_us=clock_us,
             lists=self._caches.lists,
             prefix=self._caches.prefix,
+            steps=self._steps,
         )
         serde = serde or JsonSerde(max_bytes=config.max_object_bytes, max_depth=config.max_depth)
         repo = ObjectRepository(serde=serde, ids=config.ids)
@@ -131,6 +149,7 @@ class Store:
                 engines=self._engines,
                 cache=self._caches.objects,
                 prefix=self._caches.prefix,
+                steps=self._steps,
             )
             if config.unique
             else None
@@ -144,6 +163,7 @@ class Store:
             cache=self._caches.objects,
             prefix=self._caches.prefix,
             unique=self._unique,
+            steps=self._steps,
         )
         self._follower = _start_follower(config, self._engines, self._router, self._caches)
         if metrics is not None:  # store.metrics (and prometheus_client) only load when asked for
@@ -193,7 +213,7 @@ class Store:
 
     # -- objects -----------------------------------------------------------------
 
-    @_rerouted
+    @_planned
     def create(
         self, type_name: str, data: dict[str, Any], *, near: int | None = None, shard: int | None = None
     ) -> int:
@@ -231,7 +251,7 @@ class Store:
         """
         return self._objects.get_with_version(id, type_name=type_name)
 
-    @_rerouted
+    @_planned
     def update(
         self,
         id: int,  # noqa: A002
@@ -243,25 +263,32 @@ class Store:
         """Merge ``changes`` (a dict, or a function old -> new) into the object atomically.
 
         Runs SELECT ... FOR UPDATE, the change and the write in one
-        transaction, so concurrent updates of one object lose nothing.
-        Raises `NotFound` if the object does not exist or was deleted.
+        transaction, so concurrent updates of one object lose nothing, and
+        each call is applied once. Raises `NotFound` if the object does not
+        exist or was deleted.
 
         ``if_version=V`` (from `get_with_version`): write only if the object
         is still at version V, else raise `ConflictError` and write nothing;
-        after the write it is at version V + 1.
+        after the write it is at version V + 1. Without it, an update never
+        raises `ConflictError`: one that changes unique values (config
+        ``unique:``) while other writers change them retries until it lands,
+        or raises `WriteTimeoutError` after ``write_timeout_s``, having
+        written nothing.
         """
         return self._objects.update(id, changes, type_name=type_name, if_version=if_version)
 
-    @_rerouted
+    @_planned
     def delete(self, id: int, *, type_name: str | None = None) -> bool:  # noqa: A002
         """Soft-delete: the row stays, marked inactive, and leaves every list that reaches it.
 
-        Every pair of a relation with an inverse that involves the object is
-        removed, both sides, counts included (a link racing with the delete
-        is refused). Lists of relations without an inverse cannot be found
-        from the object: their entries stay, and `board_pins` skips them.
-        Running it again finishes a delete that stopped half way. True if
-        the object was live.
+        The mark commits first and decides the result: True if the object
+        was live. Then the unique values it held at that moment are
+        released, and every pair of a relation with an inverse that involves
+        the object is removed, both sides, counts included (a link racing
+        with the delete is refused). Lists of relations without an inverse
+        cannot be found from the object: their entries stay, and
+        `board_pins` skips them. Running it again finishes a delete that
+        stopped half way.
         """
         return self._objects.delete(id, type_name=type_name)
 
@@ -288,7 +315,7 @@ class Store:
 
     # -- relations -----------------------------------------------------------------
 
-    @_rerouted
+    @_planned
     def link(self, relation: str, from_id: int, to_id: int, *, sequence: int | None = None) -> bool:
         """Add ``to_id`` to ``from_id``'s list (and the inverse pair, if configured).
 
@@ -299,7 +326,7 @@ class Store:
         """
         return self._relations.link(relation, from_id, to_id, sequence=sequence)
 
-    @_rerouted
+    @_planned
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
         return self._relations.unlink(relation, from_id, to_id)
@@ -461,6 +488,7 @@ class Store:
             self._relations,
             self._caches,
             self._unique,
+            self._steps,
         )
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -1,26 +1,42 @@
-"""Unique keys (config ``unique:``): lookup rows sharded by a hash of the key, claimed first.
+"""Unique keys (config ``unique:``): lookup rows sharded by a hash of the key, claimed in the ID's name.
 
 A unique key ``user_by_username: {type: user, field: username}`` keeps one
 row per value, ``(name, value) -> object_id``, in the ``unique_keys`` table
 of the shard that a hash of (name, value) picks, whatever shard the object
 lives on. The row's primary key is the lock: of two writers inserting it,
-exactly one succeeds, on any backend.
+exactly one succeeds, on any backend. A row always names the object it is
+for, before that object holds the value (`store.objects` runs the steps):
 
-- **create** claims each key first with owner 0 (a create under way), then
-  inserts the object, then names the new ID as the owner; it releases its
-  claims if the insert fails.
-- **update** claims the new values (owner: the object's ID) inside the
-  object's transaction, before the write, so a taken value aborts it whole;
-  after the commit it releases the old values. A rename is therefore held
-  under both values for a moment, never under neither.
-- **delete** releases the values the object held.
+- **create** inserts the object *pending* (not live: active 0, version 0),
+  claims each key in the new ID's name, then makes the object live in one
+  statement that only a pending row passes. If a claim is refused, the
+  pending row is removed and the claims made are given back.
+- **update** claims the new values in the object's name before its
+  transaction; under the row lock the new values must be the ones claimed;
+  after the commit it releases the old values. A rename is held under both
+  values for a moment, never under neither.
+- **delete** reads what the object holds under its row lock, in the
+  transaction that marks it deleted, then releases those values.
 
-A claimant that dies half way leaves a row that is not backed by its owner
-(owner 0, a deleted owner, or an owner whose field says otherwise). Such a
-row is taken over by the next claim once it is older than `CLAIM_GRACE_S`
-(a claim younger than that may belong to a create or rename still under
-way), and ``store relations repair`` removes it or points it at the live
-object that holds the value.
+A writer that dies between steps leaves a row its owner does not back: a
+pending object that never went live, a deleted object, or a live object
+whose field says otherwise. The next claim of the value asks the owner
+(`Holders`): a deleted or absent owner's row is taken over at once; a
+pending owner is *abandoned* first (one statement that only a pending row
+passes, so it can never go live) once its claim is older than
+`CLAIM_GRACE_S`; a live owner that does not hold the value loses the row
+after the grace period too (a rename of it may be under way). A live owner
+that holds the value never loses it. Every takeover is a compare-and-set on
+(owner, claimed time), and a claimant that finds the row already its own
+renews it the same way, so a takeover decided on an older look at the owner
+cannot win. ``store relations repair`` removes rows of dead owners at once,
+points rows at the live object that holds their value, and adds missing
+ones; ``store check`` reports both kinds.
+
+Rows with owner 0 were written by creates of earlier versions, which
+claimed before the ID was known: no takeover can tell who holds them, so a
+claim meeting one is refused until repair points it at its holder or
+removes it.
 
 Values are strings (an int is taken as its decimal text), compared exactly
 as UTF-8 bytes, at most `MAX_UNIQUE_VALUE_BYTES`: normalise case or spaces
@@ -29,13 +45,14 @@ before storing if the app wants that.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import MetaData, and_, bindparam, delete, insert, literal_column, select, update
+from sqlalchemy import MetaData, and_, bindparam, delete, insert, select, update
 
 from store.backends import Backend
 from store.backends.statements import Statements
@@ -46,8 +63,17 @@ from store.engines import Engines, ShardHandle
 from store.exceptions import BackendError, DataError, DuplicateKeyError, UnknownTypeError, brief
 from store.routing import Router
 from store.specs import UniqueSpec
+from store.steps import Steps
 
-__all__ = ["CLAIM_GRACE_S", "UniqueKeys", "UniqueRepairReport", "UniqueStatements", "key_shard"]
+__all__ = [
+    "CLAIM_GRACE_S",
+    "Holder",
+    "Holders",
+    "UniqueKeys",
+    "UniqueRepairReport",
+    "UniqueStatements",
+    "key_shard",
+]
 
 #: How long a claim belongs to its claimant even if its object does not show the value (yet).
 CLAIM_GRACE_S = 60.0
@@ -63,13 +89,35 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Holder(enum.Enum):
+    """What the object a unique-key row names is now."""
+
+    LIVE = "live"
+    #: Inserted by a create that has not made it live yet (or never will: it died).
+    PENDING = "pending"
+    #: Deleted, abandoned, or absent: it never holds a value again.
+    DEAD = "dead"
+
+
+class Holders(Protocol):
+    """The objects that unique-key rows name (`store.objects.ObjectService` is one)."""
+
+    def holder(self, type_name: str, id_: int) -> tuple[Holder, dict[str, Any] | None]:
+        """What object ``id_`` of ``type_name`` is now, and its data if it is live."""
+        ...
+
+    def abandon(self, type_name: str, id_: int) -> bool:
+        """Make the pending object ``id_`` unable ever to go live; False if it is not pending."""
+        ...
+
+
 class UniqueStatements(Statements):
     """The statements of a shard's ``unique_keys`` table (parameters in the order named).
 
     - claim (name, value, object_id, claimed_ms); get (name, value): object_id, claimed_ms;
     - take (object_id, claimed_ms, name, value, old object_id, old claimed_ms): a claim over a dead row;
-    - own (object_id, name, value, claimed_ms): a create's claim names its object;
-    - release (name, value, object_id); scan (name): name, value, object_id, claimed_ms.
+    - release (name, value, object_id); drop (name, value, object_id, claimed_ms): a release that
+      only the row as read passes; scan (name): name, value, object_id, claimed_ms.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -90,13 +138,9 @@ class UniqueStatements(Statements):
             take.values(object_id=p("oid"), claimed_ms=p("ms")),
             ["oid", "ms", "name", "value", "old_oid", "old_ms"],
         )
-        own = (
-            update(t)
-            .where(key, t.c.object_id == literal_column("0"), t.c.claimed_ms == p("ms"))
-            .values(object_id=p("oid"))
-        )
-        self._add("own", own, ["oid", "name", "value", "ms"])
         self._add("release", delete(t).where(key, t.c.object_id == p("oid")), ["name", "value", "oid"])
+        drop = delete(t).where(key, t.c.object_id == p("oid"), t.c.claimed_ms == p("ms"))
+        self._add("drop", drop, ["name", "value", "oid", "ms"])
         cols = (t.c.name, t.c.value, t.c.object_id, t.c.claimed_ms)
         self._add("scan", select(*cols).where(t.c.name == p("name")), ["name"])
 
@@ -118,6 +162,10 @@ class UniqueRepairReport:
     repointed: dict[str, int] = field(default_factory=dict)
     #: (key, value, object IDs) where several live objects hold one value: an app must decide.
     conflicts: list[tuple[str, str, list[int]]] = field(default_factory=list)
+    #: (key, value, owner) of rows whose owner does not hold the value (dead, or renamed away).
+    dead_owners: list[tuple[str, str, int]] = field(default_factory=list)
+    #: (key, value, object ID) of values a live object holds with no row.
+    unclaimed: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -137,9 +185,17 @@ class UniqueKeys:
     """Claims, releases and lookups of unique keys over the shards (see the module's text)."""
 
     def __init__(
-        self, *, config: StoreConfig, router: Router, engines: Engines, cache: ObjectCache | None, prefix: str
+        self,
+        *,
+        config: StoreConfig,
+        router: Router,
+        engines: Engines,
+        cache: ObjectCache | None,
+        prefix: str,
+        steps: Steps | None = None,
     ) -> None:
         self._config = config
+        self._steps = steps or Steps()
         self._router = router
         self._engines = engines
         self._cache = cache
@@ -148,8 +204,6 @@ class UniqueKeys:
         for spec in config.unique.values():
             self._by_type.setdefault(spec.type, []).append(spec)
         self._stmts: dict[str, UniqueStatements] = {}
-        #: Test hook: called between a create's claims and its insert.
-        self.after_claim: Callable[[], None] | None = None
 
     def indexes(self, type_name: str) -> list[UniqueSpec]:
         """The unique keys of type ``type_name``."""
@@ -162,6 +216,19 @@ class UniqueKeys:
         out: list[Claim] = []
         for spec in self._by_type.get(type_name, ()):
             c = self.claim_of(spec, data.get(spec.field))
+            if c is not None:
+                out.append(c)
+        return out
+
+    def held_by(self, type_name: str, data: Mapping[str, Any]) -> list[Claim]:
+        """The values ``data`` holds that a key can hold (a value no key can hold, stored before the
+        key was configured, is left out rather than refused)."""
+        out: list[Claim] = []
+        for spec in self._by_type.get(type_name, ()):
+            try:
+                c = self.claim_of(spec, data.get(spec.field))
+            except DataError:
+                continue
             if c is not None:
                 out.append(c)
         return out
@@ -224,22 +291,25 @@ class UniqueKeys:
 
     # -- claims ----------------------------------------------------------------------------
 
-    def claim(self, c: Claim, owner: int, *, live_value: Callable[[int], bytes | None]) -> int:
-        """Take ``c`` for ``owner`` (0: a create under way); the claim's time, to name it later.
+    def claim(self, c: Claim, owner: int, *, holders: Holders) -> int:
+        """Take ``c`` in the name of object ``owner``; the claim's time (milliseconds).
 
-        ``live_value(id)`` is the value the live object ``id`` holds for
-        this key now (None if none or gone): a row older than the grace
-        period that its owner does not back is taken over.
-        Raises `DuplicateKeyError` if another object holds the value.
+        A row another object holds is asked about (``holders``, see the
+        module's text) and taken over only if that object cannot be holding
+        the value. Raises `DuplicateKeyError` if another object holds it,
+        may still come to (a create or rename under way), or an earlier
+        version's create left it with owner 0.
         """
+        return self._steps(f"claim {c.spec.name}", lambda: self._claim(c, owner, holders))
+
+    def _claim(self, c: Claim, owner: int, holders: Holders) -> int:
         h, sql, stmts = self._where(c.spec.name, c.value)
-        for _attempt in range(3):
+        for _attempt in range(5):
             ms = _now_ms()
             params = {"name": c.spec.name, "value": c.value, "oid": owner, "ms": ms}
             try:
                 self._write(h, sql["claim"], stmts.args("claim", params))
-                if owner:
-                    self._invalidate([c])  # a cached "free" must not outlive the claim
+                self._invalidate([c])  # a cached "free" must not outlive the claim
                 return ms
             except BackendError as exc:
                 if not exc.duplicate:
@@ -248,21 +318,23 @@ class UniqueKeys:
             if row is None:
                 continue  # released meanwhile: claim again
             holder, claimed_ms = int(row[0]), int(row[1])
-            if holder == owner and owner != 0:
-                return claimed_ms  # already ours (a rename to the value it has)
-            dead = claimed_ms < ms - CLAIM_GRACE_S * 1000 and (holder == 0 or live_value(holder) != c.value)
-            if not dead:
-                raise DuplicateKeyError(
-                    f"{c.spec.field} {c.text!r} is taken ({c.spec.name}, held by "
-                    f"{holder if holder else 'an object being created'}); pick another value",
-                    key=c.spec.name,
-                    value=c.text,
-                    owner=holder,
-                )
-            took = self._write(h, sql["take"], (owner, ms, c.spec.name, c.value, holder, claimed_ms))
-            if took:
-                self._invalidate([c])
-                return ms
+            if holder == owner or self._free(c, holder, claimed_ms, ms, holders):
+                # Ours already (a rename back to a value it kept), or free to take: either
+                # way a compare-and-set on what was read, so that a takeover decided on an
+                # older look at the holder cannot win.
+                took = self._write(h, sql["take"], (owner, ms, c.spec.name, c.value, holder, claimed_ms))
+                if took:
+                    self._invalidate([c])
+                    return ms
+                continue  # changed hands meanwhile: look again
+            raise DuplicateKeyError(
+                f"{c.spec.field} {c.text!r} is taken ({c.spec.name}, held by "
+                f"{holder if holder else 'a create of an earlier version; run store relations repair'}"
+                "); pick another value",
+                key=c.spec.name,
+                value=c.text,
+                owner=holder,
+            )
         raise DuplicateKeyError(
             f"{c.spec.field} {c.text!r} ({c.spec.name}) kept changing hands while claimed; try again",
             key=c.spec.name,
@@ -270,20 +342,52 @@ class UniqueKeys:
             owner=0,
         )
 
-    def own(self, c: Claim, owner: int, claimed_ms: int) -> None:
-        """Name ``owner`` as the holder of a create's claim (made with owner 0 at ``claimed_ms``)."""
-        h, sql, _stmts = self._where(c.spec.name, c.value)
-        self._write(h, sql["own"], (owner, c.spec.name, c.value, claimed_ms))
-        self._invalidate([c])
+    def _free(self, c: Claim, holder: int, claimed_ms: int, now_ms: int, holders: Holders) -> bool:
+        """Whether the row (``holder``, ``claimed_ms``) may be taken over: its holder cannot hold ``c``."""
+        if holder == 0:
+            return False  # an earlier version's create: nobody can tell who holds it
+        old = claimed_ms < now_ms - CLAIM_GRACE_S * 1000
+        state, data = holders.holder(c.spec.type, holder)
+        if state is Holder.DEAD:
+            return True
+        if state is Holder.PENDING:
+            # A create under way, or one that died: once past the grace period it is
+            # abandoned (it can never go live after this), and then the row is free.
+            return old and (holders.abandon(c.spec.type, holder) or self._dead(c, holder, holders))
+        assert data is not None
+        return old and self.held(c.spec, data) != c.value
+
+    @staticmethod
+    def _dead(c: Claim, holder: int, holders: Holders) -> bool:
+        return holders.holder(c.spec.type, holder)[0] is Holder.DEAD
+
+    def held(self, spec: UniqueSpec, data: Mapping[str, Any]) -> bytes | None:
+        """The value of ``spec`` that ``data`` holds (None: none, or none a key can hold)."""
+        try:
+            c = self.claim_of(spec, data.get(spec.field))
+        except DataError:
+            return None
+        return None if c is None else c.value
+
+    def owner_of(self, c: Claim) -> tuple[int, int] | None:
+        """(owner, claimed time) of ``c``'s row, read from its master; None if there is none."""
+
+        def read() -> tuple[int, int] | None:
+            h, sql, _stmts = self._where(c.spec.name, c.value)
+            row = h.read(sql["get"], (c.spec.name, c.value), one=True)
+            return None if row is None else (int(row[0]), int(row[1]))
+
+        return self._steps(f"check {c.spec.name}", read)
 
     def release(self, claims: Iterable[Claim], owner: int) -> None:
-        """Give up each of ``claims`` if ``owner`` holds it (0: a create's claims)."""
-        done: list[Claim] = []
+        """Give up each of ``claims`` if ``owner`` holds it: one step each."""
         for c in claims:
-            h, sql, _stmts = self._where(c.spec.name, c.value)
-            self._write(h, sql["release"], (c.spec.name, c.value, owner))
-            done.append(c)
-        self._invalidate(done)
+            self._steps(f"release {c.spec.name}", lambda c=c: self._release(c, owner))  # type: ignore[misc]
+
+    def _release(self, c: Claim, owner: int) -> None:
+        h, sql, _stmts = self._where(c.spec.name, c.value)
+        self._write(h, sql["release"], (c.spec.name, c.value, owner))
+        self._invalidate([c])
 
     @staticmethod
     def _write(h: ShardHandle, sql: str, params: tuple[Any, ...]) -> int:
@@ -337,36 +441,43 @@ class UniqueKeys:
         return stmts
 
     def repair(
-        self, objects: Callable[[str], Iterable[tuple[int, dict[str, Any]]]], *, dry_run: bool = False
+        self,
+        objects: Callable[[str], Iterable[tuple[int, dict[str, Any]]]],
+        *,
+        holders: Holders,
+        dry_run: bool = False,
     ) -> UniqueRepairReport:
         """Make every unique key's rows match the live objects.
 
-        ``objects(type_name)`` yields every live object of the type. A row no
-        live object backs, and older than the grace period, is removed; a
-        value a live object holds with no row gets one; a row held by
-        nobody alive while one live object holds the value points at it. A
-        value several live objects hold is reported, not changed.
+        ``objects(type_name)`` yields every live object of the type. A row
+        whose owner is dead (deleted, absent, or a pending create, which is
+        abandoned first so it can never go live) goes at once, or is
+        pointed at the one live object that holds its value; a row whose
+        live owner does not hold its value is treated so once it is older
+        than the grace period (a rename may still be under way), as is a
+        row of owner 0 (an earlier version's create). A value one live
+        object holds with no row gets one. A value several live objects
+        hold is reported, not changed.
         """
         report = UniqueRepairReport()
         old_ms = _now_ms() - int(CLAIM_GRACE_S * 1000)
         for spec in self._config.unique.values():
-            holders: dict[bytes, list[int]] = {}
+            holding: dict[bytes, list[int]] = {}
             for id_, data in objects(spec.type):
-                try:
-                    c = self.claim_of(spec, data.get(spec.field))
-                except DataError:
-                    continue  # a value stored before the key was configured, that no key can hold
-                if c is not None:
-                    holders.setdefault(c.value, []).append(id_)
+                value = self.held(spec, data)
+                if value is not None:
+                    holding.setdefault(value, []).append(id_)
             rows: dict[bytes, tuple[int, int, ShardHandle]] = {}
             for value, oid, ms, h in self.rows(spec.name):
                 rows[value] = (oid, ms, h)
                 report.checked += 1
             for value, (oid, ms, h) in rows.items():
-                ids = holders.get(value, [])
-                if oid in ids or ms >= old_ms:
+                ids = holding.get(value, [])
+                if oid in ids or not self._unbacked(spec, value, oid, ms, old_ms, holders, dry_run):
                     continue
                 c = Claim(spec, value)
+                if oid != 0:
+                    report.dead_owners.append((spec.name, value.decode(errors="replace"), oid))
                 if len(ids) == 1:
                     report.repointed[spec.name] = report.repointed.get(spec.name, 0) + 1
                     if not dry_run:
@@ -376,14 +487,17 @@ class UniqueKeys:
                 elif not ids:
                     report.removed[spec.name] = report.removed.get(spec.name, 0) + 1
                     if not dry_run:
-                        self.release([c], oid)
-            for value, ids in holders.items():
+                        sql = self._stmts_for(h).for_shard(h.shard)
+                        self._write(h, sql["drop"], (spec.name, value, oid, ms))
+                        self._invalidate([c])
+            for value, ids in holding.items():
                 if len(ids) > 1:
                     report.conflicts.append((spec.name, value.decode(), sorted(ids)))
                     continue
                 if value in rows:
                     continue
                 report.added[spec.name] = report.added.get(spec.name, 0) + 1
+                report.unclaimed.append((spec.name, value.decode(errors="replace"), ids[0]))
                 if not dry_run:
                     h, sql, stmts = self._where(spec.name, value)
                     params = {"name": spec.name, "value": value, "oid": ids[0], "ms": _now_ms()}
@@ -394,3 +508,27 @@ class UniqueKeys:
                             raise
                     self._invalidate([Claim(spec, value)])
         return report
+
+    def _unbacked(
+        self,
+        spec: UniqueSpec,
+        value: bytes,
+        oid: int,
+        ms: int,
+        old_ms: int,
+        holders: Holders,
+        dry_run: bool,
+    ) -> bool:
+        """Whether the row (``oid``, ``ms``) of ``value`` backs nothing and may be fixed now."""
+        if oid == 0:
+            return ms < old_ms  # an earlier version's create: it may still be under way
+        state, data = holders.holder(spec.type, oid)
+        if state is Holder.LIVE:
+            assert data is not None
+            # Backed after all (it took the value after the scan), or a rename may still be under way.
+            return self.held(spec, data) != value and ms < old_ms
+        if state is Holder.PENDING and not dry_run:
+            # A create that died (or one under way, which then starts again): it must never go
+            # live holding a value its row no longer promises it.
+            return holders.abandon(spec.type, oid) or holders.holder(spec.type, oid)[0] is Holder.DEAD
+        return True

@@ -169,55 +169,93 @@ def test_a_rename_never_shows_the_name_free(ustore: Store) -> None:
     assert not bad, bad[:5]
 
 
+def _create_killed_after_its_claim(store: Store, name: str) -> int:
+    """What a create killed between its claim and making the object live leaves: a pending
+    object and a claim in its ID's name. The ID."""
+    ctx = store.admin_context()
+    assert ctx.unique is not None
+    spec = ctx.router.type("user")
+    new, _key = ctx.objects._insert(spec, 0, json.dumps({"username": name}), pending=True)
+    claim = ctx.unique.claim_of(UNIQUE["user_by_username"], name)
+    assert claim is not None
+    ctx.unique.claim(claim, new, holders=ctx.objects)
+    return new
+
+
 def test_repair_removes_orphans_and_adds_missing_rows(ustore: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = ustore.admin_context()
     assert ctx.unique is not None
     kept, lost = _unique_name("kept"), _unique_name("lost")
     u = ustore.create("user", {"username": kept})
     w = ustore.create("user", {"username": lost})
-    # An orphan: a claim whose create died (owner 0), and a missing row (released behind the store's back).
-    orphan = _unique_name("orphan")
-    claim = ctx.unique.claim_of(UNIQUE["user_by_username"], orphan)
+    # Orphans: a claim whose create died before the object went live, a claim of an earlier
+    # version's create (owner 0), and a missing row (released behind the store's back).
+    dead = _unique_name("dead")
+    pending = _create_killed_after_its_claim(ustore, dead)
+    assert ustore.lookup("user_by_username", dead) == pending
+    legacy = _unique_name("legacy")
+    claim = ctx.unique.claim_of(UNIQUE["user_by_username"], legacy)
     assert claim is not None
-    ctx.unique.claim(claim, 0, live_value=lambda _i: None)
+    ctx.unique.claim(claim, 0, holders=ctx.objects)
     lost_claim = ctx.unique.claim_of(UNIQUE["user_by_username"], lost)
     assert lost_claim is not None
     ctx.unique.release([lost_claim], w)
     assert ustore.lookup("user_by_username", lost) is None
-    # A young orphan may still be a create under way: left alone.
+    # The dead create's claim goes at once (its object is abandoned: it can never go live);
+    # a young owner-0 row may still be an earlier version's create under way: left alone.
     young = repair_unique(ustore, dry_run=True)
-    assert young.removed == {}
+    assert young.removed == {"user_by_username": 1}
+    assert young.dead_owners == [("user_by_username", dead, pending)]
     assert young.added == {"user_by_username": 1}
-    # Once past the grace period, it goes.
-    import store.unique as unique_module
-
-    monkeypatch.setattr(unique_module, "CLAIM_GRACE_S", -1.0)
+    assert young.unclaimed == [("user_by_username", lost, w)]
     fixed = repair_unique(ustore)
     assert fixed.removed == {"user_by_username": 1}
-    assert fixed.added == {"user_by_username": 1}
+    assert ustore.lookup("user_by_username", dead) is None
+    assert ustore.admin_context().objects.holder("user", pending)[0].value == "dead"
     assert ustore.lookup("user_by_username", lost) == w
     assert ustore.lookup("user_by_username", kept) == u
-    assert ustore.lookup("user_by_username", orphan) is None
-    again = repair_unique(ustore)
-    assert (again.removed, again.added) == ({}, {})
-
-
-def test_a_dead_claim_is_taken_over_after_the_grace_period(
-    ustore: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ctx = ustore.admin_context()
-    assert ctx.unique is not None
-    name = _unique_name("stuck")
-    claim = ctx.unique.claim_of(UNIQUE["user_by_username"], name)
-    assert claim is not None
-    ctx.unique.claim(claim, 0, live_value=lambda _i: None)  # a create that died after its claim
-    with pytest.raises(DuplicateKeyError):
-        ustore.create("user", {"username": name})
+    # Once past the grace period, the owner-0 row goes too.
     import store.unique as unique_module
 
     monkeypatch.setattr(unique_module, "CLAIM_GRACE_S", -1.0)
-    u = ustore.create("user", {"username": name})
+    later = repair_unique(ustore)
+    assert later.removed == {"user_by_username": 1}
+    assert ustore.lookup("user_by_username", legacy) is None
+    again = repair_unique(ustore)
+    assert (again.removed, again.added, again.repointed) == ({}, {}, {})
+
+
+def test_a_dead_claim_is_taken_over(ustore: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A create that died after its claim: its object may still be under way until the grace
+    # period is over; then the next claim abandons it (it can never go live) and takes the name.
+    name = _unique_name("stuck")
+    pending = _create_killed_after_its_claim(ustore, name)
+    with pytest.raises(DuplicateKeyError) as err:
+        ustore.create("user", {"username": name})
+    assert err.value.owner == pending
+    import store.unique as unique_module
+
+    with monkeypatch.context() as m:
+        m.setattr(unique_module, "CLAIM_GRACE_S", -1.0)
+        u = ustore.create("user", {"username": name})
     assert ustore.lookup("user_by_username", name) == u
+    ctx = ustore.admin_context()
+    assert ctx.objects.abandon("user", pending) is False  # abandoned already: it never goes live
+    assert ustore.get(pending) is None
+    # A deleted owner's row (a delete killed before its release) is free at once.
+    other = _unique_name("gone")
+    v = ustore.create("user", {"username": other})
+    ctx.objects.repo.delete(
+        ctx.engines.shard(ctx.router.route(v)[0], ctx.router.route(v)[3]), "users", ctx.router.route(v)[2]
+    )
+    assert ustore.lookup("user_by_username", other) == v  # the row still names it
+    w = ustore.create("user", {"username": other})
+    assert ustore.lookup("user_by_username", other) == w
+    # A live owner that holds the value never loses it, whatever the row's age.
+    with monkeypatch.context() as m:
+        m.setattr(unique_module, "CLAIM_GRACE_S", -1.0)
+        with pytest.raises(DuplicateKeyError):
+            ustore.create("user", {"username": other})
 
 
 def test_key_rows_live_on_the_shard_of_the_keys_hash() -> None:

@@ -178,4 +178,4 @@ def repair_unique(store: Store, *, dry_run: bool = False) -> UniqueRepairReport:
                 for k, text in h.read(sql, (), one=False):
                     yield (int(k) if instagram else encode_pinterest(shard, spec.id, int(k))), decode(text)
 
-    return ctx.unique.repair(objects, dry_run=dry_run)
+    return ctx.unique.repair(objects, holders=ctx.objects, dry_run=dry_run)

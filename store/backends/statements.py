@@ -79,6 +79,11 @@ class ObjectStatements(Statements):
       lock (key) FOR UPDATE: data, active, version;
     - update (data, key): the new data, one more version;
     - delete: soft, (key); remove: hard, (key); live_shared (key);
+    - insert_pending (data) [RETURNING id]: a row not live yet (active 0, version 0), for a
+      create whose unique keys are claimed in its ID's name before it goes live;
+    - activate (key): a pending row goes live at version 1 (rowcount 0: it was abandoned);
+    - abandon (key): a pending row can never go live (it reads as deleted, version 1);
+    - state (key): active, version, data of the row whatever its state;
     - `select_many` (key, ...) for n keys, labelled with a part number.
     """
 
@@ -92,6 +97,8 @@ class ObjectStatements(Statements):
         k = _p("k")
         ins = insert(t).values(data=_p("data"))
         self._add("insert", ins.returning(key) if ids == "instagram" else ins, ["data"])
+        pending = insert(t).values(data=_p("data"), active=_ZERO, version=_ZERO)
+        self._add("insert_pending", pending.returning(key) if ids == "instagram" else pending, ["data"])
         self._add("select", select(t.c.data).where(key == k, t.c.active == _ONE), ["k"])
         self._add("select_version", select(t.c.data, t.c.version).where(key == k, t.c.active == _ONE), ["k"])
         self._add("lock", select(t.c.data, t.c.active, t.c.version).where(key == k).with_for_update(), ["k"])
@@ -100,6 +107,10 @@ class ObjectStatements(Statements):
         self._add("update", bump, ["data", "k"])
         soft = update(t).where(key == k, t.c.active == _ONE).values(active=_ZERO, **touch)
         self._add("delete", soft, ["k"])
+        is_pending = (key == k, t.c.active == _ZERO, t.c.version == _ZERO)
+        self._add("activate", update(t).where(*is_pending).values(active=_ONE, version=_ONE, **touch), ["k"])
+        self._add("abandon", update(t).where(*is_pending).values(version=_ONE), ["k"])
+        self._add("state", select(t.c.active, t.c.version, t.c.data).where(key == k), ["k"])
         self._add("remove", delete(t).where(key == k), ["k"])
         # For a link: is the object live? Read in share mode, so a delete waits for the link.
         self._add("live_shared", select(t.c.active).where(key == k).with_for_update(read=True), ["k"])
