@@ -51,6 +51,8 @@ class LiveMap:
         self._next_check = 0.0
         self._last_forced = -1.0
         self._lock = threading.Lock()
+        #: Steps run again on a newer map after a routing refusal (a count, for tests and metrics).
+        self.reroutes = 0
         if self.dynamic:
             self._install(load_or_seed(self.source, config.shard_map))
 
@@ -97,6 +99,7 @@ class LiveMap:
                     self._wait_for(max(version + 1, told or 0), deadline)
                 if self._router.shard_map.version <= version:
                     raise
+                self.reroutes += 1
 
     def refresh(self, *, force: bool = False) -> bool:
         """Reload the map if the source has a newer one (``force``: ask it now); True if it changed."""

@@ -12,7 +12,10 @@ compares with the live map:
   ``store move --cleanup``, are listed, not faults;
 * every table of the config exists in every live shard;
 * relation counts agree with the rows, and inverse rows with primary rows,
-  on a sample of each relation on each shard (``full=True``: all of them).
+  on a sample of each relation on each shard (``full=True``: all of them);
+* with unique keys (config ``unique:``), every key row names a live object
+  that holds its value, and every value a live object holds has its row
+  (a writer killed between its steps leaves either; repair fixes both).
 
 Read-only: it changes nothing. The report lists problems (each with what
 to run) and notes; `CheckReport.ok` is False when any problem was found.
@@ -164,6 +167,8 @@ def check_store(
                 _consistency(ctx, report, shard, label[ident], full, sample, rng)
         if on_shard is not None:
             on_shard(shard)
+    if config.unique:
+        _unique_keys(store, report)
     for ident, shards in absent_where.items():
         for low, high in _spans(shards):
             span = f"shards {low}-{high}" if high > low else f"shard {low}"
@@ -186,6 +191,30 @@ def check_store(
         },
     )
     return report
+
+
+def _unique_keys(store: Store, report: CheckReport) -> None:
+    """Key rows that back nothing, and values held with no row (`repair_unique`'s dry run)."""
+    from store.admin.repair import repair_unique
+
+    fix = "store relations repair"
+    try:
+        found = repair_unique(store, dry_run=True)
+    except StoreError as exc:
+        report.problem("unique keys", None, "all", f"could not be checked: {exc}", "store init")
+        return
+    for name, value, owner in found.dead_owners:
+        why = f"{name} {value!r} is held by {owner}, which is not a live object holding it"
+        report.problem("unique key", None, "all", why, fix)
+    for name, value, owner in found.unclaimed:
+        why = f"object {owner} holds {value!r} with no {name} row: another object could take it"
+        report.problem("unique key", None, "all", why, fix)
+    for name, value, ids in found.conflicts:
+        why = f"{name} {value!r} is held by {len(ids)} live objects {ids}"
+        report.problem("unique key", None, "all", why, "change the value of all but one")
+    for name, n in found.removed.items():
+        if n > len([d for d in found.dead_owners if d[0] == name]):
+            report.note("unique key", None, "all", f"{name}: rows of an earlier version's creates", fix)
 
 
 def save_report(report: CheckReport, path: str | os.PathLike[str]) -> Path:

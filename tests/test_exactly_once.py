@@ -1,0 +1,213 @@
+"""Every write applied exactly once when its steps span shards and one of them meets a move.
+
+A write whose later step (a unique key's release, a delete's list sweep)
+runs on a shard that moved is refused there by the tombstone; only that
+step runs again on the new host. The tests put the object on a shard that
+stays and the key (or the other end of a pair) on one that moves, or the
+other way round, and use a process that still holds the map from before the
+move (it polls never: only a refusal makes it reload): the user's function
+is applied once, versions count each write once, deletes report the object
+as live and leave no name held.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import Store, StoreConfig
+from store.admin import init_shards
+from store.admin.move import Mover
+from store.unique import key_shard
+from tests.conftest import base_config
+from tests.servers import MariaDBServer, binlog_pair, free_port
+
+SHARDS = 16
+MOVING = range(8, 16)
+STAYING = range(0, 8)
+BHP = "board_has_pins"
+UNIQUE = {"user_by_username": {"type": "user", "field": "username"}}
+
+pytestmark = pytest.mark.moves
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    with binlog_pair(free_port(), free_port()) as servers:
+        yield servers
+
+
+def raw_config(source: MariaDBServer, target: MariaDBServer, tmp_path: Path, poll_s: float) -> dict[str, Any]:
+    return base_config(
+        shards=SHARDS,
+        hosts={"A": source.url, "B": target.url},
+        map=[{"range": [0, SHARDS - 1], "master": "A"}],
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": poll_s},
+        unique=UNIQUE,
+    )
+
+
+def name_on(shards: range, tag: str, taken: set[str]) -> str:
+    """A username whose unique-key row lives on one of ``shards``."""
+    for i in range(10_000):
+        name = f"{tag}-{i}"
+        if name not in taken and key_shard("user_by_username", name.encode(), SHARDS) in shards:
+            taken.add(name)
+            return name
+    raise AssertionError("no name hashes there")
+
+
+def move(store: Store, tmp_path: Path, low: int, high: int, to: str, tag: str) -> None:
+    mover = Mover(store, tmp_path / f"move-{tag}.json", say=lambda _m: None)
+    journal = mover.start(mover.plan(low, high, to))
+    assert journal.phase == "done"
+    mover.cleanup()
+
+
+def test_a_process_with_the_old_map_applies_each_write_once(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    source, target = pair
+    config = StoreConfig.from_dict(raw_config(source, target, tmp_path, 0.2))
+    old_map = StoreConfig.from_dict(raw_config(source, target, tmp_path, 3600))
+    init_shards(config)
+    taken: set[str] = set()
+    with Store(config) as fresh:
+        # The object stays, the key of its old name moves (its release is the refused step).
+        renamed_old = name_on(MOVING, "ren", taken)
+        renamed = fresh.create("user", {"username": renamed_old, "n": 0}, shard=2)
+        versioned_old = name_on(MOVING, "ver", taken)
+        versioned = fresh.create("user", {"username": versioned_old}, shard=3)
+        deleted_name = name_on(MOVING, "del", taken)
+        deleted = fresh.create("user", {"username": deleted_name}, shard=4)
+        # A pin that stays on a board that moves: the delete's sweep is the refused step.
+        board = fresh.create("board", {}, shard=12)
+        pin = fresh.create("pin", {}, shard=5)
+        fresh.link(BHP, board, pin)
+        # The object moves, its keys stay: its own first step is refused.
+        mover_old = name_on(STAYING, "mov", taken)
+        moving = fresh.create("user", {"username": mover_old, "n": 0}, shard=13)
+        stale = [Store(old_map) for _ in range(5)]
+        try:
+            for s in stale:  # each one routes by map version 1 from now on
+                assert s.get(renamed) is not None
+                assert s.shard_map.version == 1
+            move(fresh, tmp_path, MOVING.start, MOVING.stop - 1, "B", "out")
+            assert fresh.refresh_map(force=True) or fresh.shard_map.version == 2
+
+            calls: list[int] = []
+
+            def bump(new_name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+                def fn(old: dict[str, Any]) -> dict[str, Any]:
+                    calls.append(1)
+                    return {**old, "username": new_name, "n": old["n"] + 1}
+
+                return fn
+
+            # A one-step function update that renames: applied once, one version more.
+            renamed_new = name_on(STAYING, "ren2", taken)
+            got = stale[0].update(renamed, bump(renamed_new))
+            assert got["n"] == 1
+            assert len(calls) == 1
+            assert fresh.get_with_version(renamed) == ({"username": renamed_new, "n": 1}, 2)
+            assert fresh.lookup("user_by_username", renamed_old) is None
+            assert fresh.lookup("user_by_username", renamed_new) == renamed
+            # Compare-and-set that renames: it lands, and raises no conflict over its own write.
+            versioned_new = name_on(STAYING, "ver2", taken)
+            _data, version = stale[1].get_with_version(versioned) or ({}, 0)
+            assert stale[1].update(versioned, {"username": versioned_new}, if_version=version) == {
+                "username": versioned_new
+            }
+            assert fresh.get_with_version(versioned) == ({"username": versioned_new}, version + 1)
+            assert fresh.lookup("user_by_username", versioned_old) is None
+            # A delete of a live user is a delete of a live user, and frees its name.
+            assert stale[2].delete(deleted) is True
+            assert fresh.lookup("user_by_username", deleted_name) is None
+            assert fresh.create("user", {"username": deleted_name}) != deleted
+            # A delete of a pin whose board moved.
+            assert stale[3].delete(pin) is True
+            assert fresh.links(BHP, board) == []
+            assert fresh.count(BHP, board) == 0
+            # The object on the moved shard, its keys where they were.
+            mover_new = name_on(STAYING, "mov2", taken)
+            calls.clear()
+            assert stale[4].update(moving, bump(mover_new))["n"] == 1
+            assert len(calls) == 1
+            assert fresh.get_with_version(moving) == ({"username": mover_new, "n": 1}, 2)
+            assert fresh.lookup("user_by_username", mover_old) is None
+        finally:
+            for s in stale:
+                s.close()
+
+
+def test_counters_during_moves_count_each_acknowledged_call_once(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    """4 threads increment counters (renaming each time) while shards move back and forth."""
+    source, target = pair
+    config = StoreConfig.from_dict(raw_config(source, target, tmp_path, 0.2))
+    init_shards(config)
+    taken: set[str] = set()
+    runs = int(os.environ.get("STORE_TEST_MOVE_RUNS", "4"))
+    with Store(config) as store:
+        # Each user renames between a name whose key moves and one whose key stays; half the
+        # users move themselves.
+        users: list[tuple[int, tuple[str, str]]] = []
+        for k in range(8):
+            names = (name_on(MOVING, f"c{k}a", taken), name_on(STAYING, f"c{k}b", taken))
+            shard = 12 if k % 2 else 3
+            users.append((store.create("user", {"username": names[0], "n": 0}, shard=shard), names))
+        acked = {u: 0 for u, _n in users}
+        for run in range(runs):  # each run: writers going, one move, writers stopped, every count checked
+            errors: list[BaseException] = []
+            done = threading.Event()
+
+            def writer(
+                mine: list[tuple[int, tuple[str, str]]],
+                done: threading.Event = done,
+                errors: list[BaseException] = errors,
+            ) -> None:
+                try:
+                    while not done.is_set():
+                        for u, (a, b) in mine:
+                            store.update(
+                                u,
+                                lambda o, a=a, b=b: {
+                                    **o,
+                                    "username": b if o["username"] == a else a,
+                                    "n": o["n"] + 1,
+                                },
+                            )
+                            acked[u] += 1
+                except BaseException as exc:  # surfaced below
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=writer, args=(users[2 * w : 2 * w + 2],)) for w in range(4)]
+            for t in threads:
+                t.start()
+            try:
+                move(store, tmp_path, MOVING.start, MOVING.stop - 1, "B" if run % 2 == 0 else "A", str(run))
+            finally:
+                done.set()
+                for t in threads:
+                    t.join()
+            assert errors == [], errors
+            check(store, users, acked, run)
+        assert store.admin_context().live.reroutes > 0, "no step met a moved shard: the test proved nothing"
+
+
+def check(store: Store, users: list[tuple[int, tuple[str, str]]], acked: dict[int, int], run: int) -> None:
+    for u, (a, b) in users:
+        got = store.get_with_version(u)
+        assert got is not None
+        assert got.data["n"] == acked[u], f"run {run}, user {u}: n={got.data['n']} after {acked[u]} calls"
+        assert got.version == acked[u] + 1
+        held = got.data["username"]
+        other = b if held == a else a
+        assert store.lookup("user_by_username", held) == u
+        assert store.lookup("user_by_username", other) is None
