@@ -44,7 +44,7 @@ from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
 from store.specs import TypeSpec
 from store.steps import Steps
-from store.unique import Claim, Holder, UniqueKeys
+from store.unique import Claim, Claimed, Holder, UniqueKeys
 
 __all__ = ["ObjectRepository", "ObjectService", "Updater", "Versioned"]
 
@@ -375,6 +375,7 @@ class ObjectService:
             return self._create_claimed(unique, claims, spec, target, text)
         new, _key = self._steps("insert", lambda: self._insert(spec, target, text, pending=False))
         self._created(new, spec)
+        self._steps.mark("created")
         return new
 
     def _create_claimed(
@@ -398,6 +399,8 @@ class ObjectService:
                 raise
             if live:
                 self._created(new, spec)
+                unique.invalidate(claimed)  # a lookup that read the row while it was pending said None
+                self._steps.mark("created")
                 return new
             # Abandoned before it went live (by `store relations repair`, or a takeover after
             # a stall past the grace period): its claims are not to be trusted; start again.
@@ -555,15 +558,22 @@ class ObjectService:
         before = {c.spec.name: c for c in unique.claims(spec.name, old)}
         after = {c.spec.name: c for c in unique.claims(spec.name, new)}
         wanted = [c for name, c in after.items() if before.get(name) != c]
-        claimed: list[Claim] = []
+        # The rows of the values this write drops, as they are before it: after the commit each
+        # goes only if it is still that row (a later write of this object may renew it and
+        # hold the value again; a renewal moves the row's time on).
+        rows = {c: unique.owner_of(c) for name, c in before.items() if after.get(name) != c}
+        claimed: dict[Claim, Claimed] = {}
         claimed_at = time.monotonic()
         dropped: list[Claim] = []
+        added: list[Claim] = []
 
         def check(locked_old: dict[str, Any], locked_new: dict[str, Any]) -> None:
+            self._steps.mark("locked")
             now_before = {c.spec.name: c for c in unique.claims(spec.name, locked_old)}
             now_after = {c.spec.name: c for c in unique.claims(spec.name, locked_new)}
             needed = [c for name, c in now_after.items() if now_before.get(name) != c]
-            if any(c not in claimed for c in needed):
+            gone = [c for name, c in now_before.items() if now_after.get(name) != c]
+            if any(c not in claimed for c in needed) or any(c not in rows for c in gone):
                 raise _KeysMovedError
             if needed and time.monotonic() - claimed_at > _keys.CLAIM_GRACE_S / 2:
                 # Claimed long ago (a stall): a takeover may have passed; look before writing.
@@ -571,12 +581,13 @@ class ObjectService:
                     row = unique.owner_of(c)
                     if row is None or row[0] != id_:
                         raise _KeysMovedError
-            dropped.extend(c for name, c in now_before.items() if now_after.get(name) != c)
+            # (As of this attempt: a transaction run again after a deadlock checks again.)
+            dropped[:] = gone
+            added[:] = needed
 
         try:
             for c in wanted:
-                unique.claim(c, id_, holders=self)
-                claimed.append(c)
+                claimed[c] = unique.claim_row(c, id_, holders=self)
             result = self._steps(
                 "write",
                 lambda: self.repo.update(
@@ -592,11 +603,19 @@ class ObjectService:
                 ),
             )
         except (DataError, DuplicateKeyError, ConflictError, NotFound, _KeysMovedError):
-            # Refused before the write: the new values claimed so far go back.
-            unique.release(claimed, id_)
+            # Refused before the write: the claims this write made go back (a row that was the
+            # object's already stays: another write of it may rely on it).
+            for c, made in claimed.items():
+                if made.fresh:
+                    unique.drop(c, id_, made.ms)
             raise
         # Committed: what follows finishes, or is left for repair; it never writes the object again.
-        unique.release(dropped, id_)
+        unique.invalidate(added)  # a lookup between the claim and the commit found it not held yet
+        for c in dropped:
+            row = rows[c]
+            if row is not None and row[0] == id_:
+                unique.drop(c, id_, row[1])
+        self._steps.mark("updated")
         return result
 
     def delete(self, id: int, *, type_name: str | None) -> bool:  # noqa: A002
@@ -634,13 +653,14 @@ class ObjectService:
         if unique is not None and held:
             unique.release(held, id)  # only rows this object holds: a value another took stays
         self._relations.remove_object(spec.name, id)
+        self._steps.mark("deleted")
         return was_live
 
     def lookup(self, name: str, value: str | int) -> int | None:
         """The ID of the live object whose unique key ``name`` is ``value``, or None."""
         if self._unique is None:
             raise UnknownTypeError(f"no unique key {brief(name)}; add a unique: section to the config")
-        return self._unique.lookup(name, value)
+        return self._unique.lookup(name, value, holders=self)
 
     # -- reads -------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from sqlalchemy import MetaData, and_, bindparam, delete, insert, select, update
 
@@ -67,6 +67,7 @@ from store.steps import Steps
 
 __all__ = [
     "CLAIM_GRACE_S",
+    "Claimed",
     "Holder",
     "Holders",
     "UniqueKeys",
@@ -166,6 +167,13 @@ class UniqueRepairReport:
     dead_owners: list[tuple[str, str, int]] = field(default_factory=list)
     #: (key, value, object ID) of values a live object holds with no row.
     unclaimed: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+class Claimed(NamedTuple):
+    """A claim made: its time, and whether the row is the claim's own (see `UniqueKeys.claim_row`)."""
+
+    ms: int
+    fresh: bool
 
 
 @dataclass(frozen=True)
@@ -300,9 +308,15 @@ class UniqueKeys:
         may still come to (a create or rename under way), or an earlier
         version's create left it with owner 0.
         """
+        return self.claim_row(c, owner, holders=holders).ms
+
+    def claim_row(self, c: Claim, owner: int, *, holders: Holders) -> Claimed:
+        """`claim`, saying whether the row is this claim's own (new, or taken from another object)
+        or was ``owner``'s already (then renewed: another write of the same object may rely on
+        it, so only a compare-and-set on its time may drop it, and a refused write leaves it)."""
         return self._steps(f"claim {c.spec.name}", lambda: self._claim(c, owner, holders))
 
-    def _claim(self, c: Claim, owner: int, holders: Holders) -> int:
+    def _claim(self, c: Claim, owner: int, holders: Holders) -> Claimed:
         h, sql, stmts = self._where(c.spec.name, c.value)
         for _attempt in range(5):
             ms = _now_ms()
@@ -310,7 +324,7 @@ class UniqueKeys:
             try:
                 self._write(h, sql["claim"], stmts.args("claim", params))
                 self._invalidate([c])  # a cached "free" must not outlive the claim
-                return ms
+                return Claimed(ms, True)
             except BackendError as exc:
                 if not exc.duplicate:
                     raise
@@ -318,14 +332,17 @@ class UniqueKeys:
             if row is None:
                 continue  # released meanwhile: claim again
             holder, claimed_ms = int(row[0]), int(row[1])
-            if holder == owner or self._free(c, holder, claimed_ms, ms, holders):
+            ours = holder == owner
+            if ours or self._free(c, holder, claimed_ms, ms, holders):
                 # Ours already (a rename back to a value it kept), or free to take: either
                 # way a compare-and-set on what was read, so that a takeover decided on an
-                # older look at the holder cannot win.
+                # older look at the holder cannot win. A renewal moves the time on strictly:
+                # a drop decided on the time before it then misses.
+                ms = max(ms, claimed_ms + 1)
                 took = self._write(h, sql["take"], (owner, ms, c.spec.name, c.value, holder, claimed_ms))
                 if took:
                     self._invalidate([c])
-                    return ms
+                    return Claimed(ms, not ours)
                 continue  # changed hands meanwhile: look again
             raise DuplicateKeyError(
                 f"{c.spec.field} {c.text!r} is taken ({c.spec.name}, held by "
@@ -379,6 +396,16 @@ class UniqueKeys:
 
         return self._steps(f"check {c.spec.name}", read)
 
+    def drop(self, c: Claim, owner: int, claimed_ms: int) -> None:
+        """Give up ``c`` if its row is still ``owner``'s claim made at ``claimed_ms``: one step."""
+
+        def drop() -> None:
+            h, sql, _stmts = self._where(c.spec.name, c.value)
+            self._write(h, sql["drop"], (c.spec.name, c.value, owner, claimed_ms))
+            self._invalidate([c])
+
+        self._steps(f"release {c.spec.name}", drop)
+
     def release(self, claims: Iterable[Claim], owner: int) -> None:
         """Give up each of ``claims`` if ``owner`` holds it: one step each."""
         for c in claims:
@@ -400,28 +427,47 @@ class UniqueKeys:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def lookup(self, name: str, value: str | int) -> int | None:
-        """The ID of the live object whose unique key ``name`` is ``value``, or None."""
+    def lookup(self, name: str, value: str | int, *, holders: Holders) -> int | None:
+        """The ID of the live object whose unique key ``name`` is ``value``, or None.
+
+        The row names a candidate; on a cache miss its object is read too: the
+        answer is a live object that holds the value, or that claimed it
+        within the grace period (a rename under way holds both names for a
+        moment, never neither); never a create still pending, a deleted
+        object, or a rename that claimed the value and died long ago. A
+        value `lookup` answers for is one `create` refuses.
+        """
         spec = self._spec(name)
         found = self.claim_of(spec, value)
         if found is None:
             raise DataError(f"lookup of {name} needs a value, got None")
         raw = found.value
         if self._cache is None:
-            return self._read_owner(name, raw)
+            return self._read_owner(spec, raw, holders)
         key = self.cache_key(name, raw)
 
         def load(_missing: list[str]) -> dict[str, bytes]:
-            owner = self._read_owner(name, raw)
+            owner = self._read_owner(spec, raw, holders)
             return {} if owner is None else {key: b"%d" % owner}
 
         got = self._cache.get_many([key], load, logged=False).get(key)  # key writes are not logged
         return None if got is None else int(got)
 
-    def _read_owner(self, name: str, value: bytes) -> int | None:
-        h, sql, _stmts = self._where(name, value)
-        row = h.read(sql["get"], (name, value), one=True)
-        return None if row is None or not int(row[0]) else int(row[0])
+    def _read_owner(self, spec: UniqueSpec, value: bytes, holders: Holders) -> int | None:
+        h, sql, _stmts = self._where(spec.name, value)
+        row = h.read(sql["get"], (spec.name, value), one=True)
+        if row is None or not int(row[0]):
+            return None
+        owner, claimed_ms = int(row[0]), int(row[1])
+        state, data = holders.holder(spec.type, owner)
+        if state is not Holder.LIVE or data is None:
+            return None
+        young = claimed_ms >= _now_ms() - CLAIM_GRACE_S * 1000
+        return owner if young or self.held(spec, data) == value else None
+
+    def invalidate(self, claims: Iterable[Claim]) -> None:
+        """Drop the cached lookups of ``claims`` (after the commit that made their object hold them)."""
+        self._invalidate(claims)
 
     # -- repair ----------------------------------------------------------------------------
 

@@ -192,7 +192,10 @@ def test_repair_removes_orphans_and_adds_missing_rows(ustore: Store, monkeypatch
     # version's create (owner 0), and a missing row (released behind the store's back).
     dead = _unique_name("dead")
     pending = _create_killed_after_its_claim(ustore, dead)
-    assert ustore.lookup("user_by_username", dead) == pending
+    dead_claim = ctx.unique.claim_of(UNIQUE["user_by_username"], dead)
+    assert dead_claim is not None
+    assert ctx.unique.owner_of(dead_claim) is not None  # its row names it,
+    assert ustore.lookup("user_by_username", dead) is None  # but a pending object holds nothing
     legacy = _unique_name("legacy")
     claim = ctx.unique.claim_of(UNIQUE["user_by_username"], legacy)
     assert claim is not None
@@ -248,7 +251,10 @@ def test_a_dead_claim_is_taken_over(ustore: Store, monkeypatch: pytest.MonkeyPat
     ctx.objects.repo.delete(
         ctx.engines.shard(ctx.router.route(v)[0], ctx.router.route(v)[3]), "users", ctx.router.route(v)[2]
     )
-    assert ustore.lookup("user_by_username", other) == v  # the row still names it
+    other_claim = ctx.unique.claim_of(UNIQUE["user_by_username"], other)
+    assert other_claim is not None
+    assert (ctx.unique.owner_of(other_claim) or (0, 0))[0] == v  # the row still names it,
+    assert ustore.lookup("user_by_username", other) is None  # but a deleted user holds nothing
     w = ustore.create("user", {"username": other})
     assert ustore.lookup("user_by_username", other) == w
     # A live owner that holds the value never loses it, whatever the row's age.
