@@ -1,0 +1,195 @@
+"""A small stateless model checker: writes paused at their named steps, every order of their releases.
+
+Each write runs in a thread that pauses where the code under test calls a
+step hook (the pair protocol's `PairWriter.step`, the plans' `Steps.hook`);
+a scheduler releases one paused thread at a time, and `explore` tries every
+order of releases, depth first, replaying a prefix of choices from a fresh
+state each time. A thread that does not reach its next step within `BLOCK_S`
+is waiting on a database lock: it is left blocked, and the others go on.
+
+The checks after each schedule belong to the test modules that use this
+(`test_pair_interleavings`, `test_unique_interleavings`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["BLOCK_S", "Hook", "Schedule", "Scheduler", "explore", "run_schedule"]
+
+#: How long a released thread may take to reach its next step before it counts as blocked on a lock.
+BLOCK_S = 0.12
+
+#: What the code under test calls before each step, with the step's name.
+Hook = Callable[[str], None]
+
+
+@dataclass
+class Schedule:
+    """One run: the choices made, the options at each choice, what happened, in order."""
+
+    taken: list[int] = field(default_factory=list)
+    options: list[list[int]] = field(default_factory=list)
+    #: The writes' indexes in the order they returned.
+    returned: list[int] = field(default_factory=list)
+    #: ("step", write, step name) at each release, ("return", write, "") as each write returned.
+    events: list[tuple[str, int, str]] = field(default_factory=list)
+    #: What each write returned, or the exception it raised.
+    outcomes: list[object] = field(default_factory=list)
+
+    def steps(self, labels: Sequence[str] | None = None) -> str:
+        """The schedule as text: "write:step" at each release, "write returned" as each returned."""
+        out = []
+        for kind, i, name in self.events:
+            who = labels[i] if labels is not None else str(i)
+            out.append(f"{who}:{name}" if kind == "step" else f"{who} returned")
+        return ", ".join(out)
+
+
+class Scheduler:
+    """Pauses each write thread at the protocol's steps; releases one at a time."""
+
+    def __init__(self, n: int) -> None:
+        self.cond = threading.Condition()
+        self.state = ["running"] * n  # running -> paused <-> running -> done
+        # From now: a thread still on its way to its first step is running, not blocked.
+        self.changed = [time.monotonic()] * n
+        self.at = [""] * n  # the step each paused thread waits to run
+        self.go = [threading.Event() for _ in range(n)]
+        self.local = threading.local()
+        self.returned: list[int] = []
+        self.events: list[tuple[str, int, str]] = []
+        self.outcomes: list[object] = [None] * n
+        self.errors: list[BaseException] = []
+
+    def hook(self, step: str) -> None:
+        i = getattr(self.local, "index", None)
+        if i is None:  # a write outside the scheduled threads (setup): runs freely
+            return
+        with self.cond:
+            self.state[i] = "paused"
+            self.at[i] = step
+            self.changed[i] = time.monotonic()
+            self.cond.notify_all()
+        self.go[i].wait(30)
+        self.go[i].clear()
+
+    def run_thread(self, i: int, call: Callable[[], object]) -> None:
+        self.local.index = i
+        try:
+            self.outcomes[i] = call()
+        except BaseException as exc:  # surfaced by the test
+            self.outcomes[i] = exc
+            self.errors.append(exc)
+        with self.cond:
+            self.state[i] = "done"
+            self.returned.append(i)
+            self.events.append(("return", i, ""))
+            self.changed[i] = time.monotonic()
+            self.cond.notify_all()
+
+    def settle(self) -> None:
+        """Wait until no thread runs, counting as blocked those that made no step for `BLOCK_S`."""
+        with self.cond:
+            while True:
+                now = time.monotonic()
+                running = [i for i, s in enumerate(self.state) if s == "running"]
+                if all(now - self.changed[i] >= BLOCK_S for i in running):
+                    return
+                self.cond.wait(BLOCK_S / 4)
+
+    def release(self, i: int) -> None:
+        with self.cond:
+            self.state[i] = "running"
+            self.changed[i] = time.monotonic()
+            self.events.append(("step", i, self.at[i]))
+        self.go[i].set()
+
+    def paused(self) -> list[int]:
+        with self.cond:
+            return [i for i, s in enumerate(self.state) if s == "paused"]
+
+    def all_done(self) -> bool:
+        with self.cond:
+            return all(s == "done" for s in self.state)
+
+
+def run_schedule(
+    install: Callable[[Hook | None], None],
+    calls: Sequence[Callable[[], object]],
+    choices: list[int],
+    *,
+    quiet: frozenset[str] = frozenset(),
+) -> Schedule:
+    """Run ``calls`` at once, one step at a time: ``choices`` first, then the first runnable write.
+
+    ``install(hook)`` makes the code under test call ``hook`` before each
+    step (``install(None)`` undoes it). Steps named in ``quiet`` run
+    without a pause: steps that touch nothing another write of the schedule
+    reads or writes, whose order relative to the others' steps cannot
+    change any result.
+    """
+    sched = Scheduler(len(calls))
+    out = Schedule()
+
+    def hook(step: str) -> None:
+        if step not in quiet:
+            sched.hook(step)
+
+    install(hook)
+    try:
+        threads = [threading.Thread(target=sched.run_thread, args=(i, c)) for i, c in enumerate(calls)]
+        for t in threads:
+            t.start()
+        sched.settle()
+        deadline = time.monotonic() + 60
+        while not sched.all_done():
+            assert time.monotonic() < deadline, "the writes did not finish: a lock cycle?"
+            runnable = sched.paused()
+            if not runnable:  # every thread waits on a lock held by... nobody paused: wait
+                sched.settle()
+                time.sleep(BLOCK_S / 4)
+                continue
+            k = len(out.taken)
+            pick = choices[k] if k < len(choices) and choices[k] in runnable else runnable[0]
+            out.options.append(runnable)
+            out.taken.append(pick)
+            sched.release(pick)
+            sched.settle()
+        for t in threads:
+            t.join(30)
+        out.returned = list(sched.returned)
+        out.events = list(sched.events)
+        out.outcomes = list(sched.outcomes)
+    finally:
+        install(None)
+    return out
+
+
+def explore(run: Callable[[list[int]], tuple[Schedule, Callable[[], None]]]) -> int:
+    """Run every schedule; the number of schedules run.
+
+    ``run(prefix)`` sets up a fresh state, runs the writes with the choices
+    ``prefix`` first (`run_schedule`), and returns the schedule with the
+    check of its outcome, called once per distinct schedule.
+    """
+    todo: list[list[int]] = [[]]
+    seen: set[tuple[int, ...]] = set()
+    runs = 0
+    while todo:
+        prefix = todo.pop()
+        schedule, check = run(prefix)
+        runs += 1
+        key = tuple(schedule.taken)
+        if key in seen:
+            continue
+        seen.add(key)
+        check()
+        for k in range(len(prefix), len(schedule.taken)):
+            for alt in schedule.options[k]:
+                if alt != schedule.taken[k]:
+                    todo.append([*schedule.taken[:k], alt])
+    return runs
