@@ -387,14 +387,15 @@ class UniqueKeys:
         return None if c is None else c.value
 
     def owner_of(self, c: Claim) -> tuple[int, int] | None:
-        """(owner, claimed time) of ``c``'s row, read from its master; None if there is none."""
+        """(owner, claimed time) of ``c``'s row, read from its master; None if there is none. One
+        step, "read row"."""
 
         def read() -> tuple[int, int] | None:
             h, sql, _stmts = self._where(c.spec.name, c.value)
             row = h.read(sql["get"], (c.spec.name, c.value), one=True)
             return None if row is None else (int(row[0]), int(row[1]))
 
-        return self._steps(f"check {c.spec.name}", read)
+        return self._steps("read row", read)
 
     def drop(self, c: Claim, owner: int, claimed_ms: int) -> None:
         """Give up ``c`` if its row is still ``owner``'s claim made at ``claimed_ms``: one step."""
