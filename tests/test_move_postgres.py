@@ -54,12 +54,15 @@ def sql(port: int, query: str, params: Any = None) -> list[tuple[Any, ...]]:
 
 
 @contextmanager
-def clusters(target_wal_level: str = "logical") -> Iterator[None]:
-    """Two PostgreSQL clusters with a database ``store`` each (the source logical), removed afterwards."""
+def clusters(
+    target_wal_level: str = "logical", ports: tuple[int, int] = (SOURCE_PORT, TARGET_PORT)
+) -> Iterator[tuple[int, int]]:
+    """Two PostgreSQL clusters on ``ports`` with a database ``store`` each (the source logical), removed
+    afterwards; yields their ports."""
     files = TLSFiles()
     servers: list[PostgresServer] = []
     try:
-        for port, level in ((SOURCE_PORT, "logical"), (TARGET_PORT, target_wal_level)):
+        for port, level in ((ports[0], "logical"), (ports[1], target_wal_level)):
             servers.append(PostgresServer(port, files, wal_level=level))
             deadline = time.monotonic() + 30
             while True:  # the port opens before the server takes connections
@@ -74,7 +77,7 @@ def clusters(target_wal_level: str = "logical") -> Iterator[None]:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
-        yield
+        yield ports
     finally:
         for server in servers:
             server.remove()
