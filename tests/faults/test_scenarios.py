@@ -632,6 +632,7 @@ def test_a_ticket_server_killed_and_restarted_under_load(fault_report: Any) -> N
         skipped.append((max(mine) - min(mine)) // 2 + 1 - len(mine))
     unknown = [s.unknown for s in stats]
     assert skipped[0] == 0, "server 1 stayed up and skipped an ID"
+    assert calls["failed"] == 0, "a call failed while server 1 was up"
     assert stats[1].served > 0
     result = ScenarioResult(
         "ticket pair, 8 threads, server 2 SIGKILLed and restarted",
