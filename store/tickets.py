@@ -35,7 +35,9 @@ No ID is handed out twice: the counter is an InnoDB row, so it survives a
 restart of the server; that needs the durable setting
 ``innodb_flush_log_at_trx_commit = 1`` (with 0 or 2 an operating system crash
 can lose the last commits and the counter would go back). Never delete or
-lower a row of ``tickets.ticket_ids``: it is the counter.
+lower a row of ``tickets.ticket_ids``: it is the counter. (``store tickets
+init`` will not start a deleted row again: ``tickets.ticket_switches``
+records each row it made.)
 
 The place of a server is fixed by ``store tickets init`` (`TicketAllocator.init`):
 it records N and i in ``tickets.ticket_server`` on that server, starts each
@@ -97,6 +99,9 @@ __all__ = ["ServerStats", "TicketAllocator", "TicketError", "TicketsConfig"]
 TICKETS_DATABASE = "tickets"
 #: The table of counter rows: one per counter on each server.
 IDS_TABLE = "ticket_ids"
+# When each counter's row was made, and its first ID: a row missing where
+# this says one was made was deleted by hand, and init must not start it again.
+_SWITCHES_TABLE = "ticket_switches"
 # DDL can take seconds on a busy server; `store tickets init` is run by hand,
 # so it waits longer than an ID request does.
 INIT_TIMEOUT_S = 30.0
@@ -328,7 +333,10 @@ class TicketAllocator:
             cur.execute(f"SET SESSION lock_wait_timeout = {INIT_LOCK_WAIT_S}")
             self._set_up_locked(cur, server, n, offset)
         finally:
-            cur.execute("DO RELEASE_LOCK(%s)", (_INIT_LOCK,))
+            # Closing the connection releases it too: a failure here must not
+            # hide the one that brought us here.
+            with suppress(server.driver_error, OSError):
+                cur.execute("DO RELEASE_LOCK(%s)", (_INIT_LOCK,))
 
     def _set_up_locked(self, cur: Any, server: _Server, n: int, offset: int) -> None:
         cur.execute(f"CREATE DATABASE IF NOT EXISTS `{TICKETS_DATABASE}`")
@@ -353,6 +361,11 @@ class TicketAllocator:
         cur.execute(
             f"CREATE TABLE IF NOT EXISTS `{TICKETS_DATABASE}`.`{IDS_TABLE}` ("
             "`counter` VARCHAR(64) NOT NULL PRIMARY KEY, `next_id` BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+        )
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS `{TICKETS_DATABASE}`.`{_SWITCHES_TABLE}` ("
+            "`counter` VARCHAR(64) NOT NULL PRIMARY KEY, `first_id` BIGINT UNSIGNED NOT NULL, "
+            "`switched_at` TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP) ENGINE=InnoDB"
         )
         for counter in self.config.counters:
             cur.execute(
@@ -410,18 +423,27 @@ class TicketAllocator:
             # later REPLACE meets the view (error 1471), so no old client can
             # take an ID after the AUTO_INCREMENT read below.
             cur.execute(f"RENAME TABLE `{db}`.`{old}` TO `{db}`.`{kept}`, `{db}`.`{view}` TO `{db}`.`{old}`")
+            kinds[kept] = "BASE TABLE"
         elif kinds.get(old) != "VIEW":
             raise TicketError(
-                f"ticket {server.label}: {db}.{old} is a {kinds.get(old)}, not a table or a view"
+                f"ticket {server.label}: {db}.{old} is a {kinds.get(old)}, not the REPLACE table of "
+                f"{counter!r} nor the view that replaces it: rename it away, then run `store tickets init` "
+                "again"
             )
-        elif kept not in kinds:
-            cur.execute(_ROW_SQL, (counter,))
-            if cur.fetchone() is None:
+        cur.execute(_ROW_SQL, (counter,))
+        if cur.fetchone() is None:
+            cur.execute(
+                f"SELECT `switched_at` FROM `{db}`.`{_SWITCHES_TABLE}` WHERE `counter` = %s", (counter,)
+            )
+            switched = cur.fetchone()
+            if switched is not None or kept not in kinds:
+                since = "" if switched is None else f", made {switched[0]} and deleted since"
                 raise TicketError(
-                    f"ticket {server.label} has no {db}.{IDS_TABLE} row for {counter!r} and no {db}.{kept} "
-                    f"to start one from: the highest ID it handed out is unknown; insert the row by hand, "
-                    f"next_id above every ID of {counter!r} and equal to {offset} modulo {n}"
+                    f"ticket {server.label} has no {db}.{IDS_TABLE} row for {counter!r}{since}: the highest "
+                    f"ID it handed out is unknown, so init will not start the counter again; insert the row "
+                    f"by hand, next_id above every ID of {counter!r} and equal to {offset} modulo {n}"
                 )
+        if kept not in kinds:
             return
         # The table no longer changes: every ID it handed out is below its
         # AUTO_INCREMENT counter (rolled-back REPLACEs moved it on too) and
@@ -435,11 +457,18 @@ class TicketAllocator:
         cur.execute(f"SELECT COALESCE(MAX(`id`), 0) FROM `{db}`.`{kept}`")
         first = _first_above(max(int(auto_increment) - 1, int(cur.fetchone()[0])), offset, n)
         # GREATEST: a row already there has moved on from its start; never back.
+        # The record of the switch commits with the row, or neither does.
+        cur.execute("START TRANSACTION")
         cur.execute(
             f"INSERT INTO `{db}`.`{IDS_TABLE}` (`counter`, `next_id`) VALUES (%s, %s) "
             "ON DUPLICATE KEY UPDATE `next_id` = GREATEST(`next_id`, VALUES(`next_id`))",
             (counter, first),
         )
+        cur.execute(
+            f"INSERT IGNORE INTO `{db}`.`{_SWITCHES_TABLE}` (`counter`, `first_id`) VALUES (%s, %s)",
+            (counter, first),
+        )
+        cur.execute("COMMIT")
 
     def _table_kinds(self, cur: Any, names: tuple[str, ...]) -> dict[str, str]:
         """TABLE_TYPE ('BASE TABLE', 'VIEW', ...) of those of ``names`` that exist in the tickets database."""

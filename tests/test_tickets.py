@@ -27,7 +27,7 @@ from tests.servers import MariaDBServer
 PORTS = (3317, 3318)
 FRESH_PORT = 3319  # a server that `store tickets init` never saw
 UPGRADE_PORTS = (3320, 3321)  # a pair set up the way the REPLACE version did it
-COUNTERS = ["photos", "accounts", "groups", "split", "contended", "deadlocked"]
+COUNTERS = ["photos", "accounts", "groups", "split", "contended", "deadlocked", "vanished"]
 
 
 @pytest.fixture(scope="module")
@@ -468,6 +468,37 @@ def ticket_rows(server: MariaDBServer) -> dict[str, int]:
         return {str(c): int(v) for c, v in cur.fetchall()}
     finally:
         conn.close()
+
+
+def test_a_counter_row_deleted_by_hand_is_not_started_again(servers: list[MariaDBServer]) -> None:
+    s1, _s2 = running(servers)
+    alloc = allocator(servers)
+    alloc.init()
+    taken = alloc.next_many("vanished", 6)
+    conn = root(s1)
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT next_id FROM tickets.ticket_ids WHERE counter = 'vanished'")
+        (next_id,) = cur.fetchone()
+        cur.execute("DELETE FROM tickets.ticket_ids WHERE counter = 'vanished'")
+        with pytest.raises(TicketError, match=r"no tickets\.ticket_ids row for 'vanished' any more"):
+            alloc.next("vanished")  # server 1's turn
+        # init would start it at 1 again: it refuses, and says what to do.
+        with pytest.raises(
+            TicketError,
+            match=r"server 1 .* no tickets\.ticket_ids row for 'vanished', made .* and deleted since: "
+            r"the highest ID it handed out is unknown, so init will not start the counter again; insert "
+            r"the row by hand, next_id above every ID of 'vanished' and equal to 1 modulo 2",
+        ):
+            allocator(servers).init()
+        cur.execute("INSERT INTO tickets.ticket_ids VALUES ('vanished', %s)", (next_id,))
+    finally:
+        conn.close()
+    alloc.init()
+    more = alloc.next_many("vanished", 4)
+    assert not set(more) & set(taken)
+    assert sorted(i for i in more if i % 2) == [next_id, next_id + 2]
+    alloc.close()
 
 
 def test_a_server_never_initialised_says_to_run_init() -> None:
