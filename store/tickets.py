@@ -25,9 +25,9 @@ When an ID is skipped, and only then:
   skipped at most one ticket (one ID, or one block of B).
 - a block not used up: with ``block = B`` the IDs left in a block when the
   process ends are never handed out.
-- the switch from REPLACE (below): the server's first ID after it is its
-  first above the old table's AUTO_INCREMENT counter, which rolled-back
-  REPLACEs had moved past IDs no one got.
+- the switch from REPLACE (below), once: the server's first ID after it is
+  its first above the old table's AUTO_INCREMENT counter, so the values that
+  rolled-back REPLACEs used at the end of the old table are skipped.
 - a counter still on the REPLACE path (`store tickets init` not yet run by
   this version): as before, a deadlock's retry skips an ID.
 
