@@ -1028,7 +1028,7 @@ def _ticket_allocator(path: Path | None) -> Any:
 @tickets.command("init")
 @_config_option
 def tickets_init(config_path: Path | None) -> None:
-    """Create the tickets database, one table per counter, and record each server's place on it."""
+    """Set up the tickets database: each server's place, a counter row per counter; switch REPLACE tables."""
     allocator = _ticket_allocator(config_path)
     try:
         allocator.init()

@@ -423,7 +423,7 @@ def format_results(results: list[BenchResult]) -> str:
     tickets = [r for r in results if r.case.startswith("ticket")]
     if tickets:
         rates = ", ".join(f"{r.case} {1e6 / r.store_mean_us:,.0f}" for r in tickets)
-        lines.append(f"tickets/s, one thread: {rates}; raw REPLACE {1e6 / tickets[0].raw_mean_us:,.0f}")
+        lines.append(f"tickets/s, one thread: {rates}; raw UPDATE {1e6 / tickets[0].raw_mean_us:,.0f}")
     by_case = {r.case: r for r in results}
     if "page 1" in by_case and "page 200 cursor" in by_case:
         depth = by_case["page 200 cursor"].store_median_us / by_case["page 1"].store_median_us
