@@ -356,11 +356,9 @@ def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) 
 def test_the_int_binding_cursor_sends_what_pymysql_would(mariadb_ready: StoreConfig, args: Any) -> None:
     """The store's PyMySQL cursor binds ints itself: the statement text is the driver's, byte for byte,
     for every type, and a wrong number of parameters is the driver's error."""
-    from store.backends.mysql import _pymysql_cursor_class
+    from store.backends.pymysql_fast import cursor_class
 
-    conn = pymysql.connect(
-        host="127.0.0.1", port=3306, user="root", cursorclass=_pymysql_cursor_class(pymysql)
-    )
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", cursorclass=cursor_class(pymysql))
     try:
         ours, theirs = conn.cursor(), pymysql.cursors.Cursor(conn)
         query = "SELECT " + ", ".join(["%s"] * len(args)) + " -- 5%% of it"
@@ -378,7 +376,7 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
     ids as PyMySQL's own reading (large ids in 8-byte length encoding too), an error in the middle
     raised as the driver raises it with the connection usable after, and a statement that returns
     rows refused with its connection closed."""
-    from store.backends.mysql import _pymysql_cursor_class
+    from store.backends.pymysql_fast import cursor_class
 
     def connect() -> Any:
         return pymysql.connect(
@@ -387,7 +385,7 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
             user="root",
             autocommit=True,
             client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS,
-            cursorclass=_pymysql_cursor_class(pymysql),
+            cursorclass=cursor_class(pymysql),
         )
 
     conn = connect()
