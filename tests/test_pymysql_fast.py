@@ -4,6 +4,8 @@ canary for a new release), and a driver that lacks one still writes, through the
 from __future__ import annotations
 
 import logging
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import pymysql
@@ -22,6 +24,7 @@ from store.backends.pymysql_fast import (
 )
 from tests.conftest import require_port
 
+ROOT = Path(__file__).resolve().parent.parent
 LOGGER = "store.backends.pymysql_fast"
 
 
@@ -43,6 +46,15 @@ def test_the_installed_pymysql_has_every_internal_the_shortcuts_use() -> None:
         f"PyMySQL {pymysql_version(pymysql)} differs from what store.backends.pymysql_fast was tested "
         f"with (pymysql{TESTED_PYMYSQL}): " + "; ".join(gaps) + ". Adapt the fast path to this "
         "release (or leave it to the fallback), then widen the pin in pyproject.toml and TESTED_PYMYSQL."
+    )
+
+
+def test_the_pin_is_the_tested_range_and_the_installed_driver_is_in_it() -> None:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"pymysql{TESTED_PYMYSQL}" in deps
+    low, high = (tuple(int(n) for n in bound.lstrip("<>=").split(".")) for bound in TESTED_PYMYSQL.split(","))
+    assert low <= tuple(pymysql.VERSION[:3]) < high, (
+        f"PyMySQL {pymysql_version(pymysql)} is not {TESTED_PYMYSQL}"
     )
 
 
