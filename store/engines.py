@@ -445,8 +445,15 @@ class ShardHandle:
         return self.backend.table(self.shard, table)
 
     def read(self, sql: str, params: Sequence[Any], *, one: bool) -> Any:
-        """Run a read: one row (``one``) or all rows. Retried once on a new connection if it was lost."""
+        """Run a read: one row (``one``) or all rows.
+
+        A connection lost during the read is retried once on a new one: an idle pooled
+        connection may have died unseen (a server restart, ``wait_timeout``). A connection
+        that could not be opened is not: the host is unreachable, and a second connect would
+        only double the wait to two ``connect_timeout_s``.
+        """
         for attempt in (1, 2):
+            conn: DBAPIConnection | None = None  # stays None if no connection could be had
             try:
                 with self.connect() as conn:
                     cur = conn.cursor()
@@ -455,7 +462,7 @@ class ShardHandle:
                     cur.close()
                 return rows
             except ConnectionLostError:
-                if attempt == 2:
+                if conn is None or attempt == 2:
                     raise
         raise AssertionError("unreachable")
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pymysql
@@ -175,6 +178,48 @@ def test_unreachable_host_is_a_connection_error() -> None:
         store.create("pin", {"a": 1})
 
 
+def test_a_read_from_an_unreachable_host_fails_after_one_connect_timeout() -> None:
+    """A connection that cannot be opened is not tried again (only a pooled one found dead is):
+    the read fails after one ``connect_timeout_s``, not two."""
+    timeout_s = 1.0
+    with _host_that_never_answers() as port:
+        raw = mariadb_config()
+        raw["hosts"] = {name: f"mysql+pymysql://root@127.0.0.1:{port}" for name in ("MySQL001A", "MySQL002A")}
+        raw["connect_timeout_s"] = timeout_s
+        with Store.from_config(raw) as store:
+            pin = encode_pinterest(0, 1, 1)
+            for call in (lambda: store.get(pin), lambda: store.get_many([pin])):
+                started = time.monotonic()
+                with pytest.raises(ConnectionLostError, match="on host MySQL001A"):
+                    call()
+                took = time.monotonic() - started
+                assert 0.8 * timeout_s < took < 1.6 * timeout_s, f"the read took {took:.2f} s"
+
+
+@contextmanager
+def _host_that_never_answers() -> Iterator[int]:
+    """The port of a listener whose accept queue is full: the kernel drops every new SYN, so a
+    connect waits out its whole timeout, as to a host that is down or cut off."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers: list[socket.socket] = []
+    try:
+        for _ in range(8):
+            try:
+                fillers.append(socket.create_connection(("127.0.0.1", port), timeout=0.3))
+            except TimeoutError:
+                break  # the queue is full: from here on a connect hears nothing
+        else:
+            pytest.fail("the listener's accept queue never filled")
+        yield port
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+
+
 def _plan_with_rows(
     table: str, rows: list[tuple[int, int, int]], sql: str, params: tuple[Any, ...]
 ) -> list[Any]:
@@ -311,11 +356,9 @@ def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) 
 def test_the_int_binding_cursor_sends_what_pymysql_would(mariadb_ready: StoreConfig, args: Any) -> None:
     """The store's PyMySQL cursor binds ints itself: the statement text is the driver's, byte for byte,
     for every type, and a wrong number of parameters is the driver's error."""
-    from store.backends.mysql import _pymysql_cursor_class
+    from store.backends.pymysql_fast import cursor_class
 
-    conn = pymysql.connect(
-        host="127.0.0.1", port=3306, user="root", cursorclass=_pymysql_cursor_class(pymysql)
-    )
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", cursorclass=cursor_class(pymysql))
     try:
         ours, theirs = conn.cursor(), pymysql.cursors.Cursor(conn)
         query = "SELECT " + ", ".join(["%s"] * len(args)) + " -- 5%% of it"
@@ -333,7 +376,7 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
     ids as PyMySQL's own reading (large ids in 8-byte length encoding too), an error in the middle
     raised as the driver raises it with the connection usable after, and a statement that returns
     rows refused with its connection closed."""
-    from store.backends.mysql import _pymysql_cursor_class
+    from store.backends.pymysql_fast import cursor_class
 
     def connect() -> Any:
         return pymysql.connect(
@@ -342,7 +385,7 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
             user="root",
             autocommit=True,
             client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS,
-            cursorclass=_pymysql_cursor_class(pymysql),
+            cursorclass=cursor_class(pymysql),
         )
 
     conn = connect()

@@ -1,6 +1,8 @@
 """MariaDB / MySQL: every shard is a database (``db00042``) on its host; all of them share a pool.
 
-Drivers: PyMySQL (``mysql+pymysql://``) or mysqlclient (``mysql+mysqldb://``).
+Drivers: PyMySQL (``mysql+pymysql://``, through the store's own cursor and
+connection classes: `store.backends.pymysql_fast`) or mysqlclient
+(``mysql+mysqldb://``).
 This module also owns what only MariaDB does here: Instagram IDs from a
 counter row and a trigger, the tombstone a moved shard leaves behind, and
 the named locks that keep admin commands from stepping on a move.
@@ -14,7 +16,6 @@ import os
 import re
 import ssl
 import subprocess
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -25,7 +26,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.engine import URL, Dialect
 
-from store.backends import Backend, ErrorKind
+from store.backends import Backend, ErrorKind, pymysql_fast
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
 from store.naming import (
@@ -396,6 +397,9 @@ def mysql_connector(
     mysqlclient (MariaDB Connector/C) does so only with ``ssl_verify_identity``;
     otherwise it may log in unencrypted and the connection is closed at once,
     before any statement: the login exchange may have crossed in the clear.
+    PyMySQL connections get the store's cursor and connection classes
+    (`store.backends.pymysql_fast`), or the driver's own where its internals
+    are not what those classes were tested with.
     `ConfigError` if the URL's driver is not installed or its query is wrong.
     """
     driver, module = _mysql_driver(url)
@@ -427,7 +431,7 @@ def mysql_connector(
         kwargs["multi_statements"] = multi_statements
         kwargs["local_infile"] = 0
     else:
-        kwargs["cursorclass"] = _pymysql_cursor_class(module)
+        kwargs["cursorclass"] = pymysql_fast.cursor_class(module)
         if multi_statements:
             from pymysql.constants import CLIENT
 
@@ -443,7 +447,9 @@ def mysql_connector(
         elif tls.disabled:
             conn = module.connect(**kwargs, ssl_disabled=True)
         else:
-            conn = _pymysql_preferred_class(module)(**kwargs)
+            conn = pymysql_fast.connection_class(module)(**kwargs)
+        if driver == "pymysql":
+            pymysql_fast.adopt(conn, module)
         if setup is not None:
             try:
                 cur = conn.cursor()
@@ -468,140 +474,6 @@ def _load_tls_files(tls: MySQLTLS) -> None:
             raise ConfigError(
                 f"URL parameter(s) {', '.join(names)}: the files cannot be loaded ({exc})"
             ) from None
-
-
-_PREFERRED: dict[str, Any] = {}
-_PREFERRED_LOCK = threading.Lock()
-
-
-def _pymysql_preferred_class(module: Any) -> Any:
-    """PyMySQL's connection class, sharing one TLS context among the connections made with no TLS
-    parameter.
-
-    With none, PyMySQL (1.2) tries TLS if the server offers it, without
-    checking the certificate, and builds a new context for that on every
-    connection: loading the system's CA store cost 16-23 ms of CPU each
-    time. The context is the same every time (no files), so one serves all.
-    """
-    with _PREFERRED_LOCK:
-        cls = _PREFERRED.get("class")
-        if cls is None:
-            base = module.connections.Connection
-
-            class PreferredTLSConnection(base):  # type: ignore[misc, valid-type]
-                def _create_ssl_ctx(self, sslp: Any) -> Any:
-                    if isinstance(sslp, dict) and not sslp:
-                        with _PREFERRED_LOCK:
-                            ctx = _PREFERRED.get("context")
-                            if ctx is None:
-                                ctx = _PREFERRED["context"] = super()._create_ssl_ctx(sslp)
-                        return ctx
-                    return super()._create_ssl_ctx(sslp)
-
-            cls = _PREFERRED["class"] = PreferredTLSConnection
-    return cls
-
-
-def _pymysql_cursor_class(module: Any) -> Any:
-    """PyMySQL's cursor, binding a statement's int parameters with ``str()`` itself.
-
-    PyMySQL escapes each parameter through four calls (escape, escape_item,
-    the encoder table, escape_int) that end in ``str(value)``; the store's
-    statements carry mostly IDs (an IN list of 50 on a page's object read),
-    so the same text, built with one call per int, costs a third of the
-    client CPU to bind. Other types (and bools) go through the driver's own
-    escaping, and named parameters through its own path.
-    """
-    with _PREFERRED_LOCK:
-        cls = _PREFERRED.get("cursor")
-        if cls is None:
-            base = module.cursors.Cursor
-            error = module.err.ProgrammingError
-
-            packet = module.protocol.MysqlPacket
-            query_command = module.constants.COMMAND.COM_QUERY
-
-            class IntBindingCursor(base):  # type: ignore[misc, valid-type]
-                def _bind(self, query: Any, args: Any) -> Any:
-                    escape = self.connection.escape
-                    try:
-                        return query % tuple([str(a) if type(a) is int else escape(a) for a in args])
-                    except TypeError as exc:
-                        raise error(str(exc)) from None
-
-                def execute(self, query: Any, args: Any = None) -> Any:
-                    if type(args) is tuple or type(args) is list:
-                        query = self._bind(query, args)
-                        args = None
-                    return super().execute(query, args)
-
-                def execute_oks(self, query: str, args: Any = None) -> list[tuple[int, int]]:
-                    """Run statements that answer with no rows, in one request; (affected rows,
-                    insert id) of each (see `_read_oks`)."""
-                    if args:
-                        query = self._bind(query, args)
-                    conn = self._get_db()
-                    self._clear_result()
-                    conn._execute_command(query_command, query)
-                    out = _read_oks(conn, packet)
-                    self.rowcount, self.lastrowid = out[-1]
-                    return out
-
-            cls = _PREFERRED["cursor"] = IntBindingCursor
-    return cls
-
-
-#: The OK packet's status flag: another statement's result follows.
-_MORE_RESULTS = 8
-
-
-def _read_oks(conn: Any, packet: Any) -> list[tuple[int, int]]:
-    """The OK packets of a request of statements that return no rows, read straight off
-    PyMySQL's socket: (affected rows, insert id) of each.
-
-    PyMySQL reads each statement's result through a result object, a packet
-    object and a wrapper (some 30 calls, 25-30 us of CPU); a pair write sends
-    four to nine statements a request and reads only these two numbers of
-    each. An error packet is raised as PyMySQL raises it (the statements
-    after a failed one do not run, and nothing follows it); a packet that is
-    not an OK (a statement that returned rows) closes the connection and
-    raises, since the rest of its answer cannot be read here.
-    """
-    if conn._current_timeout != conn._read_timeout:
-        conn._sock.settimeout(conn._read_timeout)
-        conn._current_timeout = conn._read_timeout
-    read = conn._read_bytes
-    out: list[tuple[int, int]] = []
-    while True:
-        head = read(4)
-        size = head[0] | head[1] << 8 | head[2] << 16
-        if head[3] != conn._next_seq_id or size >= 0xFFFFFF:
-            conn._force_close()
-            raise conn.InternalError(f"unexpected packet (sequence {head[3]}, {size} bytes) after a write")
-        conn._next_seq_id = (conn._next_seq_id + 1) % 256
-        data = read(size)
-        if data[0] != 0:
-            if data[0] == 0xFF:
-                packet(data, conn.encoding).raise_for_error()
-            conn._force_close()
-            raise conn.InternalError("a statement sent as a write returned rows")
-        affected, pos = _length_encoded(data, 1)
-        insert_id, pos = _length_encoded(data, pos)
-        status = data[pos] | data[pos + 1] << 8
-        out.append((affected, insert_id))
-        if not status & _MORE_RESULTS:
-            conn.server_status = status
-            conn._affected_rows = affected
-            return out
-
-
-def _length_encoded(data: bytes, pos: int) -> tuple[int, int]:
-    """The length-encoded integer at ``pos`` of ``data``, and the position after it."""
-    first = data[pos]
-    if first < 0xFB:
-        return first, pos + 1
-    width = {0xFC: 2, 0xFD: 3, 0xFE: 8}[first]
-    return int.from_bytes(data[pos + 1 : pos + 1 + width], "little"), pos + 1 + width
 
 
 def _pymysql_context(tls: MySQLTLS, module: Any) -> ssl.SSLContext:

@@ -1,0 +1,169 @@
+"""`store.backends.pymysql_fast`: the installed PyMySQL has every internal the shortcuts use (the
+canary for a new release), and a driver that lacks one still writes, through the public cursor."""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+
+from store import Store, StoreConfig
+from store.backends import pymysql_fast
+from store.backends.pymysql_fast import (
+    CONNECTION_INTERNALS,
+    TESTED_PYMYSQL,
+    TLS_INTERNALS,
+    WRITE_INTERNALS,
+    Internal,
+    missing_internals,
+    pymysql_version,
+)
+from tests.conftest import require_port
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGGER = "store.backends.pymysql_fast"
+
+
+def _root() -> Any:
+    require_port("MariaDB", 3306)
+    return pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+
+
+def test_the_installed_pymysql_has_every_internal_the_shortcuts_use() -> None:
+    """The canary: on a PyMySQL release that renamed or reshaped a name the shortcuts use, this
+    fails naming it (the store itself falls back to the public cursor and logs the same names)."""
+    conn = _root()
+    try:
+        gaps = missing_internals(pymysql, WRITE_INTERNALS + TLS_INTERNALS)
+        gaps += missing_internals(pymysql, CONNECTION_INTERNALS, on=conn)
+    finally:
+        conn.close()
+    assert not gaps, (
+        f"PyMySQL {pymysql_version(pymysql)} differs from what store.backends.pymysql_fast was tested "
+        f"with (pymysql{TESTED_PYMYSQL}): " + "; ".join(gaps) + ". Adapt the fast path to this "
+        "release (or leave it to the fallback), then widen the pin in pyproject.toml and TESTED_PYMYSQL."
+    )
+
+
+def test_the_pin_is_the_tested_range_and_the_installed_driver_is_in_it() -> None:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"pymysql{TESTED_PYMYSQL}" in deps
+    low, high = (tuple(int(n) for n in bound.lstrip("<>=").split(".")) for bound in TESTED_PYMYSQL.split(","))
+    assert low <= tuple(pymysql.VERSION[:3]) < high, (
+        f"PyMySQL {pymysql_version(pymysql)} is not {TESTED_PYMYSQL}"
+    )
+
+
+def test_the_check_names_what_is_missing_and_what_has_another_shape() -> None:
+    class Driver:
+        class connections:  # noqa: N801 (a stand-in for the driver's module)
+            class Connection:
+                def _read_bytes(self, num_bytes: int, flags: int) -> bytes:
+                    return b""
+
+    needs = (
+        Internal(
+            "connections.Connection._read_bytes", "callable as (self, num_bytes)", WRITE_INTERNALS[3].fits
+        ),
+        Internal("connections.Connection._force_close", *WRITE_INTERNALS[4][1:]),
+        Internal("cursors.Cursor._get_db", *WRITE_INTERNALS[0][1:]),
+    )
+    assert missing_internals(Driver, needs) == [
+        "pymysql.connections.Connection._read_bytes is not callable as (self, num_bytes)",
+        "pymysql.connections.Connection._force_close is missing (expected callable as (self))",
+        "pymysql.cursors.Cursor._get_db is missing (expected callable as (self))",
+    ]
+    assert missing_internals(Driver, CONNECTION_INTERNALS[3:4], on=object()) == [
+        "a connection's _next_seq_id is missing (expected an int)"
+    ]
+
+
+def test_store_connections_take_the_fast_path_on_the_installed_driver(mariadb_ready: StoreConfig) -> None:
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {"b": 1}, shard=2)
+        pin = store.create("pin", {"p": 1}, near=board)
+        assert store.link("board_has_pins", board, pin)
+        assert _cursor_of(store, 2).execute_oks is not None
+    assert pymysql_fast.fast_writes() is True
+
+
+def _cursor_of(store: Store, shard: int) -> Any:
+    pool = store.admin_context().engines.shard(shard, store.shard_map.master(shard)).pool
+    conn, born = pool.checkout()
+    try:
+        return conn.cursor()
+    finally:
+        pool.checkin(conn, born)
+
+
+def _without_a_class_internal(monkeypatch: pytest.MonkeyPatch) -> str:
+    # The driver itself calls this only for an error packet, so its own path still works.
+    monkeypatch.delattr(pymysql.protocol.MysqlPacket, "raise_for_error")
+    return "pymysql.protocol.MysqlPacket.raise_for_error is missing"
+
+
+def _without_a_connection_internal(monkeypatch: pytest.MonkeyPatch) -> str:
+    # The driver sets it on every query() and reads it only in affected_rows().
+    real = pymysql.connections.Connection.connect
+
+    def connect(self: Any, sock: Any = None) -> None:
+        real(self, sock)
+        del self._affected_rows
+
+    monkeypatch.setattr(pymysql.connections.Connection, "connect", connect)
+    return "a connection's _affected_rows is missing"
+
+
+@pytest.mark.parametrize("lose", [_without_a_class_internal, _without_a_connection_internal])
+def test_a_driver_without_an_internal_still_writes_through_the_public_cursor(
+    mariadb_ready: StoreConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, lose: Any
+) -> None:
+    """Warned once, naming the attribute; every connection then writes with execute and nextset,
+    and each kind of write (an object, a pair of lists with its counts, a change, a removal)
+    lands on the real MariaDB as it would through the fast path."""
+    monkeypatch.setattr(pymysql_fast, "_MADE", {})  # as in a new process, on this driver
+    named = lose(monkeypatch)
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {"name": "kitchen"}, shard=3)
+        pins = [store.create("pin", {"n": n}, near=board) for n in range(3)]
+        other = store.create("board", {"name": "hall"}, shard=6)  # the other host: another pool
+        for pin in pins:
+            assert store.link("board_has_pins", board, pin)
+        assert not store.link("board_has_pins", board, pins[0])  # already there: nothing changes
+        assert store.unlink("board_has_pins", board, pins[1])
+        store.update(pins[0], lambda data: {**data, "n": 10})
+        assert store.delete(pins[2])
+        assert _cursor_of(store, 3).execute_oks is None
+        assert _cursor_of(store, 6).execute_oks is None
+    assert pymysql_fast.fast_writes() is False
+    with Store(mariadb_ready) as fresh:  # read back on new connections, past any cache
+        assert fresh.get(pins[0]) == {"n": 10}
+        assert fresh.get(pins[2]) is None
+        assert fresh.get(other) == {"name": "hall"}
+        assert fresh.links("board_has_pins", board) == [pins[0]]
+        assert fresh.count("board_has_pins", board) == 1
+    warned = [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and "fast write path" in r.getMessage()
+    ]
+    assert len(warned) == 1, warned
+    assert named in warned[0]
+    assert "public cursor" in warned[0]
+    assert f"pymysql{TESTED_PYMYSQL}" in warned[0]
+
+
+def test_a_driver_without_the_tls_hook_uses_its_own_connection_class(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(pymysql_fast, "_MADE", {})
+    monkeypatch.delattr(pymysql.connections.Connection, "_create_ssl_ctx")
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    assert pymysql_fast.connection_class(pymysql) is pymysql.connections.Connection
+    assert pymysql_fast.connection_class(pymysql) is pymysql.connections.Connection
+    warned = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert len(warned) == 1
+    assert "pymysql.connections.Connection._create_ssl_ctx is missing" in warned[0]
