@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -22,6 +23,13 @@ def _require(binary: str) -> str:
             pytest.fail(f"{binary} is not installed")
         pytest.skip(f"{binary} is not installed")
     return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_port(port: int, seconds: float = 30.0) -> bool:
@@ -109,6 +117,16 @@ class MariaDBServer:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: the port stays open and nothing answers, like a hung host."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after `freeze`."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def remove(self) -> None:
         """Kill the server and delete its files."""
