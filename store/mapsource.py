@@ -30,7 +30,7 @@ import orjson
 import yaml
 from sqlalchemy.engine import URL, make_url
 
-from store.config import StoreConfig
+from store.config import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_QUERY_TIMEOUT_S, StoreConfig
 from store.exceptions import BackendError, ConfigError, StaleMapError
 from store.grants import access_denied
 from store.shardmap import ShardMap
@@ -143,12 +143,30 @@ META_DATABASE = "store_meta"
 
 
 class TableMapSource:
-    """Map versions as rows of ``store_meta.shard_maps`` on a MariaDB server, polled."""
+    """Map versions as rows of ``store_meta.shard_maps`` on a MariaDB server, polled.
 
-    def __init__(self, url: str | URL, *, poll_s: float = 1.0, database: str = META_DATABASE) -> None:
+    ``poll_s``: `changed` asks the server at most this often (0: every time).
+    ``connect_timeout_s``, ``query_timeout_s``: the bounds on opening each
+    query's connection and on each reply; `BackendError` past them.
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        poll_s: float = 1.0,
+        database: str = META_DATABASE,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+    ) -> None:
         from store.backends.mysql import mysql_connector
 
-        self._connect = mysql_connector(make_url(url))
+        # Every query opens its own connection: a server that refuses, or
+        # hangs, fails the read within these bounds (the config's, from
+        # `open_map_source`), not within the connector's default minute.
+        self._connect = mysql_connector(
+            make_url(url), connect_timeout_s=connect_timeout_s, query_timeout_s=query_timeout_s
+        )
         self._table = f"`{database}`.`shard_maps`"
         self._database = database
         self._poll_s = poll_s
@@ -223,7 +241,7 @@ class TableMapSource:
 
     def changed(self) -> bool:
         """Polled: at most every ``poll_s`` seconds, one primary-key read of the newest version."""
-        if time.monotonic() - self._loaded_at < self._poll_s:
+        if self._poll_s and time.monotonic() - self._loaded_at < self._poll_s:
             return False
         rows = self._run(f"SELECT MAX(version) FROM {self._table}")
         self._loaded_at = time.monotonic()
@@ -241,15 +259,31 @@ class TableMapSource:
 
 
 class ZooKeeperMapSource:
-    """The map as JSON in one znode; a data watch flags every change."""
+    """The map as JSON in one znode; a data watch flags every change.
 
-    def __init__(self, hosts: str, *, path: str = "/store/shardmap", timeout_s: float = 5.0) -> None:
+    ``timeout_s``: the session timeout (ZooKeeper may raise it to its
+    minimum); ``connect_timeout_s``: the wait for the first connection
+    (default ``timeout_s``). While the client is not connected, no watch can
+    fire: `changed` and `load` raise `BackendError` rather than answer.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        *,
+        path: str = "/store/shardmap",
+        timeout_s: float = 5.0,
+        connect_timeout_s: float | None = None,
+    ) -> None:
         from kazoo.client import KazooClient
 
         self.path = path
+        self.hosts = hosts
+        # ``timeout_s`` is the session's: a request on a connection that stops
+        # answering fails once the client declares the connection lost, within it.
         self._client = KazooClient(hosts=hosts, timeout=timeout_s)
         try:
-            self._client.start(timeout=timeout_s)
+            self._client.start(timeout=timeout_s if connect_timeout_s is None else connect_timeout_s)
         except Exception as exc:
             raise BackendError(f"cannot reach ZooKeeper at {hosts}: {exc}", orig=exc) from exc
         self._dirty = True
@@ -270,19 +304,32 @@ class ZooKeeperMapSource:
         """The map in the znode, or None if there is none yet."""
         from kazoo.exceptions import NoNodeError
 
+        self._connected()
         self._watch()
         self._dirty = False
         try:
             data, _stat = self._client.get(self.path)
         except NoNodeError:
             return None
+        except Exception as exc:  # the connection lost mid-request, the session expired
+            self._dirty = True
+            raise BackendError(
+                f"ZooKeeper at {self.hosts}: cannot read {self.path}: {exc}", orig=exc
+            ) from exc
         found = ShardMap.from_dict(orjson.loads(data))
         self._version = found.version
         return found
 
     def changed(self) -> bool:
-        """True once the watch has seen a change since the last `load`."""
+        """True once the watch has seen a change since the last `load` (`BackendError`: not connected)."""
+        self._connected()
         return self._dirty
+
+    def _connected(self) -> None:
+        if not self._client.connected:
+            raise BackendError(
+                f"ZooKeeper at {self.hosts} is not connected: the shard map cannot be confirmed current"
+            )
 
     def write(self, new: ShardMap, *, expected_version: int) -> None:
         """Replace the znode's map if it holds ``expected_version`` (the znode version is the lock)."""
@@ -317,9 +364,18 @@ def open_map_source(config: StoreConfig) -> MapSource:
     if kind == "file":
         return FileMapSource(where)
     if kind == "zookeeper":
-        return ZooKeeperMapSource(where)
+        return ZooKeeperMapSource(
+            where, timeout_s=config.query_timeout_s, connect_timeout_s=config.connect_timeout_s
+        )
     assert config.map_table is not None
-    source = TableMapSource(config.map_table[0], poll_s=config.map_poll_s)
+    # poll_s=0: the live map asks every map_poll_s itself (`LiveMap.tick`); a second
+    # throttle here skipped every other of its checks.
+    source = TableMapSource(
+        config.map_table[0],
+        poll_s=0.0,
+        connect_timeout_s=config.connect_timeout_s,
+        query_timeout_s=config.query_timeout_s,
+    )
     source.create()
     return source
 

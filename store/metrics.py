@@ -13,7 +13,9 @@ The hot path takes no lock: every thread counts into its own bucket lists
 (plain integer increments under the GIL), and a custom collector sums them
 when Prometheus scrapes. Everything else (cache counters, breakers, pools,
 the live map version, a running move) is read at scrape time from the
-objects that already keep it, so it costs nothing between scrapes.
+objects that already keep it, so it costs nothing between scrapes. The
+map's age (``store_map_age_seconds``) is how long ago the map source last
+confirmed the map in use: it grows while the source cannot be read.
 
 Metric names (all prefixed ``store_``) are listed in `METRIC_NAMES` and in
 the README.
@@ -102,6 +104,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "store_pool_waiting",
     "store_pool_idle",
     "store_map_version",
+    "store_map_age_seconds",
+    "store_map_version_age_seconds",
+    "store_map_check_errors",
     "store_move_phase",
     "store_move_rows_copied",
     "store_move_rows_total",
@@ -319,11 +324,21 @@ class Metrics:
         waiting = gauge("store_pool_waiting", "Callers waiting for a connection", labels=["host"])
         idle = gauge("store_pool_idle", "Idle pooled connections", labels=["host"])
         version = gauge("store_map_version", "Version of the live shard map this process routes by")
+        age = gauge(
+            "store_map_age_seconds",
+            "Seconds since the map source last confirmed the live map (grows while it cannot be read)",
+        )
+        version_age = gauge(
+            "store_map_version_age_seconds", "Seconds since this process began routing by its map's version"
+        )
+        check_errors = counter("store_map_check_errors", "Reads of the shard map source that failed")
         totals: dict[str, dict[str, int]] = {}
         breakers: dict[tuple[str, str], int] = {}
         is_open: int | bool
         pools: dict[str, list[int]] = {}
         newest = 0
+        # Stores with a map source: the oldest confirmation, the newest change, every failed read.
+        ages: list[tuple[float, float, int]] = []
         for store in list(self._stores):
             for cache, stats in store.stats().items():
                 mine = totals.setdefault(cache, dict.fromkeys(names, 0))
@@ -337,6 +352,13 @@ class Metrics:
                 got[1] += pool.waiting
                 got[2] += pool.idle
             newest = max(newest, store.shard_map.version)
+            live = store.admin_context().live
+            # A scrape checks the map like a call does: an idle process's map would otherwise
+            # show as old however well its source answers.
+            live.tick()
+            status = live.status()
+            if status.age_s is not None and status.since_change_s is not None:
+                ages.append((status.age_s, status.since_change_s, status.check_errors))
         for cache, values in sorted(totals.items()):
             for n in names:
                 counters[n].add_metric([cache], values[n])
@@ -350,6 +372,11 @@ class Metrics:
             version.add_metric([], newest)
         yield from counters.values()
         yield from (breaker, in_use, waiting, idle, version)
+        if ages:  # a static map (no map_source) has no age to show
+            age.add_metric([], max(a for a, _c, _e in ages))
+            version_age.add_metric([], min(c for _a, c, _e in ages))
+            check_errors.add_metric([], sum(e for _a, _c, e in ages))
+            yield from (age, version_age, check_errors)
 
     def _move_families(self, gauge: Any) -> Iterator[Any]:
         if self.move_journal is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -116,6 +117,16 @@ class MariaDBServer:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: the port stays open and nothing answers, like a hung host."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after `freeze`."""
+        if self.proc is not None:
+            os.kill(self.proc.pid, signal.SIGCONT)
 
     def remove(self) -> None:
         """Kill the server and delete its files."""

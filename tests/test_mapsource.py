@@ -234,3 +234,37 @@ def test_cli_map_show_and_diff_read_the_table_source(tmp_path: Path) -> None:
     assert "shards 4-7: A -> B" in out.output
     assert "version 2" in runner.invoke(main, ["map", "show", "--config", str(cfg)]).output
     src._run("DELETE FROM `store_meta`.`shard_maps`")
+
+
+def test_a_map_file_that_cannot_be_read_keeps_the_last_map(tmp_path: Path) -> None:
+    """A broken map file fails the periodic check, never a call: the last map stays, the failure is
+    counted and the map's age grows; once the file is whole again, the age drops back."""
+    import time
+
+    map_file = tmp_path / "map.yaml"
+    raw = base_config(
+        shards=8,
+        hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
+        map=[{"range": [0, 7], "master": "A"}],
+        map_source={"file": str(map_file), "poll_s": 0.05},
+    )
+    with Store.from_config(raw) as store:
+        live = store.admin_context().live
+        pin = store.create("pin", {"v": 0})
+        whole = map_file.read_text()
+        map_file.write_text("ranges: [oops\n")
+        for v in range(1, 30):
+            assert store.update(pin, {"v": v}) == {"v": v}
+            time.sleep(0.02)
+        status = live.status()
+        assert status.check_errors > 0
+        assert "cannot read the shard map file" in status.last_error
+        assert (status.age_s or 0.0) > 0.4
+        assert store.shard_map.version == 1
+        map_file.write_text(whole)
+        deadline = time.monotonic() + 5
+        while (live.age_s or 0.0) > 0.3 and time.monotonic() < deadline:
+            store.get(pin)
+            time.sleep(0.02)
+        assert (live.age_s or 0.0) <= 0.3
+        assert live.status().last_error == ""

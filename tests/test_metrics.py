@@ -266,3 +266,40 @@ def test_serve_refuses_other_addresses_without_a_token(monkeypatch: pytest.Monke
     result = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0"])
     assert result.exit_code == 1
     assert "without a token" in result.output
+
+
+def test_the_maps_age_is_exported_with_a_map_source_only(store: Store, tmp_path: Path) -> None:
+    assert "store_map_age_seconds" not in instrument(store, Metrics()).render().decode()  # static map
+    raw = sqlite_config(tmp_path)
+    raw["map_source"] = {"file": str(tmp_path / "map.yaml"), "poll_s": 0.05}
+    with Store.from_config(raw) as live:
+        m = instrument(live, Metrics())
+        live.create("pin", {"t": 1})
+        got = samples(m)
+        assert 0 <= got[("store_map_age_seconds", ())] < 1.0
+        assert got[("store_map_version_age_seconds", ())] >= got[("store_map_age_seconds", ())]
+        assert got[("store_map_check_errors_total", ())] == 0
+        status = live.admin_context().live.status()
+        assert (status.source, status.version, status.check_errors, status.last_error) == ("file", 1, 0, "")
+        for name in ("store_map_age_seconds", "store_map_version_age_seconds", "store_map_check_errors"):
+            assert name in METRIC_NAMES
+
+
+def test_the_page_shows_the_maps_age(store: Store, tmp_path: Path) -> None:
+    pytest.importorskip("starlette")
+    from store.serve.app import render_panels
+    from store.serve.panels import Panels
+
+    static = Panels(store, journal=None, check_file=None)
+    assert static.map()["age_s"] is None
+    assert "no map source" in render_panels(static)
+    raw = sqlite_config(tmp_path)
+    raw["map_source"] = {"file": str(tmp_path / "map.yaml")}
+    with Store.from_config(raw) as live:
+        panels = Panels(live, journal=None, check_file=None)
+        shown = panels.map()
+        assert shown["source"] == "file"
+        assert 0 <= shown["age_s"] < 1.0
+        assert shown["source_error"] == ""
+        assert 'id="map-age"' in render_panels(panels)
+        assert "confirmed by its file source" in render_panels(panels)

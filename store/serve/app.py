@@ -85,8 +85,29 @@ def _map_panel(m: dict[str, Any]) -> str:
     return (
         '<section id="map-panel"><h2>Shard map</h2>'
         f'<p>version <b id="map-version">{m["version"]}</b>, {m["shards"]} shards, '
-        f"{len(m['ranges'])} range(s); changed {_when(m['changed_at'])}</p>"
+        f"{len(m['ranges'])} range(s); changed {_when(m['changed_at'])}; {_map_age(m)}</p>"
+        f"{_map_error(m)}"
         f'<div class="map" id="map">{"".join(bars)}</div></section>'
+    )
+
+
+def _map_age(m: dict[str, Any]) -> str:
+    age = m.get("age_s")
+    if age is None:
+        return '<span id="map-age" class="muted">the config\'s map (no map source)</span>'
+    return (
+        f'<span id="map-age" data-age="{age:.3f}" class="{"bad" if m.get("source_error") else "ok"}">'
+        f"confirmed by its {escape(str(m.get('source')))} source {age:.1f} s ago</span>"
+    )
+
+
+def _map_error(m: dict[str, Any]) -> str:
+    error = m.get("source_error")
+    if not error:
+        return ""
+    return (
+        f'<p id="map-source-error" class="bad">the map source cannot be read, the last map stays: '
+        f"{escape(str(error))}</p>"
     )
 
 

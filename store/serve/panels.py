@@ -1,7 +1,8 @@
 """What the operator page shows, as plain data: each panel is one method and one JSON endpoint.
 
 Everything is read when asked (the page polls about once a second): the
-live map from its source, each host's shards, rows and bytes from
+live map from its source (the last one, and its age, when the source
+cannot be read), each host's shards, rows and bytes from
 ``information_schema``, its ping (a ``SELECT 1`` on a pooled connection) and
 the replication connections it runs, each cache server's own hit counters
 and this process's breaker on it, the progress file of a running
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from store.admin.check import load_report
+from store.exceptions import StoreError
 from store.metrics import cache_breakers, read_move_progress, redis_address
 from store.store import Store
 
@@ -52,8 +54,18 @@ class Panels:
     # -- the map ---------------------------------------------------------------
 
     def map(self) -> dict[str, Any]:
-        """The live map: version, when it changed, and its ranges with their hosts' colours."""
-        self.store.refresh_map(force=True)
+        """The live map: version, when it changed, its age, and its ranges with their hosts' colours.
+
+        The map is read from its source first; a source that cannot be read
+        leaves the last map on show, with ``source_error`` saying why and
+        ``age_s`` how long ago the source last confirmed it.
+        """
+        error = ""
+        try:
+            self.store.refresh_map(force=True)
+        except StoreError as exc:
+            error = str(exc)
+        status = self.store.admin_context().live.status()
         m = self.store.shard_map
         hosts = list(self.store.config.hosts)
         changed = self._changed_at(m.version)
@@ -61,6 +73,12 @@ class Panels:
             "version": m.version,
             "shards": m.shards,
             "changed_at": changed,
+            "source": status.source,
+            "age_s": None if status.age_s is None else round(status.age_s, 3),
+            "since_change_s": None if status.since_change_s is None else round(status.since_change_s, 3),
+            "source_error": error,
+            "source_checks": status.checks,
+            "source_check_errors": status.check_errors,
             "ranges": [
                 {
                     "start": r.start,

@@ -19,6 +19,7 @@ processes the tests started themselves; every phase is bounded in time.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -39,8 +40,8 @@ from store.tickets import TicketAllocator, TicketError
 from tests.conftest import base_config
 from tests.faults.history import History, ScenarioResult
 from tests.faults.proxy import FaultProxy
-from tests.faults.workload import Owned, Workload, final_state, prepare, seed_history, verdict
-from tests.servers import MariaDBServer, start_memcached, start_redis
+from tests.faults.workload import DEFINITE, Owned, Workload, final_state, prepare, seed_history, verdict
+from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
 
 #: The staleness bound every scenario's caches keep (cache.max_stale_s), and the checker checks.
 MAX_STALE_S = 2.0
@@ -569,7 +570,7 @@ def test_a_ticket_server_killed_and_restarted_under_load(fault_report: Any) -> N
     # The tickets' promise in this table's terms: "missing" counts IDs handed
     # out twice, and IDs skipped beyond the ID statements whose reply was lost
     # (a lost reply may hide a commit: the one way an ID is skipped).
-    pair = [MariaDBServer(port) for port in (3393, 3394)]
+    pair = [MariaDBServer(free_port()) for _ in range(2)]
     try:
         for s in pair:
             s.start()
@@ -647,4 +648,110 @@ def test_a_ticket_server_killed_and_restarted_under_load(fault_report: Any) -> N
         notes=f"IDs skipped: server 1 {skipped[0]}, server 2 {skipped[1]} (lost replies {unknown[1]}); "
         f"handed out twice: {twice}",
     )
+    record(fault_report, result)
+
+
+def test_the_map_tables_server_killed_then_frozen(fault_report: Any) -> None:
+    """The live map's table on a server of its own, SIGKILLed, restarted, then SIGSTOPped: calls on
+    the shards' healthy host go on with the last map, none fails, none waits on the map's server."""
+    query_timeout_s = 1.0
+    shards, meta = MariaDBServer(free_port()), MariaDBServer(free_port())
+    try:
+        shards.start()
+        meta.start()
+        raw = raw_config(
+            {"A": shards.url, "B": shards.url},
+            query_timeout_s=query_timeout_s,
+            map_source={"table": meta.url, "poll_s": 0.2},
+        )
+        init_shards(StoreConfig.from_dict(raw))
+        history = History()
+        with Store.from_config(raw) as store:
+            live = store.admin_context().live
+            owned = prepare(store, 4, shards=range(SHARDS))
+            seed_history(history, owned)
+            ages: list[tuple[float, float | None]] = []
+            stop = threading.Event()
+
+            def create() -> None:  # creates and their first link: new rows on every shard
+                rng = random.Random(3)
+                user = store.create("user", {"creates": 1}, shard=0)
+                while not stop.is_set():
+                    pin = history.run(
+                        "create",
+                        ("create", None),
+                        None,
+                        lambda: store.create("pin", {"new": 1}, shard=rng.randrange(SHARDS)),
+                        definite_failures=DEFINITE,
+                        reraise=False,
+                    )
+                    if pin is not None:
+                        history.run(
+                            "create",
+                            ("create-link", pin),
+                            None,
+                            lambda p=pin: store.link("users_has_pins", user, p),
+                            definite_failures=DEFINITE,
+                            reraise=False,
+                        )
+                    ages.append((time.monotonic(), live.age_s))
+                    time.sleep(0.01)
+
+            marks: dict[str, float] = {}
+
+            def mark(name: str, action: Callable[[], None]) -> Callable[[], None]:
+                def marked() -> None:
+                    action()
+                    marks[name] = time.monotonic()
+
+                return marked
+
+            creator = threading.Thread(target=create, name="creator")
+            creator.start()
+            try:
+                run(
+                    Workload(store, owned, history),
+                    [
+                        (1.0, nothing),
+                        (3.0, mark("killed", meta.kill)),
+                        (2.0, mark("restarted", meta.start)),
+                        (3.0, mark("frozen", meta.freeze)),
+                        (2.0, mark("thawed", meta.thaw)),
+                    ],
+                )
+            finally:
+                stop.set()
+                creator.join(30)
+            deadline = time.monotonic() + 10
+            while (live.age_s or 0.0) > 1.0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            after = live.age_s
+            errors = live.status().check_errors
+
+        def oldest_between(start: str, end: str) -> float:
+            return max((age or 0.0) for t, age in ages if marks[start] <= t <= marks[end])
+
+        killed, frozen = oldest_between("killed", "restarted"), oldest_between("frozen", "thawed")
+        ops = history.ops()
+        not_ok = [op for op in ops if op.outcome != "ok"]
+        worst = max((op.latency_s or 0.0) for op in ops)
+        assert not_ok == [], f"{len(not_ok)} calls failed, e.g. {not_ok[:3]}"
+        assert worst <= query_timeout_s + 0.5, f"the slowest call took {worst:.3f} s"
+        assert killed > 2.5, f"the map's age did not grow while its server was down ({killed:.2f} s)"
+        assert frozen > 2.5, f"the map's age did not grow while its server was frozen ({frozen:.2f} s)"
+        assert after is not None
+        assert after <= 1.0, f"the map's age did not drop back: {after:.2f} s"
+        creates = sum(1 for op in ops if op.kind == "create")
+        result = settle(
+            raw,
+            owned,
+            history,
+            "the map table's server SIGKILLed, restarted, then SIGSTOPped (query_timeout_s 1)",
+            notes=f"{creates} creates and links among them; the map's age rose to {killed:.1f} s "
+            f"(killed) and {frozen:.1f} s (frozen), {errors} failed reads of it, {after:.1f} s after",
+        )
+    finally:
+        meta.thaw()
+        meta.remove()
+        shards.remove()
     record(fault_report, result)
