@@ -362,3 +362,45 @@ def test_cli_lookup_and_repair(tmp_path: Path) -> None:
     assert "unique keys: 1 row(s) checked" in out
     doc = json.loads(run_cli(path, "relations", "repair", "--dry-run", "--json"))
     assert doc["unique_keys"] == {"checked": 1, "removed": {}, "added": {}, "repointed": {}, "conflicts": []}
+
+
+def test_plain_function_updates_that_rename_always_land(
+    ustore: Store, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """6 threads rename one user, each new name made from the old object: no ConflictError without
+    if_version (a claim made from a stale read is made again until it lands), each call applied once."""
+    base = _unique_name("n")
+    u = ustore.create("user", {"username": f"{base}-0", "n": 0})
+    per_thread = 25 if backend.startswith("mariadb") else 10
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def renamer() -> None:
+        start.wait()
+        try:
+            for _i in range(per_thread):
+                ustore.update(u, lambda o: {**o, "username": f"{base}-{o['n'] + 1}", "n": o["n"] + 1})
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=renamer) for _k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [], errors[:3]
+    got = ustore.get_with_version(u)
+    assert got is not None
+    total = 6 * per_thread
+    assert got.data == {"username": f"{base}-{total}", "n": total}
+    assert got.version == total + 1
+    assert ustore.lookup("user_by_username", f"{base}-{total}") == u
+    # Names claimed from stale reads may stay the user's claims for the grace period (a create
+    # of one is refused, and lookup says so); none is anybody else's, and then they go.
+    assert {ustore.lookup("user_by_username", f"{base}-{k}") for k in range(total)} <= {u, None}
+    import store.unique as unique_module
+
+    monkeypatch.setattr(unique_module, "CLAIM_GRACE_S", -1.0)
+    repair_unique(ustore)
+    for k in range(total):
+        assert ustore.lookup("user_by_username", f"{base}-{k}") is None
