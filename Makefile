@@ -11,6 +11,8 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
+	# The distribution was named `store` before `shardstore`: drop that install from an old venv.
+	$(BIN)/pip uninstall -qq -y store
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 

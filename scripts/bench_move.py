@@ -25,7 +25,7 @@ from move_bench import MOVING, SHARDS, main, move_under_writers, report
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.ids import encode_pinterest
-from store_tools.timing import PIN
+from store.tools.timing import PIN
 from tests.conftest import base_config
 from tests.servers import MariaDBServer
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pymysql
 from pymysql.constants import CLIENT
 
-from store_tools.mix.servers_cpu import server_cpu_s
+from store.tools.mix.servers_cpu import server_cpu_s
 
 CALLS = 2000
 ROUNDS = 3

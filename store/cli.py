@@ -1087,7 +1087,7 @@ def _parse_json(text: str) -> dict[str, Any]:
 @_config_option
 def demo(config_path: Path | None) -> None:
     """Create users, boards and pins, read them back, time each step."""
-    from store_tools.demo import run_demo
+    from store.tools.demo import run_demo
 
     with _open(config_path) as store:
         run_demo(store, say=click.echo)
@@ -1114,7 +1114,7 @@ def bench(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from store_tools.bench import format_results, run_bench
+    from store.tools.bench import format_results, run_bench
 
     say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
     metrics = None
@@ -1180,7 +1180,7 @@ def _thread_counts(text: str) -> list[int]:
 @click.option("--users", default=2000, show_default=True, help="Users (2 boards each; 20 pins per user).")
 @click.option(
     "--systems",
-    default="floor,horizontal_shard,store,store:follow=true",  # store_tools.mix.bench.DEFAULT_SYSTEMS
+    default="floor,horizontal_shard,store,store:follow=true",  # store.tools.mix.bench.DEFAULT_SYSTEMS
     show_default=True,
     help="Which systems to run, in order: floor, horizontal_shard, store, store-mysqldb (see --mysqldb), "
     "or the store with cache settings changed, store:KEY=VALUE[,...] "
@@ -1229,8 +1229,8 @@ def bench_mix(
     building its own system) of T threads each, on the same loaded data;
     ops/s is all their calls over the wall time of the whole phase.
     """
-    from store_tools.mix.bench import QUICK_SHAPE, MixOptions, data_set_summary, run_mix
-    from store_tools.mix.workload import Shape, make_data_set
+    from store.tools.mix.bench import QUICK_SHAPE, MixOptions, data_set_summary, run_mix
+    from store.tools.mix.workload import Shape, make_data_set
 
     shape = QUICK_SHAPE if quick else Shape(users=users, pins=20 * users)
     options = MixOptions(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from store import Store
-from store_tools.bench import format_results, run_bench
+from store.tools.bench import format_results, run_bench
 
 
 def test_bench_reports_every_case(store: Store) -> None:

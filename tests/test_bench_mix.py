@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from store.cli import main
-from store_tools.mix.servers_cpu import server_cpu_s, since
-from store_tools.mix.workload import MIX, Shape, Zipf, make_data_set, requests
+from store.tools.mix.servers_cpu import server_cpu_s, since
+from store.tools.mix.workload import MIX, Shape, Zipf, make_data_set, requests
 from tests.conftest import require_port
 
 
@@ -106,9 +106,9 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
 ) -> None:
     for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
         require_port(name, port)
-    from store_tools.mix import bench
-    from store_tools.mix.dataset_db import Copy, raw_connection, remove_copy
-    from store_tools.mix.system import MixSchema
+    from store.tools.mix import bench
+    from store.tools.mix.dataset_db import Copy, raw_connection, remove_copy
+    from store.tools.mix.system import MixSchema
 
     removed: list[tuple[MixSchema, Copy]] = []
 
@@ -173,9 +173,9 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
 
 
 def test_a_worker_that_fails_says_why_in_the_parent() -> None:
-    from store_tools.mix.bench import MixOptions, _config
-    from store_tools.mix.dataset_db import Copy, mix_schema
-    from store_tools.mix.procs import WorkerError, Workers
+    from store.tools.mix.bench import MixOptions, _config
+    from store.tools.mix.dataset_db import Copy, mix_schema
+    from store.tools.mix.procs import WorkerError, Workers
 
     options = MixOptions(shape=Shape(users=10, pins=50), threads=[1])
     config = _config(options)
@@ -230,7 +230,7 @@ def test_round_trips_are_counted_on_both_drivers() -> None:
     import pymysql
     from pymysql.constants import CLIENT
 
-    from store_tools.mix.runner import counting_sends, reset_sends, sends
+    from store.tools.mix.runner import counting_sends, reset_sends, sends
 
     c_conn = mysqldb.connect(host="127.0.0.1", user="root", autocommit=True)
     py_conn = pymysql.connect(
@@ -256,7 +256,7 @@ def test_round_trips_are_counted_on_both_drivers() -> None:
 
 def test_the_commands_default_systems_are_the_benchmarks() -> None:
     from store.cli import main
-    from store_tools.mix.bench import DEFAULT_SYSTEMS
+    from store.tools.mix.bench import DEFAULT_SYSTEMS
 
     mix = main.commands["bench"].commands["mix"]  # type: ignore[attr-defined]
     option = next(p for p in mix.params if p.name == "systems")
@@ -268,8 +268,8 @@ def test_system_names_are_checked_before_anything_runs() -> None:
     knob or value is refused with what to write instead."""
     from store.config import StoreConfig
     from store.exceptions import ConfigError
-    from store_tools.mix import bench
-    from store_tools.mix.dataset_db import default_config
+    from store.tools.mix import bench
+    from store.tools.mix.dataset_db import default_config
 
     url = "mysql+pymysql://root@127.0.0.1:3306"
     config = StoreConfig.from_dict(default_config(url, url, shards=4))
@@ -286,7 +286,7 @@ def test_system_names_are_checked_before_anything_runs() -> None:
 
 
 def test_cpu_per_call_vs_the_floor_counts_the_client_and_every_server() -> None:
-    from store_tools.mix.report import cpu_vs
+    from store.tools.mix.report import cpu_vs
 
     floor = {
         "process_cpu_us_per_call": 300.0,

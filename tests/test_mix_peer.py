@@ -11,8 +11,8 @@ import pytest
 
 from store import StoreConfig
 from store.admin import init_shards
-from store_tools.mix.peer import ShardedPeer, local_of, make_id, shard_of, type_of
-from store_tools.mix.system import MixSchema, System
+from store.tools.mix.peer import ShardedPeer, local_of, make_id, shard_of, type_of
+from store.tools.mix.system import MixSchema, System
 from tests.conftest import MARIADB_URL, base_config, require_port, root_sql
 
 pytestmark = pytest.mark.mariadb

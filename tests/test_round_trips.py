@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from store import Store, StoreConfig
-from store_tools.mix.runner import counting_sends, reset_sends, sends
+from store.tools.mix.runner import counting_sends, reset_sends, sends
 
 pytestmark = pytest.mark.mariadb
 

@@ -20,9 +20,9 @@ import redis
 from pymemcache.client.base import Client
 from pymemcache.client.hash import HashClient
 
-from store_tools.mix.dataset_db import raw_connection
-from store_tools.mix.system import MixSchema, PageRows, flush_redis
-from store_tools.mix.workload import PAGE
+from store.tools.mix.dataset_db import raw_connection
+from store.tools.mix.system import MixSchema, PageRows, flush_redis
+from store.tools.mix.workload import PAGE
 
 __all__ = ["Floor"]
 

@@ -19,9 +19,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
-from store_tools.mix.dataset_db import Copy, Truth
-from store_tools.mix.system import System
-from store_tools.mix.workload import MIX, PAGE, DataSet, Request, requests
+from store.tools.mix.dataset_db import Copy, Truth
+from store.tools.mix.system import System
+from store.tools.mix.workload import MIX, PAGE, DataSet, Request, requests
 
 __all__ = [
     "Check",
@@ -62,7 +62,7 @@ class Phase:
     #: Calls made by each worker process (empty when the phase ran in this process).
     process_calls: list[int] = field(default_factory=list)
     #: CPU seconds the machine's server processes used during the phase, by program
-    #: (`store_tools.mix.servers_cpu`; empty where it cannot be read).
+    #: (`store.tools.mix.servers_cpu`; empty where it cannot be read).
     server_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from store.backends.mysql import mysql_connector
 from store.config import TicketsConfig
 from store.tickets import IDS_TABLE, TICKETS_DATABASE, TicketAllocator
-from store_tools.timing import BenchResult, pair
+from store.tools.timing import BenchResult, pair
 
 __all__ = ["BLOCK", "ticket_cases"]
 

@@ -22,7 +22,7 @@ import orjson
 from store.cache.memcached import MemcachedLeaseStore
 from store.cache.redis_lists import RedisListBackend
 from store.store import Store
-from store_tools.timing import PIN, BenchResult, pair
+from store.tools.timing import PIN, BenchResult, pair
 
 __all__ = ["cache_cases"]
 

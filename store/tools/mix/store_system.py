@@ -7,13 +7,13 @@ from typing import Any
 
 from store.exceptions import NotFound
 from store.store import Store
-from store_tools.mix.system import PageRows, flush_redis
+from store.tools.mix.system import PageRows, flush_redis
 
 __all__ = ["StoreSystem"]
 
 
 class StoreSystem:
-    """`Store` calls, nothing else (see `store_tools.mix.system.System`)."""
+    """`Store` calls, nothing else (see `store.tools.mix.system.System`)."""
 
     #: A board page is filled past gone pins (`Store.board_pins`).
     fills_pages = True

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from store.config import StoreConfig
 from store.exceptions import StoreError
-from store_tools.mix.dataset_db import Copy
-from store_tools.mix.runner import Phase, merge_processes, run_phase
-from store_tools.mix.system import MixSchema
+from store.tools.mix.dataset_db import Copy
+from store.tools.mix.runner import Phase, merge_processes, run_phase
+from store.tools.mix.system import MixSchema
 
 if TYPE_CHECKING:
-    from store_tools.mix.bench import MixOptions
+    from store.tools.mix.bench import MixOptions
 
 __all__ = ["PROCESS_SEED_STEP", "WorkerError", "Workers"]
 
@@ -66,8 +66,8 @@ def _worker(
     copy: Copy,
 ) -> None:
     """A worker process's life: build the system, then run phases until told to stop."""
-    from store_tools.mix.bench import _system
-    from store_tools.mix.workload import make_data_set
+    from store.tools.mix.bench import _system
+    from store.tools.mix.workload import make_data_set
 
     try:
         data = make_data_set(options.shape)

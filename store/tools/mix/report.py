@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from store_tools.mix.runner import Check, OpSamples, Phase
-from store_tools.mix.workload import MIX
+from store.tools.mix.runner import Check, OpSamples, Phase
+from store.tools.mix.workload import MIX
 
 __all__ = ["as_json", "charts", "machine", "markdown", "tables"]
 
@@ -55,7 +55,7 @@ def summary(phase: Phase) -> dict[str, Any]:
         "p99_ms": _pct(walls, 0.99) / 1e6,
         "p999_ms": _pct(walls, 0.999) / 1e6,
         "process_cpu_us_per_call": 1e6 * phase.cpu_s / calls,
-        # The machine's database and cache servers (`store_tools.mix.servers_cpu`), per call.
+        # The machine's database and cache servers (`store.tools.mix.servers_cpu`), per call.
         "server_cpu_us_per_call": {name: round(1e6 * s / calls, 1) for name, s in phase.server_cpu_s.items()},
     }
 

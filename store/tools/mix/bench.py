@@ -16,7 +16,7 @@ from store.admin import init_shards
 from store.config import StoreConfig
 from store.exceptions import ConfigError
 from store.store import Store
-from store_tools.mix.dataset_db import (
+from store.tools.mix.dataset_db import (
     Copy,
     default_config,
     load_copy,
@@ -25,13 +25,13 @@ from store_tools.mix.dataset_db import (
     remove_copy,
     truth,
 )
-from store_tools.mix.procs import Workers
-from store_tools.mix.report import as_json, charts, machine, markdown, tables
-from store_tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
-from store_tools.mix.servers_cpu import server_cpu_s, since
-from store_tools.mix.store_system import StoreSystem
-from store_tools.mix.system import MixSchema, System
-from store_tools.mix.workload import DataSet, Shape, make_data_set
+from store.tools.mix.procs import Workers
+from store.tools.mix.report import as_json, charts, machine, markdown, tables
+from store.tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
+from store.tools.mix.servers_cpu import server_cpu_s, since
+from store.tools.mix.store_system import StoreSystem
+from store.tools.mix.system import MixSchema, System
+from store.tools.mix.workload import DataSet, Shape, make_data_set
 
 __all__ = ["DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
 
@@ -157,11 +157,11 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int, proces
 def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
     pool = max(options.threads)
     if name == "floor":
-        from store_tools.mix.floor import Floor
+        from store.tools.mix.floor import Floor
 
         return Floor(schema, memcached=list(config.cache.memcached), redis_url=str(config.cache.redis))
     if name == "horizontal_shard":
-        from store_tools.mix.peer import ShardedPeer
+        from store.tools.mix.peer import ShardedPeer
 
         return ShardedPeer(schema, pool_size=pool)
     base, _, knobs = name.partition(":")

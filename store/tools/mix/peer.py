@@ -28,7 +28,7 @@ from sqlalchemy.ext.horizontal_shard import ShardedSession, set_shard_id
 from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, ORMExecuteState, mapped_column, sessionmaker
 from sqlalchemy.sql import ClauseElement
 
-from store_tools.mix.system import MixSchema, PageRows
+from store.tools.mix.system import MixSchema, PageRows
 
 __all__ = [
     "Base",

@@ -21,8 +21,8 @@ from store.config import StoreConfig
 from store.defaults import EMBEDDED
 from store.exceptions import ConfigError
 from store.ids import encode_pinterest
-from store_tools.mix.system import MixSchema
-from store_tools.mix.workload import DataSet
+from store.tools.mix.system import MixSchema
+from store.tools.mix.workload import DataSet
 
 __all__ = [
     "Copy",

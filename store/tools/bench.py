@@ -23,7 +23,7 @@ from store.engines import DBAPIConnection
 from store.exceptions import ConnectionLostError
 from store.ids import encode_instagram, encode_pinterest
 from store.store import Store
-from store_tools.timing import PIN, BenchResult, pair
+from store.tools.timing import PIN, BenchResult, pair
 
 if TYPE_CHECKING:
     from store.metrics import Metrics
@@ -87,11 +87,11 @@ def run_bench(
         finally:
             cur.close()
     if store.config.cache.memcached and store.config.cache.redis:
-        from store_tools.bench_cache import cache_cases
+        from store.tools.bench_cache import cache_cases
 
         results += cache_cases(store, shard, n, say)
     if store.config.tickets is not None:
-        from store_tools.bench_tickets import ticket_cases
+        from store.tools.bench_tickets import ticket_cases
 
         results += ticket_cases(store.config.tickets, n, say)
     if metrics is not None:
