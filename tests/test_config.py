@@ -41,7 +41,9 @@ def test_the_issue_example_is_valid() -> None:
     assert c.max_object_bytes == 1 << 20
 
 
-@pytest.mark.parametrize("name", ["embedded.yaml", "local.yaml", "compose.yaml", "instagram.yaml"])
+@pytest.mark.parametrize(
+    "name", ["embedded.yaml", "local.yaml", "compose.yaml", "compose-instagram.yaml", "instagram.yaml"]
+)
 def test_example_configs_load(name: str) -> None:
     c = StoreConfig.from_file(ROOT / "config" / name)
     assert set(c.types) == {"pin", "board", "user"}
