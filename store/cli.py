@@ -259,6 +259,7 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
         extra={
             "fields": {
                 "shards": report.shards,
+                "unique_shards": report.unique_shards,
                 "hosts": len(report.per_host),
                 "databases_created": report.databases_created,
                 "tables_created": report.tables_created,
@@ -270,6 +271,11 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
         f"{report.shards} shards checked on {len(report.per_host)} host(s) in {report.seconds:.1f} s: "
         f"{report.databases_created} databases and {report.tables_created} tables created"
     )
+    if report.unique_shards:
+        click.echo(
+            f"unique keys hash over all {config.shards} shards: their unique_keys table was checked "
+            f"(and made where missing) on the {report.unique_shards} shard(s) outside --shards too"
+        )
 
 
 @main.command()
@@ -931,15 +937,33 @@ def relations() -> None:
 @_config_option
 @click.option("--shards", "shard_text", help="Only tables on these shards, A-B (default: all).")
 @click.option("--dry-run", is_flag=True, help="Report what is wrong; change nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help='Print JSON (an error too: {"error": ...}, exit 1).')
 def relations_repair(
     relation: str | None, config_path: Path | None, shard_text: str | None, dry_run: bool, as_json: bool
 ) -> None:
-    """Restore missing inverse pairs, drop dangling ones, fix counts; fix unique-key rows (config unique:)."""
+    """Restore missing inverse pairs, drop dangling ones, fix counts; fix unique-key rows (config unique:).
+
+    With --shards, only the tables stored on those shards are scanned (the
+    other end of a pair, or a key's row, is read where it lives).
+    """
+    try:
+        _relations_repair(relation, config_path, shard_text, dry_run, as_json)
+    except StoreError as exc:
+        if not as_json:
+            raise
+        _echo_json({"error": str(exc), "error_type": type(exc).__name__})
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
+def _relations_repair(
+    relation: str | None, config_path: Path | None, shard_text: str | None, dry_run: bool, as_json: bool
+) -> None:
     from store.admin import repair_relations
 
     with _open_admin(config_path) as store:
-        wanted = _parse_shards(shard_text, store.config.shards) or range(store.config.shards)
+        only = _parse_shards(shard_text, store.config.shards)
+        wanted = only or range(store.config.shards)
         if relation is not None:
             store.admin_context().router.relation(relation)  # fail before the progress bar starts
         with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
@@ -963,7 +987,7 @@ def relations_repair(
             from store.admin.repair import repair_unique
 
             with _open_admin(config_path) as store:
-                found = repair_unique(store, dry_run=dry_run)
+                found = repair_unique(store, dry_run=dry_run, shards=only)
             doc["unique_keys"] = {
                 "checked": found.checked, "removed": found.removed, "added": found.added,
                 "repointed": found.repointed, "conflicts": found.conflicts,
@@ -981,14 +1005,14 @@ def relations_repair(
         click.echo(f"cannot check {name} {f} -> {t}: {why}")
     click.echo(f"{report.rows_scanned} rows scanned on {len(wanted)} shard(s): {report.changes} fix(es)")
     if relation is None and unique:
-        _repair_unique(config_path, dry_run)
+        _repair_unique(config_path, dry_run, only)
 
 
-def _repair_unique(config_path: Path | None, dry_run: bool) -> None:
+def _repair_unique(config_path: Path | None, dry_run: bool, shards: range | None) -> None:
     from store.admin.repair import repair_unique
 
     with _open_admin(config_path) as store:
-        found = repair_unique(store, dry_run=dry_run)
+        found = repair_unique(store, dry_run=dry_run, shards=shards)
     verb = "would " if dry_run else ""
     for what, counts in (("remove", found.removed), ("add", found.added), ("repoint", found.repointed)):
         for name, n in counts.items():
@@ -997,7 +1021,8 @@ def _repair_unique(config_path: Path | None, dry_run: bool) -> None:
         click.echo(
             f"unique key {name}: {value!r} is held by {len(ids)} live objects {ids}; change all but one"
         )
-    click.echo(f"unique keys: {found.checked} row(s) checked")
+    where = "" if shards is None else f" on shards {shards.start}-{shards.stop - 1}"
+    click.echo(f"unique keys: {found.checked} row(s) checked{where}")
 
 
 # -- tickets -------------------------------------------------------------------

@@ -225,6 +225,9 @@ class StoreConfig:
     admin_hosts: Mapping[str, URL] = field(default_factory=dict)
     #: "app" (the request path's accounts) or "admin" (a config made by `for_admin`).
     role: str = "app"
+    #: ``hosts.NAME.replication_host``: (host, port or None) a replica uses to reach NAME, where that
+    #: differs from the URL's (containers, NAT, a proxy in front of the application).
+    replication_hosts: Mapping[str, tuple[str, int | None]] = field(default_factory=dict)
 
     def for_admin(self) -> StoreConfig:
         """This config with every host's admin URL in place of its application URL.
@@ -237,6 +240,16 @@ class StoreConfig:
             return self
         table = None if self.map_table is None else (self.map_table[1], self.map_table[1])
         return replace(self, hosts=dict(self.admin_hosts or self.hosts), map_table=table, role="admin")
+
+    def replication_address(self, host: str, default_port: int) -> tuple[str, int]:
+        """(host, port) a replica of ``host`` connects to: its ``replication_host``, else its URL's.
+
+        A ``replication_host`` without a port keeps the URL's port; a URL
+        without one gives ``default_port`` (the backend's).
+        """
+        url = self.hosts[host]
+        name, port = self.replication_hosts.get(host, (None, None))
+        return name or url.host or "127.0.0.1", port or url.port or default_port
 
     @property
     def shards(self) -> int:
@@ -281,7 +294,7 @@ class StoreConfig:
         if ids not in ("pinterest", "instagram"):
             raise ConfigError(f"ids must be 'pinterest' or 'instagram', got {brief(ids)}")
         shards = _int(raw, "shards", None, 1, 65536 if ids == "pinterest" else 8192)
-        hosts, admin_hosts = _hosts(raw.get("hosts"), env, base)
+        hosts, admin_hosts, replication_hosts = _hosts(raw.get("hosts"), env, base)
         shard_map = _map(raw.get("map"), shards, hosts)
         _check_backends(ids, hosts)
         types = _types(raw.get("types"), ids)
@@ -303,6 +316,7 @@ class StoreConfig:
             shard_map=shard_map,
             hosts=hosts,
             admin_hosts=admin_hosts,
+            replication_hosts=replication_hosts,
             types=types,
             relations=relations,
             open_shards=open_shards,
@@ -370,10 +384,36 @@ def _seconds(raw: Mapping[str, Any], key: str, default: float, high: float = 360
 
 _HOST_KEYS = frozenset({"url", "password_env", "password_file", "admin"})
 _CREDENTIAL_KEYS = frozenset({"url", "password_env", "password_file"})
+#: Keys of a ``hosts:`` entry: the credentials, ``admin`` and where replicas reach the server.
+_HOST_ENTRY_KEYS = _HOST_KEYS | {"replication_host"}
+_REPLICATION_HOST = re.compile(
+    r"^(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9_.\-]{1,253}))(?::(?P<port>[0-9]{1,5}))?$"
+)
 
 
-def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, URL], dict[str, URL]]:
-    """The application URL and the admin URL of every host (the same URL where no ``admin`` is given)."""
+def _replication_host(raw: object, where: str, url: URL) -> tuple[str, int | None]:
+    """``HOST``, ``HOST:PORT`` or ``[IPv6]:PORT``: where a replica reaches this server."""
+    shape = (
+        f"{where} must be HOST or HOST:PORT, the address a replica uses to reach this server "
+        "(e.g. mariadb-a or mariadb-a:3306; [::1]:3306 for IPv6)"
+    )
+    if backend_for(url).made_on_first_use:
+        raise ConfigError(
+            f"{where} is for MariaDB and PostgreSQL hosts: a {url.get_backend_name()} host has no replicas"
+        )
+    match = _REPLICATION_HOST.fullmatch(raw) if isinstance(raw, str) else None
+    if match is None:
+        raise ConfigError(f"{shape}, got {brief(raw)}")
+    port = None if match["port"] is None else int(match["port"])
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"{where} has port {port}, outside 1..65535")
+    return match["ip6"] or match["name"], port
+
+
+def _hosts(
+    raw: object, env: Mapping[str, str], base: Path
+) -> tuple[dict[str, URL], dict[str, URL], dict[str, tuple[str, int | None]]]:
+    """Each host's application URL, admin URL (the same where no ``admin`` is given), replication_host."""
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError(
             "hosts must map host names to SQLAlchemy URLs, "
@@ -381,6 +421,7 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, U
         )
     app: dict[str, URL] = {}
     admin: dict[str, URL] = {}
+    replication: dict[str, tuple[str, int | None]] = {}
     for name, entry in raw.items():
         if not isinstance(name, str) or not _HOST_NAME.fullmatch(name):
             raise ConfigError(
@@ -389,15 +430,20 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, U
             )
         where = f"hosts.{name}"
         admin_entry: object = None
+        replication_entry: object = None
         if isinstance(entry, Mapping):
-            extra = sorted(map(brief, set(entry) - _HOST_KEYS))
+            extra = sorted(map(brief, set(entry) - _HOST_ENTRY_KEYS))
             if extra:
                 raise ConfigError(
-                    f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_KEYS))}"
+                    f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_ENTRY_KEYS))}"
                 )
             admin_entry = entry.get("admin")
+            replication_entry = entry.get("replication_host")
+            entry = {k: v for k, v in entry.items() if k != "replication_host"}
         url = _credentialed_url(entry, where, env.get(host_env_var(name)), env, base)
         app[name] = _checked(name, url, base)
+        if replication_entry is not None:
+            replication[name] = _replication_host(replication_entry, f"{where}.replication_host", app[name])
         if admin_entry is None:
             admin_url = env.get(admin_host_env_var(name))
             admin[name] = (
@@ -412,7 +458,7 @@ def _hosts(raw: object, env: Mapping[str, str], base: Path) -> tuple[dict[str, U
             admin[name] = _checked(name, url, base)
             if backend_for(admin[name]) is not backend_for(app[name]):
                 raise ConfigError(f"{where}.admin must name the same kind of server as {where}.url")
-    return app, admin
+    return app, admin, replication
 
 
 def _checked(name: str, url: URL, base: Path) -> URL:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -472,10 +472,14 @@ class UniqueKeys:
 
     # -- repair ----------------------------------------------------------------------------
 
-    def rows(self, name: str) -> Iterable[tuple[bytes, int, int, ShardHandle]]:
-        """Every row of unique key ``name``: (value, object_id, claimed_ms, where it is)."""
+    def rows(
+        self, name: str, shards: Collection[int] | None = None
+    ) -> Iterable[tuple[bytes, int, int, ShardHandle]]:
+        """Every row of key ``name`` (on ``shards`` only, if given): (value, object_id, claimed_ms, where)."""
         for r in self._router.shard_map:
             for shard in r.shards():
+                if shards is not None and shard not in shards:
+                    continue
                 h = self._engines.shard(shard, r.master)
                 sql = self._stmts_for(h).for_shard(shard)
                 for _name, value, oid, ms in h.read(sql["scan"], (name,), one=False):
@@ -493,10 +497,14 @@ class UniqueKeys:
         *,
         holders: Holders,
         dry_run: bool = False,
+        shards: Collection[int] | None = None,
     ) -> UniqueRepairReport:
         """Make every unique key's rows match the live objects.
 
-        ``objects(type_name)`` yields every live object of the type. A row
+        ``objects(type_name)`` yields every live object of the type (on
+        ``shards``, if given: then only the rows stored on ``shards`` are
+        scanned, and a value an object there holds whose row belongs on
+        another shard is looked up there, and added if it has none). A row
         whose owner is dead (deleted, absent, or a pending create, which is
         abandoned first so it can never go live) goes at once, or is
         pointed at the one live object that holds its value; a row whose
@@ -515,7 +523,7 @@ class UniqueKeys:
                 if value is not None:
                     holding.setdefault(value, []).append(id_)
             rows: dict[bytes, tuple[int, int, ShardHandle]] = {}
-            for value, oid, ms, h in self.rows(spec.name):
+            for value, oid, ms, h in self.rows(spec.name, shards):
                 rows[value] = (oid, ms, h)
                 report.checked += 1
             for value, (oid, ms, h) in rows.items():
@@ -541,7 +549,7 @@ class UniqueKeys:
                 if len(ids) > 1:
                     report.conflicts.append((spec.name, value.decode(), sorted(ids)))
                     continue
-                if value in rows:
+                if value in rows or self._row_elsewhere(spec, value, shards):
                     continue
                 report.added[spec.name] = report.added.get(spec.name, 0) + 1
                 report.unclaimed.append((spec.name, value.decode(errors="replace"), ids[0]))
@@ -555,6 +563,13 @@ class UniqueKeys:
                             raise
                     self._invalidate([Claim(spec, value)])
         return report
+
+    def _row_elsewhere(self, spec: UniqueSpec, value: bytes, shards: Collection[int] | None) -> bool:
+        """Whether ``value``'s row exists on a shard outside ``shards`` (its own repair checks it)."""
+        if shards is None or key_shard(spec.name, value, self._router.shard_map.shards) in shards:
+            return False  # scanned already
+        h, sql, _stmts = self._where(spec.name, value)
+        return h.read(sql["get"], (spec.name, value), one=True) is not None
 
     def _unbacked(
         self,

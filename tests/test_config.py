@@ -41,7 +41,9 @@ def test_the_issue_example_is_valid() -> None:
     assert c.max_object_bytes == 1 << 20
 
 
-@pytest.mark.parametrize("name", ["embedded.yaml", "local.yaml", "compose.yaml", "instagram.yaml"])
+@pytest.mark.parametrize(
+    "name", ["embedded.yaml", "local.yaml", "compose.yaml", "compose-instagram.yaml", "instagram.yaml"]
+)
 def test_example_configs_load(name: str) -> None:
     c = StoreConfig.from_file(ROOT / "config" / name)
     assert set(c.types) == {"pin", "board", "user"}
@@ -164,3 +166,73 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="shards"):
         StoreConfig.from_dict(broken("shards", 0))
+
+
+def with_replication_host(value: Any, host: str = "MySQL001A") -> dict[str, Any]:
+    raw = valid()
+    raw["hosts"][host] = {"url": raw["hosts"][host], "replication_host": value}
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("value", "address"),
+    [
+        ("mariadb-a", ("mariadb-a", 3306)),
+        ("mariadb-a:3307", ("mariadb-a", 3307)),
+        ("10.0.0.7:13306", ("10.0.0.7", 13306)),
+        ("[fd00::7]:3306", ("fd00::7", 3306)),
+        ("[fd00::7]", ("fd00::7", 3306)),
+    ],
+)
+def test_replication_host_is_where_a_replica_reaches_the_host(value: str, address: tuple[str, int]) -> None:
+    c = StoreConfig.from_dict(with_replication_host(value))
+    assert c.replication_address("MySQL001A", 3306) == address
+    assert c.for_admin().replication_address("MySQL001A", 3306) == address
+    # Without one, the URL's host and port.
+    assert c.replication_address("MySQL001B", 3306) == ("127.0.0.1", 3306)
+
+
+def test_replication_host_keeps_the_urls_port_and_survives_an_environment_override() -> None:
+    raw = valid()
+    raw["hosts"]["MySQL001A"] = {"url": "mysql+pymysql://root@127.0.0.1:3307", "replication_host": "db-a"}
+    assert StoreConfig.from_dict(raw).replication_address("MySQL001A", 3306) == ("db-a", 3307)
+    env = {host_env_var("MySQL001A"): "mysql+pymysql://app@10.1.1.1:3308"}
+    c = StoreConfig.from_dict(raw, environ=env)
+    assert c.hosts["MySQL001A"].host == "10.1.1.1"
+    assert c.replication_address("MySQL001A", 3306) == ("db-a", 3308)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "must be HOST or HOST:PORT"),
+        ("mysql://db-a:3306", "must be HOST or HOST:PORT"),
+        ("root@db-a", "must be HOST or HOST:PORT"),
+        ("db a", "must be HOST or HOST:PORT"),
+        ("fd00::7", "must be HOST or HOST:PORT"),
+        ("db-a:", "must be HOST or HOST:PORT"),
+        (3306, "must be HOST or HOST:PORT"),
+        (["db-a"], "must be HOST or HOST:PORT"),
+        ("db-a:0", "port 0, outside 1..65535"),
+        ("db-a:70000", "port 70000, outside 1..65535"),
+    ],
+)
+def test_a_bad_replication_host_is_named_with_its_fix(value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"hosts.MySQL001A.replication_host .*{message}|{message}"):
+        StoreConfig.from_dict(with_replication_host(value))
+
+
+def test_replication_host_belongs_to_the_host_entry_not_its_admin_nor_sqlite() -> None:
+    raw = valid()
+    raw["hosts"]["MySQL001A"] = {
+        "url": "mysql+pymysql://app@127.0.0.1:3306",
+        "admin": {"url": "mysql+pymysql://root@127.0.0.1:3306", "replication_host": "db-a"},
+    }
+    with pytest.raises(
+        ConfigError, match=r"hosts.MySQL001A.admin has unknown key\(s\) .*replication_host.*; known: pass"
+    ):
+        StoreConfig.from_dict(raw)
+    raw = valid()
+    raw["hosts"]["MySQL001A"] = {"url": "sqlite:///shards", "replication_host": "db-a"}
+    with pytest.raises(ConfigError, match="replication_host is for MariaDB and PostgreSQL hosts"):
+        StoreConfig.from_dict(raw)

@@ -9,6 +9,7 @@ once, and the source holds nothing written after the fence.
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -277,6 +278,56 @@ def test_plan_refuses_what_it_cannot_do(pair: tuple[MariaDBServer, MariaDBServer
             mover.plan(0, 3, "C")
         with pytest.raises(MoveError, match="must lie within"):
             mover.plan(10, 99, "B")
+
+
+def test_the_target_replicates_from_the_sources_replication_host(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    """The application reaches the source by one address, the target by another (replication_host).
+
+    As in docker-compose.yml, where the application uses a published port and
+    the servers each other's service names: here the application's URL for A
+    is a proxy in front of it, and A's replication_host is its own port.
+    """
+    from store.admin.move import REPLICATION_NAME
+    from tests.faults.proxy import FaultProxy
+
+    source, target = pair
+    with FaultProxy(source.port) as proxy:
+        raw = config_for(source, target, tmp_path, poll_s=0.2)
+        raw["hosts"]["A"] = {
+            "url": f"mysql+pymysql://root@127.0.0.1:{proxy.port}",
+            "replication_host": f"127.0.0.1:{source.port}",
+        }
+        config = StoreConfig.from_dict(raw)
+        init_shards(config)
+        seen: dict[str, Any] = {}
+        with Store(config) as store:
+            before = store.create("pin", {"n": 1}, shard=9)
+
+            def say(msg: str) -> None:
+                if msg.startswith("copy: loading"):  # after the dump: only replication carries it
+                    seen["during"] = store.create("pin", {"n": 2}, shard=10)
+                elif msg.startswith("catch up:") and "replicating" in msg:
+                    conn = pymysql.connect(host="127.0.0.1", port=target.port, user="root")
+                    try:
+                        with conn.cursor(pymysql.cursors.DictCursor) as cur:
+                            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+                            seen["status"] = cur.fetchone()
+                    finally:
+                        conn.close()
+
+            mover = Mover(store, tmp_path / "move.json", say=say)
+            mover.start(mover.plan(8, 15, "B"))
+            status = seen["status"]
+            assert (status["Master_Host"], status["Master_Port"]) == ("127.0.0.1", source.port)
+            assert proxy.port != source.port
+            assert store.shard_map.master(10) == "B"
+            assert store.get(before) == {"n": 1}
+            assert store.get(seen["during"]) == {"n": 2}
+        local = decode_pinterest(seen["during"]).local_id
+        [(data,)] = rows(target, f"SELECT data FROM db00010.pins WHERE local_id = {local}")
+        assert json.loads(data) == {"n": 2}
 
 
 @pytest.mark.parametrize(("phase", "then"), KILL_PHASES)

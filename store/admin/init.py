@@ -8,6 +8,13 @@ from information_schema first, everywhere, so a refusal (a tombstone where
 the live map expects the shard) changes nothing, and a second run issues no
 DDL at all. On MariaDB, DDL for a shard runs under its admin lock after a
 second look, so an init that races with a move's switch finds the tombstone.
+
+Unique keys (config ``unique:``) keep their rows on the shard a hash of the
+value picks, any of all the shards, whatever shards an object lives on. So
+an init of some shards (``--shards A-B``) also makes the ``unique_keys``
+table (with its database or schema, nothing else) on every other shard of
+the config where it is missing: creates and lookups of objects on A-B work
+at once, and a later init of the rest adds the other tables beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
 from store.backends import Backend
+from store.backends.tables import UNIQUE_TABLE
 from store.config import StoreConfig
 from store.engines import Engines
 from store.exceptions import RoutingError, ShardMovedError
@@ -39,6 +47,9 @@ class InitReport:
     """What `init_shards` did."""
 
     shards: int = 0
+    #: Shards outside those asked for that got only their unique-key table checked (and made
+    #: where missing), because unique keys hash over all shards.
+    unique_shards: int = 0
     tables_created: int = 0
     databases_created: int = 0
     seconds: float = 0.0
@@ -55,6 +66,8 @@ def init_shards(
 ) -> InitReport:
     """Create every missing shard database and table on its master host.
 
+    With unique keys, every shard outside ``shards`` gets its unique-key
+    table too (see the module's docstring; `InitReport.unique_shards`).
     Connects with the hosts' admin URLs (`StoreConfig.for_admin`) unless
     ``engines`` is given. Where ``cache.follow`` is on, each MariaDB
     master's invalidation log is made too.
@@ -84,11 +97,20 @@ def _init(
     by_host: dict[str, list[int]] = {}
     for s in wanted:
         by_host.setdefault(placed.master(s), []).append(s)
-    report = InitReport(shards=len(wanted))
+    # Unique-key rows hash over all shards: the others need their unique_keys table too.
+    unique_only: set[int] = set()
+    if config.unique:
+        asked = set(wanted)
+        for s in range(config.shards):
+            host = placed.master(s)
+            if s not in asked and not engines.backend(host).made_on_first_use:
+                unique_only.add(s)
+                by_host.setdefault(host, []).append(s)
+    report = InitReport(shards=len(wanted), unique_shards=len(unique_only))
     started = time.perf_counter()
 
     def tick(shard: int) -> None:
-        if on_shard is not None:
+        if on_shard is not None and shard not in unique_only:
             on_shard(shard)
 
     with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
@@ -107,6 +129,7 @@ def _init(
                 looked.get(host, set()),
                 tick,
                 workers_per_host,
+                unique_only,
             )
             for host, host_shards in by_host.items()
         }
@@ -114,7 +137,9 @@ def _init(
             dbs, tables = fut.result()
             report.databases_created += dbs
             report.tables_created += tables
-            report.per_host[host] = len(by_host[host])
+            mine = sum(1 for s in by_host[host] if s not in unique_only)
+            if mine:
+                report.per_host[host] = mine
     if engines.logging:
         for host, host_shards in by_host.items():
             engines.shard(host_shards[0], host).log_sql()  # makes the log where it is missing
@@ -144,6 +169,7 @@ def _init_host(
     existing: set[tuple[str, str]],
     tick: Callable[[int], None],
     workers: int,
+    unique_only: set[int],
 ) -> tuple[int, int]:
     types = list(config.types.values())
     relations = list(config.relations.values())
@@ -158,18 +184,18 @@ def _init_host(
 
     def work(s: int) -> tuple[int, int]:
         ns = backend.namespace(s)
-        todo = backend.missing(
-            backend.shard_statements(
-                s,
-                types,
-                relations,
-                ids=config.ids,
-                epoch_ms=config.instagram_epoch_ms,
-                unique=bool(config.unique),
-            ),
-            existing,
-            ns,
+        only_keys = s in unique_only  # the database or schema and the unique-key table, nothing else
+        statements = backend.shard_statements(
+            s,
+            [] if only_keys else types,
+            [] if only_keys else relations,
+            ids=config.ids,
+            epoch_ms=config.instagram_epoch_ms,
+            unique=bool(config.unique),
         )
+        if only_keys:
+            statements = [(what, stmt) for what, stmt in statements if what in ("", UNIQUE_TABLE)]
+        todo = backend.missing(statements, existing, ns)
         if todo:
             with engines.shard(s, host).connect() as conn:
                 cur = conn.cursor()

@@ -786,13 +786,16 @@ class Mover:
 
     def _start_replication(self, j: Journal, dbs: list[str]) -> None:
         src = self._url(j.source)
+        # The target connects to the source itself: from where it runs, the source's address
+        # may not be the URL's (hosts.NAME.replication_host, e.g. a compose service name).
+        host, port = self.store.config.replication_address(j.source, 3306)
         with self._conn(j.target) as cur:
             if not j.replicating:
                 cur.execute("SET GLOBAL gtid_slave_pos = %s", (j.gtid,))
                 cur.execute(
                     f"CHANGE MASTER '{REPLICATION_NAME}' TO MASTER_HOST = %s, MASTER_PORT = %s, "
                     "MASTER_USER = %s, MASTER_PASSWORD = %s, MASTER_USE_GTID = slave_pos",
-                    (src.host or "127.0.0.1", src.port or 3306, src.username or "root", src.password or ""),
+                    (host, port, src.username or "root", src.password or ""),
                 )
                 cur.execute(
                     f"SET GLOBAL {REPLICATION_NAME}.replicate_wild_do_table = %s",

@@ -203,12 +203,21 @@ class PgMover(Mover):
         finally:
             conn.close()
 
-    def _conninfo(self, host: str) -> str:
-        """A libpq connection string for ``host`` (as its config names it, TLS settings included)."""
+    def _conninfo(self, host: str, *, for_replica: bool = False) -> str:
+        """A libpq connection string for ``host`` (as its config names it, TLS settings included).
+
+        ``for_replica``: the string another server (a subscription) connects with, to the host's
+        ``replication_host`` where one is set.
+        """
         url = self._url(host)
+        address = (
+            self.store.config.replication_address(host, 5432)
+            if for_replica
+            else (url.host or "127.0.0.1", url.port or 5432)
+        )
         parts = {
-            "host": url.host or "127.0.0.1",
-            "port": str(url.port or 5432),
+            "host": address[0],
+            "port": str(address[1]),
             "user": url.username or "postgres",
             "dbname": str(url.database),
             **postgres_tls(url),
@@ -460,8 +469,9 @@ class PgMover(Mover):
         j.gtid = str(made[1])  # where the stream starts (the status shows it)
         j.timings["copy_bytes"] = copied
         with self._pg(j.target) as conn:
+            source = self._conninfo(j.source, for_replica=True)  # the target connects with it
             conn.execute(
-                f"CREATE SUBSCRIPTION {_q(name)} CONNECTION {_lit(self._conninfo(j.source))} "
+                f"CREATE SUBSCRIPTION {_q(name)} CONNECTION {_lit(source)} "
                 f"PUBLICATION {_q(name)} "
                 f"WITH (copy_data = false, create_slot = false, slot_name = {_lit(name)})"
             )
