@@ -62,6 +62,8 @@ class PostgresBackend(Backend):
     serves_ids = frozenset({"instagram"})
     # PostgreSQL locks nothing for an absent key: an advisory lock on the pair stands in.
     key_lock = "SELECT pg_advisory_xact_lock(%s)"
+    # BEGIN and the deferred count updates go out in one pipeline with the next statement.
+    pipelines = True
 
     def _sa_dialect(self) -> Dialect:
         return pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
