@@ -264,9 +264,9 @@ def counting_sends() -> Iterator[None]:
     A request is one send on all three (a pipeline's commands go out
     together), so sends are round trips. mysqlclient's and libpq's sockets
     are in C: mysqlclient's ``Connection.query`` (one request, however many
-    statements it holds) and psycopg's ``Cursor.execute`` and
-    ``executemany`` (one request each, outside pipeline mode) are counted
-    instead.
+    statements it holds), psycopg's ``Cursor.execute`` and ``executemany``
+    (one request each) and its pipelines (one request for all the
+    statements in one) are counted instead.
     """
     cls: Any = socket.socket
     orig_sendall, orig_send = cls.sendall, cls.send
@@ -275,22 +275,37 @@ def counting_sends() -> Iterator[None]:
         mysqldb = importlib.import_module("MySQLdb.connections").Connection
     orig_query: Any = None if mysqldb is None else mysqldb.query
     psycopg: Any = None
+    pg_conn: Any = None
     with suppress(ImportError):
         psycopg = importlib.import_module("psycopg").Cursor
+        pg_conn = importlib.import_module("psycopg").Connection
     orig_execute: Any = None if psycopg is None else psycopg.execute
     orig_executemany: Any = None if psycopg is None else psycopg.executemany
+    orig_pipeline: Any = None if pg_conn is None else pg_conn.pipeline
 
     def query(self: Any, sql: Any) -> Any:
         _counts.n = getattr(_counts, "n", 0) + 1
         return orig_query(self, sql)
 
     def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _counts.n = getattr(_counts, "n", 0) + 1
+        if not getattr(_counts, "piped", 0):  # a pipeline's statements go out together
+            _counts.n = getattr(_counts, "n", 0) + 1
         return orig_execute(self, *args, **kwargs)
 
     def executemany(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _counts.n = getattr(_counts, "n", 0) + 1
+        if not getattr(_counts, "piped", 0):
+            _counts.n = getattr(_counts, "n", 0) + 1
         return orig_executemany(self, *args, **kwargs)
+
+    @contextmanager
+    def pipeline(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        _counts.n = getattr(_counts, "n", 0) + 1
+        _counts.piped = getattr(_counts, "piped", 0) + 1
+        try:
+            with orig_pipeline(self, *args, **kwargs) as p:
+                yield p
+        finally:
+            _counts.piped -= 1
 
     def sendall(self: socket.socket, data: Any, *args: Any) -> Any:
         _counts.n = getattr(_counts, "n", 0) + 1
@@ -305,6 +320,7 @@ def counting_sends() -> Iterator[None]:
         mysqldb.query = query
     if psycopg is not None:
         psycopg.execute, psycopg.executemany = execute, executemany
+        pg_conn.pipeline = pipeline
     try:
         yield
     finally:
@@ -313,6 +329,7 @@ def counting_sends() -> Iterator[None]:
             mysqldb.query = orig_query
         if psycopg is not None:
             psycopg.execute, psycopg.executemany = orig_execute, orig_executemany
+            pg_conn.pipeline = orig_pipeline
 
 
 def count_round_trips(system: System, data: DataSet, copy: Copy, *, n: int, seed: int) -> dict[str, float]:
