@@ -65,19 +65,35 @@ class _PooledCursor:
     the same one: each side's statements are served by the same server
     process or thread. On PostgreSQL (a process per connection, 2 cores) the
     same statement measured 47 us on one connection and 78 us on another,
-    by which core the server process ran on.
+    by which core the server process ran on. The statements go through the
+    driver's own cursor, not the store's (PyMySQL's plain `Cursor`, not the
+    store's faster one); on PostgreSQL the connection's cursor sends ``$n``
+    text, as a careful hand-written program would (see BENCHMARKS.md).
     """
 
     def __init__(self, h: ShardHandle) -> None:
         self._pool = h.pool
         self._held: tuple[Any, float] | None = None
         self._cur: Any = None
+        self._cursors: dict[int, Any] = {}  # id of a driver connection -> its plain cursor
+
+    def _plain_cursor(self, raw: Any) -> Any:
+        cur = self._cursors.get(id(raw))
+        if cur is None:
+            if type(raw).__module__.startswith("pymysql"):
+                import pymysql.cursors
+
+                cur = raw.cursor(pymysql.cursors.Cursor)
+            else:
+                cur = raw.cursor()
+            self._cursors[id(raw)] = cur
+        return cur
 
     def execute(self, sql: str, params: Any) -> None:
         """Borrow the connection and run ``sql``."""
         self.release()
         self._held = self._pool.checkout()
-        self._cur = self._held[0].cursor()
+        self._cur = self._plain_cursor(self._held[0].raw)
         self._cur.execute(sql, params)
 
     def fetchone(self) -> Any:
