@@ -185,7 +185,7 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int, proces
 
 def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
     pool = max(options.threads)
-    pg = schema.ids == "instagram"
+    pg = config.ids == "instagram"
     if name == "floor":
         from store_tools.mix.floor import Floor
 
