@@ -1182,8 +1182,9 @@ def _thread_counts(text: str) -> list[int]:
     "--config",
     "config_path",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="A Pinterest-ID MariaDB config with memcached and Redis (default: the mix's own, 64 shards "
-    "on 2 host names on 127.0.0.1:3306; STORE_MIX_URL, STORE_MIX_URL_A/B override).",
+    help="A Pinterest-ID MariaDB or Instagram-ID PostgreSQL config with memcached and Redis (default: "
+    "the mix's own, 64 shards on 2 host names on 127.0.0.1:3306; STORE_MIX_URL, STORE_MIX_URL_A/B "
+    "override, a postgresql+psycopg:// URL naming a database for 64 schema shards).",
 )
 @click.option("--threads", "threads_text", default="1,4,16", show_default=True, help="Thread counts to run.")
 @click.option(

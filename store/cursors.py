@@ -71,14 +71,13 @@ def decode_cursor(
             f"cursor is {len(cursor)} characters, over limits.max_cursor_bytes ({max_bytes}): "
             "pass the next_cursor of a page, unchanged"
         )
-    bad = f"cursor {brief(cursor)} is not a cursor that page() returned; pass a page's next_cursor unchanged"
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         fields = orjson.loads(raw)
     except (ValueError, TypeError) as exc:
-        raise CursorError(bad) from exc
+        raise CursorError(_not_a_cursor(cursor)) from exc
     if not isinstance(fields, list) or not fields:
-        raise CursorError(bad)
+        raise CursorError(_not_a_cursor(cursor))
     made_for: tuple[object, object] = (None, None)
     if fields[0] == 1 and len(fields) == 6:
         _v, rel, frm, newest, sequence, to_id = fields
@@ -86,16 +85,22 @@ def decode_cursor(
         _v, rel, frm, newest, sequence, to_id, low, high = fields
         made_for = (low, high)
     else:
-        raise CursorError(bad)
+        raise CursorError(_not_a_cursor(cursor))
     if (
         type(rel) is not str
-        or not all(type(v) is int for v in (frm, newest, sequence, to_id))
+        or type(frm) is not int
+        or type(newest) is not int
+        or type(sequence) is not int
+        or type(to_id) is not int
         or newest not in (0, 1)
         or not _SEQ_MIN <= sequence <= _SEQ_MAX
         or not 0 <= to_id <= _SEQ_MAX
-        or not all(v is None or (type(v) is int and _SEQ_MIN <= v <= _SEQ_MAX) for v in made_for)
+        or (
+            made_for != (None, None)
+            and not all(v is None or (type(v) is int and _SEQ_MIN <= v <= _SEQ_MAX) for v in made_for)
+        )
     ):
-        raise CursorError(bad)
+        raise CursorError(_not_a_cursor(cursor))
     if (rel, frm, bool(newest)) != (relation, from_id, newest_first):
         raise CursorError(
             f"cursor was made for {_name(rel)} of {frm} ({'newest' if newest else 'oldest'} first), "
@@ -107,6 +112,11 @@ def decode_cursor(
             "page on with the since/until of the page that returned it"
         )
     return sequence, to_id
+
+
+def _not_a_cursor(cursor: str) -> str:
+    """The refusal of a string that is no cursor (made only when one is refused: brief() costs)."""
+    return f"cursor {brief(cursor)} is not a cursor that page() returned; pass a page's next_cursor unchanged"
 
 
 def _name(relation: object) -> str:

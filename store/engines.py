@@ -128,11 +128,14 @@ class _Txn:
     COMMIT and go as one row, however many writes of the transaction named keys.
     """
 
-    __slots__ = ("_backend", "_batch", "_begin", "_c", "_deferred", "_log", "_seen")
+    __slots__ = ("_backend", "_batch", "_begin", "_c", "_deferred", "_log", "_pipe", "_seen")
 
     def __init__(self, cursor: Any, backend: Backend) -> None:
         self._c = cursor
         self._batch = backend.begin_with_first_statement
+        # Where the driver pipelines (`Backend.pipelines`): BEGIN and the deferred statements go out
+        # in one pipeline with the next statement; a statement's result is read before the next.
+        self._pipe = backend.pipelines and not self._batch
         self._begin: str | None = backend.begin
         self._deferred: list[tuple[str, Sequence[Any]]] = []
         #: (index in ``_deferred``, told the statement's ``lastrowid`` once its result is read).
@@ -140,7 +143,7 @@ class _Txn:
         self._backend = backend
         #: The pending log row; None if nothing to log.
         self._log: _LogRow | None = None
-        if not self._batch:
+        if not self._batch and not self._pipe:
             self._open()
 
     def _send(
@@ -152,6 +155,8 @@ class _Txn:
         ``rowless``: no statement of ``own`` returns rows, so where the driver's cursor reads
         such a request's answers in one go (``execute_oks``, the store's PyMySQL cursor), it does.
         """
+        if self._pipe:
+            return self._pipelined(own)
         parts: list[str] = []
         args: list[Any] = []
         if self._begin is not None:
@@ -190,8 +195,34 @@ class _Txn:
                 results.append(_answer(self._c))
         return results
 
+    def _pipelined(self, own: Sequence[tuple[str, Sequence[Any] | None]]) -> list[tuple[int, int]]:
+        """`_send` where the driver pipelines: BEGIN (if not yet sent), the deferred statements and the
+        first of ``own`` in one pipeline, the rest of ``own`` one by one; (rowcount, lastrowid) of each
+        of ``own``. An error of any statement in the pipeline raises when the pipeline ends."""
+        first: list[tuple[str, Sequence[Any] | None]] = []
+        if self._begin is not None:
+            first.append((self._begin, None))
+            self._begin = None
+        first += self._deferred
+        self._deferred.clear()
+        first += own[:1]
+        if len(first) == 1:
+            self._c.execute(*first[0])
+        elif first:
+            with self._c.pipeline():
+                for text, values in first:
+                    self._c.execute(text, values)
+        out = [_answer(self._c)] if own else []
+        for text, values in own[1:]:
+            self._c.execute(text, values)
+            out.append(_answer(self._c))
+        return out
+
     def execute(self, sql: str, params: Any = None, /) -> Any:
         """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
+        if self._pipe:
+            self._pipelined([(sql, params)])
+            return None
         if not self._batch:
             self._open()
             return self._c.execute(sql, params)
@@ -207,7 +238,7 @@ class _Txn:
     def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
         """Run ``statements`` in one request where the backend can (with BEGIN and anything
         deferred before them), else one by one; (rowcount, lastrowid) of each, in order."""
-        if self._batch:
+        if self._batch or self._pipe:
             return self._send(statements, rowless=True)
         self._open()
         out: list[tuple[int, int]] = []
@@ -237,7 +268,9 @@ class _Txn:
         """
         if not self._backend.list_versions:
             seen = None  # no statement returns a version here: none is told
-        if self._batch:
+        if self._pipe and seen is None:
+            self._deferred.append((sql, params))
+        elif self._batch:
             if seen is not None:
                 self._seen.append((len(self._deferred), seen))
             self._deferred.append((sql, params))

@@ -181,16 +181,19 @@ class ObjectRepository:
         for the whole host; on SQLite ``parts`` hold one shard.
         Returns (shard, table, local_id, JSON text) for every live object found.
         """
+        labels = [(shard, table) for shard, table, _ids in parts]
+        return [(*labels[part], local_id, text) for part, local_id, text in self.get_many_rows(h, parts)]
+
+    def get_many_rows(self, h: ShardHandle, parts: Sequence[tuple[int, str, Sequence[int]]]) -> list[Any]:
+        """`get_many`'s rows as the database gives them: (part, local_id, JSON text), ``part`` the
+        index in ``parts`` of the row's (shard, table)."""
         selects: list[str] = []
         params: list[int] = []
-        labels: list[tuple[int, str]] = []
         for i, (shard, table, local_ids) in enumerate(parts):
-            labels.append((shard, table))
             selects.append(self.statements(h, table).select_many_for(shard, i, len(local_ids)))
             params.extend(local_ids)
         query = selects[0] if len(selects) == 1 else " UNION ALL ".join(selects)
-        rows = h.read(query, params, one=False)
-        return [(*labels[part], local_id, text) for part, local_id, text in rows]
+        return h.read(query, params, one=False)  # type: ignore[no-any-return]
 
     def get_with_version(self, h: ShardHandle, table: str, local_id: int) -> tuple[str, int] | None:
         """The JSON text and version of the live object with ``local_id``, or None."""
@@ -714,24 +717,61 @@ class ObjectService:
             for k in range(0, len(wanted), step):
                 out.update(self._get_cached(cache, wanted[k : k + step], type_name))
             return out
+        if self._instagram:
+            return self._get_instagram(cache, list(dict.fromkeys(wanted)), type_name)
         route = self._router.route
-        decode = self.repo.decode
         routed = {id_: route(id_, type_name) for id_ in wanted}
+        decode = self.repo.decode
+        return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
+
+    def _get_instagram(
+        self, cache: ObjectCache | None, wanted: list[int], type_name: str | None
+    ) -> dict[int, dict[str, Any]]:
+        """`get_many` of distinct Instagram IDs: each ID is its row's key, in one type's table."""
+        by_host = self._router.by_host_instagram  # checks every ID, and type_name
+        groups = by_host(wanted, type_name)
+        if not groups:
+            return {}
+        assert type_name is not None  # (by_host_instagram refuses None)
+        spec = self._router.type(type_name)
+        decode = self.repo.decode
         if cache is None:
-            return {id_: decode(text) for id_, text in self._read_texts(routed).items()}
-        keys = {self.key(id_, r[1]): id_ for id_, r in routed.items()}
+            return {id_: decode(text) for id_, text in self._read_by_host(groups, spec.table).items()}
+        p = f"{self._object_prefix}{spec.id}:"  # `key`'s form
+        keys = {f"{p}{id_}": id_ for id_ in wanted}
 
         def load(missing: list[str]) -> dict[str, bytes]:
-            wanted = {keys[k]: routed[keys[k]] for k in missing}
-            return {self.key(i, wanted[i][1]): text.encode() for i, text in self._read_texts(wanted).items()}
+            texts = self._read_by_host(by_host([keys[k] for k in missing], type_name), spec.table)
+            return {f"{p}{i}": text.encode() for i, text in texts.items()}
 
         key_list = list(keys)
+        chunk = self._config.id_chunk
+        if len(key_list) <= chunk:
+            return {keys[k]: decode(v) for k, v in cache.get_many(key_list, load).items()}
         found: dict[int, dict[str, Any]] = {}
-        step = chunk if len(key_list) <= chunk else self._slice(chunk)
+        step = self._slice(chunk)
         for k in range(0, len(key_list), step):
             got = cache.get_many(key_list[k : k + step], load)
             found.update({keys[key]: decode(v) for key, v in got.items()})
         return found
+
+    def _read_by_host(self, groups: dict[str, dict[int, list[int]]], table: str) -> dict[int, str]:
+        """`_read_texts` for IDs that are their rows' keys, in one table, grouped by host and shard."""
+        chunk = self._config.id_chunk
+        jobs: list[Callable[[], list[Any]]] = []
+        for host, shards in groups.items():
+            parts = [(shard, table, ids) for shard, ids in shards.items()]
+            # (one query per shard where each shard file has a pool of its own)
+            batches = [[part] for part in parts] if self._engines.backend(host).pool_per_shard else [parts]
+            for batch in batches:
+                h = self._engines.shard(batch[0][0], host)
+                for piece in _pieces(batch, chunk):
+                    jobs.append(partial(self.repo.get_many_rows, h, piece))
+        out: dict[int, str] = {}
+        for rows in self._engines.run_all(jobs):
+            for _part, key, text in rows:
+                out[key] = text
+        return out
 
     def _slice(self, chunk: int) -> int:
         """IDs per cache batch of a call over ``chunk``: about ``chunk`` per master host (one query each)."""

@@ -429,8 +429,8 @@ class PairWriter:
     def _lock_key(self, cur: Cursor, side: Side) -> None:
         lock = side.h.backend.key_lock
         if lock is not None:
-            cur.execute(lock, (_key_hash(side.relation, side.from_id, side.to_id),))
-            cur.fetchall()
+            # Its row is not read: where the driver pipelines, it goes out with the write it guards.
+            cur.defer(lock, (_key_hash(side.relation, side.from_id, side.to_id),))
 
     def _check_live(self, cur: Cursor, side: Side) -> None:
         g = side.guard

@@ -67,6 +67,10 @@ class _ReusedCursor:
     def nextset(self) -> Any:
         return self._c.nextset()
 
+    def pipeline(self) -> Any:
+        """psycopg's pipeline of the cursor's connection (statements sent without waiting)."""
+        return self._c.connection.pipeline()
+
     @property
     def rowcount(self) -> int:
         return int(self._c.rowcount)

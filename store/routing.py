@@ -138,6 +138,35 @@ class Router:
             ):
                 self.route(id_, type_name)
 
+    def by_host_instagram(self, ids: list[int], type_name: str | None) -> dict[str, dict[int, list[int]]]:
+        """Instagram IDs grouped by master host, then shard (repeats kept), each checked as `route` checks it.
+
+        The hot path of a batch read: the 13 shard bits read inline, the map
+        asked once per shard, not per ID. An ID that does not route raises
+        `route`'s error.
+        """
+        if not ids:
+            return {}
+        if type_name is None or not self._instagram:
+            self.route(ids[0], type_name)  # an Instagram ID carries no type: raises
+            raise AssertionError("by_host_instagram is for Instagram IDs of a named type")
+        self.type(type_name)
+        by_shard: dict[int, list[int]] = {}
+        for id_ in ids:
+            if type(id_) is int and 0 < id_ <= MAX_ID:
+                shard = (id_ >> 10) & 0x1FFF
+                group = by_shard.get(shard)
+                if group is None:
+                    group = by_shard[shard] = []
+                group.append(id_)
+            else:
+                self.route(id_, type_name)  # raises the precise error (a non-int, 0, out of range)
+        out: dict[str, dict[int, list[int]]] = {}
+        master = self.shard_map.master
+        for shard, group in by_shard.items():
+            out.setdefault(master(shard), {})[shard] = group
+        return out
+
     def _route_instagram(self, id: int, type_name: str | None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
         # The 13 shard bits, inline; decode_instagram raises the precise IdError.
         well_formed = type(id) is int and 0 < id <= MAX_ID

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
 
 from store import Store
+from store.cli import main
+from store.config import StoreConfig
 from store.tools.bench import format_results, run_bench
+from tests.conftest import instagram_pg_config
 
 
 def test_bench_reports_every_case(store: Store) -> None:
@@ -25,3 +33,34 @@ def test_bench_reports_every_case(store: Store) -> None:
     assert table.splitlines()[0].startswith("case")
     assert len(table.splitlines()) == len(expected) + 2
     assert "cursor page 200 (depth 9,950) costs" in table
+
+
+def test_bench_runs_to_the_end_on_postgres_with_caches(
+    postgres_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, tmp_path: Path
+) -> None:
+    """`store bench` on an Instagram config with memcached and Redis: every case, every ratio."""
+    raw = instagram_pg_config()
+    raw["cache"] = {"memcached": memcached_pair, "redis": redis_ready, "prefix": "tb:"}
+    path = tmp_path / "instagram.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["bench", "-n", "20", "--config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    cases = [r["case"] for r in doc["results"]]
+    assert cases == [
+        "create (instagram)",
+        "get",
+        "get_many(50)",
+        "page 1",
+        "page 200 cursor",
+        "page 200 offset",
+        "count",
+        "has_links(500)",
+        "board_pins_many(20)",
+        "warm get",
+        "warm get_many(50)",
+        "warm board page",
+        "warm has_links(500)",
+        "warm board_pins_many(20)",
+    ]
+    assert all(math.isfinite(r["ratio_median"]) and r["ratio_median"] > 0 for r in doc["results"])

@@ -100,6 +100,44 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     assert "CPU per call" in doc["report"]
 
 
+#: The database the PostgreSQL quick mix makes its 64 schema shards in (dropped and made again).
+PG_MIX_DB = "storemix"
+
+
+def test_quick_mix_runs_on_postgresql_with_instagram_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, port in (("PostgreSQL", 5432), ("memcached", 11211), ("Redis", 6379)):
+        require_port(name, port)
+    import psycopg
+
+    with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {PG_MIX_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {PG_MIX_DB}")
+    monkeypatch.setenv("STORE_MIX_URL", f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_MIX_DB}")
+    out = tmp_path / "mix"
+    args = ["bench", "mix", "--quick", "--requests", "30", "--systems", "floor,horizontal_shard,store"]
+    result = CliRunner().invoke(main, [*args, "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "mix.json").read_text())
+    assert doc["shards"] == 64
+    assert doc["hosts"] == ["MixA", "MixB"]
+    assert "psycopg" in doc["machine"]["drivers"]
+    assert {p["system"] for p in doc["phases"]} == {"floor", "horizontal_shard", "store"}
+    for p in doc["phases"]:
+        assert p["calls"] > 0
+        assert p["errors"] == 0, (p["system"], {k: v["first_error"] for k, v in p["operations"].items()})
+    for check in doc["checks"]:
+        assert check["checked"] > 100
+        assert check["mismatches"] == [], check
+    for name in ("floor", "horizontal_shard", "store"):
+        # psycopg's statements are counted: every system reads a pin from PostgreSQL or memcached.
+        assert doc["round_trips"][name]["get_node"] >= 1, doc["round_trips"]
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={PG_MIX_DB}") as conn:
+        left = conn.execute('SELECT count(*) FROM "shard0000".pins').fetchone()
+    assert left == (0,)  # every copy removed
+
+
 @pytest.mark.mariadb
 def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

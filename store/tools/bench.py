@@ -26,6 +26,7 @@ from store.store import Store
 from store.tools.timing import PIN, BenchResult, pair
 
 if TYPE_CHECKING:
+    from store.engines import ShardHandle
     from store.metrics import Metrics
 
 __all__ = ["format_results", "metrics_cost_cases", "run_bench"]
@@ -56,6 +57,64 @@ def _raw_connection(store: Store, host: str, shard: int) -> Iterator[tuple[DBAPI
         conn.close()
 
 
+class _PooledCursor:
+    """The floors' cursor: each statement on the store's own pooled connection to the shard's host.
+
+    The connection is borrowed for one statement and its rows (given back by
+    ``fetchone``, ``fetchall`` or ``release``), so the store's next call takes
+    the same one: each side's statements are served by the same server
+    process or thread. On PostgreSQL (a process per connection, 2 cores) the
+    same statement measured 47 us on one connection and 78 us on another,
+    by which core the server process ran on. The statements go through the
+    driver's own cursor, not the store's (PyMySQL's plain `Cursor`, not the
+    store's faster one); on PostgreSQL the connection's cursor sends ``$n``
+    text, as a careful hand-written program would (see BENCHMARKS.md).
+    """
+
+    def __init__(self, h: ShardHandle) -> None:
+        self._pool = h.pool
+        self._held: tuple[Any, float] | None = None
+        self._cur: Any = None
+        self._cursors: dict[int, Any] = {}  # id of a driver connection -> its plain cursor
+
+    def _plain_cursor(self, raw: Any) -> Any:
+        cur = self._cursors.get(id(raw))
+        if cur is None:
+            if type(raw).__module__.startswith("pymysql"):
+                import pymysql.cursors
+
+                cur = raw.cursor(pymysql.cursors.Cursor)
+            else:
+                cur = raw.cursor()
+            self._cursors[id(raw)] = cur
+        return cur
+
+    def execute(self, sql: str, params: Any) -> None:
+        """Borrow the connection and run ``sql``."""
+        self.release()
+        self._held = self._pool.checkout()
+        self._cur = self._plain_cursor(self._held[0].raw)
+        self._cur.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        """The next row; the connection goes back."""
+        row = self._cur.fetchone()
+        self.release()
+        return row
+
+    def fetchall(self) -> Any:
+        """Every row; the connection goes back."""
+        rows = self._cur.fetchall()
+        self.release()
+        return rows
+
+    def release(self) -> None:
+        """Give the connection back (after a statement with no rows to read)."""
+        if self._held is not None:
+            self._pool.checkin(*self._held)
+            self._held = None
+
+
 def run_bench(
     store: Store,
     *,
@@ -78,13 +137,15 @@ def run_bench(
 
         instrument(store, metrics)
         instrument(uncached, metrics)
+    floor = _PooledCursor(store.admin_context().engines.shard(shard, host))
     with _raw_connection(store, host, shard) as (raw, p):
         cur = raw.cursor()
         try:
-            results = _object_cases(uncached, cur, p, shard, n, say)
+            results = _object_cases(uncached, floor, p, shard, n, say)
             if "board_has_pins" in store.config.relations:
-                results += _relation_cases(uncached, cur, p, shard, n, say)
+                results += _relation_cases(uncached, cur, floor, p, shard, n, say)
         finally:
+            floor.release()
             cur.close()
     if store.config.cache.memcached and store.config.cache.redis:
         from store.tools.bench_cache import cache_cases
@@ -152,7 +213,7 @@ def metrics_cost_cases(
 
 
 def _object_cases(
-    store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
+    store: Store, cur: _PooledCursor, p: str, shard: int, n: int, say: Callable[[str], None]
 ) -> list[BenchResult]:
     pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
     table = store.admin_context().engines.backend(store.shard_map.master(shard)).table(shard, pin_type.table)
@@ -176,6 +237,7 @@ def _object_cases(
 
         def raw_insert(_i: int) -> None:
             cur.execute(f"INSERT INTO {table} (data) VALUES ({p})", (orjson.dumps(PIN).decode(),))
+            cur.release()
 
     case = "create (instagram)" if instagram else "create"
     say(case)
@@ -249,8 +311,9 @@ def _loaded_board(store: Store, cur: Any, p: str, shard: int, rel: str) -> Itera
 
 
 def _relation_cases(
-    store: Store, cur: Any, p: str, shard: int, n: int, say: Callable[[str], None]
+    store: Store, cur: Any, floor: _PooledCursor, p: str, shard: int, n: int, say: Callable[[str], None]
 ) -> list[BenchResult]:
+    """The relation cases: ``cur`` (a connection of its own) loads the lists, ``floor`` times the floors."""
     rel = "board_has_pins"
     h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
     table, counts = h.table(rel), h.table("relation_counts")
@@ -270,8 +333,8 @@ def _relation_cases(
 
         def raw(sql: str, params: tuple[Any, ...]) -> Callable[[int], None]:
             def run(_i: int) -> None:
-                cur.execute(sql, params)
-                cur.fetchall()
+                floor.execute(sql, params)
+                floor.fetchall()
 
             return run
 
@@ -290,7 +353,7 @@ def _relation_cases(
                 max(1, n // 4),
             ),
             ("count", lambda _i: store.count(rel, board), raw(count_sql, (rel, board)), n),
-            _has_links_case(store, cur, p, table, board, rows, n),
+            _has_links_case(store, floor, p, table, board, rows, n),
         ]
         results = []
         for case, store_op, raw_op, times in cases:
@@ -303,7 +366,7 @@ def _relation_cases(
             pair(
                 f"board_pins_many({MANY_BOARDS})",
                 lambda _i: store.board_pins_many(list(pages), limit=MANY_PINS),
-                _raw_board_pins_many(store, cur, p, shard, rel, pages),
+                _raw_board_pins_many(store, floor, p, shard, rel, pages),
                 max(1, n // 10),
             )
         )
@@ -317,7 +380,7 @@ MANY_BOARDS, MANY_PINS = 20, 50
 
 
 def _has_links_case(
-    store: Store, cur: Any, p: str, table: str, board: int, rows: list[Row], n: int
+    store: Store, cur: _PooledCursor, p: str, table: str, board: int, rows: list[Row], n: int
 ) -> tuple[str, Callable[[int], object], Callable[[int], None], int]:
     """``has_links`` of the bench board, half of the to_ids linked, next to one ``SELECT ... IN``."""
     linked = [t for _f, t, _s in rows]
@@ -375,7 +438,7 @@ def _loaded_boards(store: Store, cur: Any, p: str, shard: int, rel: str) -> Iter
 
 
 def _raw_board_pins_many(
-    store: Store, cur: Any, p: str, shard: int, rel: str, pages: dict[int, list[int]]
+    store: Store, cur: _PooledCursor, p: str, shard: int, rel: str, pages: dict[int, list[int]]
 ) -> Callable[[int], None]:
     """The floor of ``board_pins_many``: one UNION ALL of the boards' first pages, one IN of their pins.
 

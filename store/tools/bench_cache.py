@@ -49,10 +49,10 @@ def cache_cases(store: Store, shard: int, n: int, say: Callable[[str], None]) ->
     for i, p in enumerate(pins):
         store.link("board_has_pins", board, p, sequence=i)
     # Warm the store's caches, and give the floors their copies.
-    store.get_many(pins)
+    store.get_many(pins, type_name="pin")
     store.board_pins(board, limit=50)
     text = orjson.dumps(PIN)
-    owner = {p: mc.server_for(store.cache_key(p)).address for p in pins}
+    owner = {p: mc.server_for(store.cache_key(p, type_name="pin")).address for p in pins}
     for p in pins:
         with servers[owner[p]].borrow() as client:
             client.set(f"{RAW_PREFIX}{p}", text)
@@ -87,8 +87,8 @@ def cache_cases(store: Store, shard: int, n: int, say: Callable[[str], None]) ->
     results = []
     try:
         for case, store_op, raw_op in (
-            ("warm get", lambda i: store.get(pins[i % 50]), raw_get),
-            ("warm get_many(50)", lambda _i: store.get_many(pins), raw_get_many),
+            ("warm get", lambda i: store.get(pins[i % 50], type_name="pin"), raw_get),
+            ("warm get_many(50)", lambda _i: store.get_many(pins, type_name="pin"), raw_get_many),
             ("warm board page", lambda _i: store.board_pins(board, limit=50), raw_board_page),
         ):
             say(case)
@@ -133,7 +133,7 @@ def _many_lists_cases(store: Store, shard: int, n: int, say: Callable[[str], Non
     store.count("users_likes_pins", user)
     store.board_pins_many(boards, limit=MANY_PINS)
     text = orjson.dumps(PIN)
-    owner = {p: mc.server_for(store.cache_key(p)).address for p in every}
+    owner = {p: mc.server_for(store.cache_key(p, type_name="pin")).address for p in every}
     by_server: dict[str, list[str]] = {}
     for p in every:
         by_server.setdefault(owner[p], []).append(f"{RAW_PREFIX}{p}")

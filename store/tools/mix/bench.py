@@ -13,6 +13,7 @@ import click
 import orjson
 
 from store.admin import init_shards
+from store.backends import backend_for
 from store.config import StoreConfig
 from store.exceptions import ConfigError
 from store.store import Store
@@ -24,6 +25,14 @@ from store.tools.mix.dataset_db import (
     raw_connection,
     remove_copy,
     truth,
+)
+from store.tools.mix.pg import (
+    PgFloor,
+    PgTruth,
+    default_pg_config,
+    load_copy_pg,
+    pg_connection,
+    remove_copy_pg,
 )
 from store.tools.mix.procs import Workers
 from store.tools.mix.report import as_json, charts, machine, markdown, tables
@@ -71,8 +80,10 @@ def _config(options: MixOptions) -> StoreConfig:
     if options.config is not None:
         return options.config
     url = os.environ.get("STORE_MIX_URL", "mysql+pymysql://root@127.0.0.1:3306")
+    # A postgresql:// URL: Instagram IDs, a schema per shard (the URL names the database).
+    make = default_pg_config if url.startswith("postgresql") else default_config
     return StoreConfig.from_dict(
-        default_config(
+        make(
             os.environ.get("STORE_MIX_URL_A", url),
             os.environ.get("STORE_MIX_URL_B", url),
             shards=options.shards,
@@ -94,7 +105,8 @@ def _flush_memcached(servers: tuple[str, ...]) -> None:
 
 def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
     out: dict[str, str] = {}
-    conn = raw_connection(next(iter(schema.hosts.values())))
+    pg = schema.ids == "instagram"
+    conn = (pg_connection if pg else raw_connection)(next(iter(schema.hosts.values())))
     try:
         cur = conn.cursor()
         cur.execute("SELECT VERSION()")
@@ -114,10 +126,16 @@ def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
         c = Client((host, int(port)), connect_timeout=1, timeout=1)
         out["memcached"] = c.version().decode()
         c.close()
-    import pymysql
     import sqlalchemy
 
-    out["drivers"] = f"PyMySQL {pymysql.__version__}, SQLAlchemy {sqlalchemy.__version__}"
+    if pg:
+        import psycopg
+
+        out["drivers"] = f"psycopg {psycopg.__version__}, SQLAlchemy {sqlalchemy.__version__}"
+    else:
+        import pymysql
+
+        out["drivers"] = f"PyMySQL {pymysql.__version__}, SQLAlchemy {sqlalchemy.__version__}"
     return out
 
 
@@ -137,33 +155,48 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int, proces
     per_host = {"floor": 1, "horizontal_shard": 2, "store": 2, "store-mysqldb": 2}
     callers = threads * processes
     need = len(set(schema.masters.values())) * callers * sum(per_host.get(n, 2) for n in names) + 10
-    conn = raw_connection(next(iter(schema.hosts.values())))
+    pg = schema.ids == "instagram"
+    conn = (pg_connection if pg else raw_connection)(next(iter(schema.hosts.values())))
     try:
         cur = conn.cursor()
-        cur.execute("SELECT @@max_connections")
-        allowed = int(cur.fetchone()[0])
-        cur.execute("SHOW STATUS LIKE 'Threads_connected'")
-        used = int(cur.fetchone()[1])
+        if pg:
+            cur.execute(
+                "SELECT current_setting('max_connections')::int, (SELECT count(*) FROM pg_stat_activity)"
+            )
+            allowed, used = (int(v) for v in cur.fetchone())
+        else:
+            cur.execute("SELECT @@max_connections")
+            allowed = int(cur.fetchone()[0])
+            cur.execute("SHOW STATUS LIKE 'Threads_connected'")
+            used = int(cur.fetchone()[1])
     finally:
         conn.close()
     if allowed - used < need:
+        fix = (
+            f"max_connections = {need + used + 50} in postgresql.conf, then restart it"
+            if pg
+            else f"SET GLOBAL max_connections = {need + used + 50}"
+        )
         raise ConfigError(
             f"the mix at {callers} threads may open about {need} connections, and the server allows "
-            f"{allowed} with {used} in use: raise it (SET GLOBAL max_connections = {need + used + 50}) "
-            "or run fewer threads or systems"
+            f"{allowed} with {used} in use: raise it ({fix}) or run fewer threads or systems"
         )
 
 
 def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
     pool = max(options.threads)
+    pg = config.ids == "instagram"
     if name == "floor":
         from store.tools.mix.floor import Floor
 
-        return Floor(schema, memcached=list(config.cache.memcached), redis_url=str(config.cache.redis))
+        floor = PgFloor if pg else Floor
+        return floor(schema, memcached=list(config.cache.memcached), redis_url=str(config.cache.redis))
     if name == "horizontal_shard":
         from store.tools.mix.peer import ShardedPeer
+        from store.tools.mix.peer_pg import PgShardedPeer
 
-        return ShardedPeer(schema, pool_size=pool)
+        peer = PgShardedPeer if pg else ShardedPeer
+        return peer(schema, pool_size=pool)
     base, _, knobs = name.partition(":")
     if base == "store":
         cfg = config
@@ -243,13 +276,17 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         raise ConfigError(
             "the mix needs memcached and Redis in the config's cache: section (the floor uses both)"
         )
-    if config.ids != "pinterest":
-        raise ConfigError("the mix runs on Pinterest IDs (ids: pinterest)")
+    pg = config.ids == "instagram"
+    if pg and any(backend_for(url).name != "postgresql" for url in config.hosts.values()):
+        raise ConfigError("the mix runs Instagram IDs on PostgreSQL hosts only")
     first, last = config.open_shards[0]
     shards = list(range(first, min(last + 1, first + options.shards)))
     say(f"init: shards {shards[0]}-{shards[-1]} (idempotent)")
     init_shards(config, shards=shards)
     schema = mix_schema(config, shards)
+    load, remove, read_truth = (
+        (load_copy_pg, remove_copy_pg, PgTruth) if pg else (load_copy, remove_copy, truth)
+    )
     data = make_data_set(options.shape)
     names = list(options.systems)
     if options.mysqldb_url and not any(n.partition(":")[0] == "store-mysqldb" for n in names):
@@ -270,7 +307,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     try:
         for n in names:
             with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
-                copies[n] = load_copy(schema, data, shards, progress=bar.update)
+                copies[n] = load(schema, data, shards, progress=bar.update)
         if options.processes > 1:
             say(f"workers: {options.processes} processes per system, each builds its own")
             for n in names:
@@ -315,7 +352,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             phases += [merge(slices[n]) for n in names]
         for pool in pools.values():
             pool.close()
-        t = truth(schema)
+        t = read_truth(schema)
         try:
             for n in names:
                 say(f"check: {n}'s answers against the databases")
@@ -331,7 +368,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         for n, system in systems.items():
             system.close()
             if n in copies and not options.keep:
-                remove_copy(schema, copies[n])
+                remove(schema, copies[n])
     meta = {
         "machine": machine(_versions(schema, config)),
         "shape": data.shape.__dict__,

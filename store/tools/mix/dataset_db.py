@@ -82,6 +82,7 @@ def mix_schema(config: StoreConfig, shards: list[int]) -> MixSchema:
             r.name: (r.from_type, r.to_type, r.inverse if r.primary else None)
             for r in config.relations.values()
         },
+        ids=config.ids,
     )
 
 
@@ -259,8 +260,8 @@ class Truth:
         """Close the connections."""
         self._stack.close()
 
-    def node(self, id_: int) -> dict[str, Any] | None:
-        """The live object, or None."""
+    def node(self, id_: int, type_name: str | None = None) -> dict[str, Any] | None:
+        """The live object, or None (``type_name``: read off the Pinterest ID instead)."""
         shard, type_id, local = id_ >> 46, (id_ >> 36) & 0x3FF, id_ & ((1 << 36) - 1)
         cur = self._cursor(shard)
         table = self._tables[self._type_of[type_id]]
@@ -282,8 +283,8 @@ class Truth:
         )
         return [int(r[0]) for r in cur.fetchall()]
 
-    def live(self, ids: list[int]) -> dict[int, dict[str, Any]]:
-        """The live objects among ``ids``."""
+    def live(self, ids: list[int], type_name: str | None = None) -> dict[int, dict[str, Any]]:
+        """The live objects among ``ids`` (``type_name``: as for `node`)."""
         out: dict[int, dict[str, Any]] = {}
         for id_ in ids:
             obj = self.node(id_)

@@ -127,7 +127,7 @@ class Floor:
 
     # -- objects -----------------------------------------------------------------
 
-    def get_node(self, id_: int) -> dict[str, Any] | None:
+    def get_node(self, id_: int, type_name: str | None = None) -> dict[str, Any] | None:
         """memcached, else the row (and fill)."""
         key = f"{self._p}o:{id_}"
         mc = self._mc()
@@ -181,7 +181,7 @@ class Floor:
         cur.execute(self._q("insert", shard, table), (orjson.dumps(data).decode(),))
         return (shard << 46) | (type_id << 36) | int(cur.lastrowid)
 
-    def update_node(self, id_: int, changes: dict[str, Any]) -> None:
+    def update_node(self, id_: int, changes: dict[str, Any], type_name: str | None = None) -> None:
         """Read-modify-write under FOR UPDATE, then delete the cache entry."""
         shard = id_ >> 46
         table = self._table(id_)
@@ -199,7 +199,7 @@ class Floor:
             raise
         self._mc().delete(f"{self._p}o:{id_}", noreply=False)
 
-    def delete_node(self, id_: int) -> None:
+    def delete_node(self, id_: int, type_name: str | None = None) -> None:
         """Mark inactive, delete the cache entry."""
         shard = id_ >> 46
         cur = self._cur(shard)

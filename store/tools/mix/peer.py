@@ -198,7 +198,7 @@ class ShardedPeer:
         """The mapped class of the ID's type."""
         return self._by_type_id[type_of(id_)]
 
-    def get_node(self, id_: int) -> dict[str, Any] | None:
+    def get_node(self, id_: int, type_name: str | None = None) -> dict[str, Any] | None:
         """The live object, or None (absent or deleted)."""
         with self._session() as s:
             row = s.get(self._object(id_), local_of(id_), identity_token=str(shard_of(id_)))
@@ -214,7 +214,7 @@ class ShardedPeer:
             s.add(row)
         return make_id(shard, type_id, row.local_id)
 
-    def update_node(self, id_: int, changes: dict[str, Any]) -> None:
+    def update_node(self, id_: int, changes: dict[str, Any], type_name: str | None = None) -> None:
         """Merge ``changes`` into the live object under SELECT ... FOR UPDATE (no-op if it is gone)."""
         with self._session() as s, s.begin():
             row = s.get(
@@ -223,7 +223,7 @@ class ShardedPeer:
             if row is not None and row.active:
                 row.data = {**row.data, **changes}
 
-    def delete_node(self, id_: int) -> None:
+    def delete_node(self, id_: int, type_name: str | None = None) -> None:
         """Soft-delete the object (``active = 0``); its list entries stay."""
         cls = self._object(id_)
         stmt = (

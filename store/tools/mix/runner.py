@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.tools.mix.dataset_db import Copy, Truth
+from store.tools.mix.pg import PgTruth
 from store.tools.mix.system import System
 from store.tools.mix.workload import MIX, PAGE, DataSet, Request, requests
 
@@ -141,11 +142,11 @@ def _call(system: System, data: DataSet, copy: Copy, r: Request) -> Callable[[],
     if op == "count_link":
         return lambda: system.count_links(kind, copy.boards[r.a])
     if op == "get_node":
-        return lambda: system.get_node(copy.pins[r.a])
+        return lambda: system.get_node(copy.pins[r.a], kind)
     if op == "update_node":
-        return lambda: system.update_node(copy.pins[r.a], {"n": r.value})
+        return lambda: system.update_node(copy.pins[r.a], {"n": r.value}, kind)
     if op == "delete_node":
-        return lambda: system.delete_node(copy.pins[r.a])
+        return lambda: system.delete_node(copy.pins[r.a], kind)
     if op == "add_node":
         board = copy.boards[r.a]
         obj = data.pin_data(r.a % data.shape.pins)
@@ -258,12 +259,14 @@ def reset_sends() -> None:
 @contextmanager
 def counting_sends() -> Iterator[None]:
     """Count every ``sendall``/``send`` on Python sockets (PyMySQL, pymemcache and redis-py use them),
-    and every query mysqlclient sends.
+    every query mysqlclient sends, and every statement psycopg sends.
 
     A request is one send on all three (a pipeline's commands go out
-    together), so sends are round trips. mysqlclient's sockets are in C: its
-    ``Connection.query`` (one request, however many statements it holds) is
-    counted instead.
+    together), so sends are round trips. mysqlclient's and libpq's sockets
+    are in C: mysqlclient's ``Connection.query`` (one request, however many
+    statements it holds), psycopg's ``Cursor.execute`` and ``executemany``
+    (one request each) and its pipelines (one request for all the
+    statements in one) are counted instead.
     """
     cls: Any = socket.socket
     orig_sendall, orig_send = cls.sendall, cls.send
@@ -271,10 +274,38 @@ def counting_sends() -> Iterator[None]:
     with suppress(ImportError):
         mysqldb = importlib.import_module("MySQLdb.connections").Connection
     orig_query: Any = None if mysqldb is None else mysqldb.query
+    psycopg: Any = None
+    pg_conn: Any = None
+    with suppress(ImportError):
+        psycopg = importlib.import_module("psycopg").Cursor
+        pg_conn = importlib.import_module("psycopg").Connection
+    orig_execute: Any = None if psycopg is None else psycopg.execute
+    orig_executemany: Any = None if psycopg is None else psycopg.executemany
+    orig_pipeline: Any = None if pg_conn is None else pg_conn.pipeline
 
     def query(self: Any, sql: Any) -> Any:
         _counts.n = getattr(_counts, "n", 0) + 1
         return orig_query(self, sql)
+
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(_counts, "piped", 0):  # a pipeline's statements go out together
+            _counts.n = getattr(_counts, "n", 0) + 1
+        return orig_execute(self, *args, **kwargs)
+
+    def executemany(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(_counts, "piped", 0):
+            _counts.n = getattr(_counts, "n", 0) + 1
+        return orig_executemany(self, *args, **kwargs)
+
+    @contextmanager
+    def pipeline(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        _counts.n = getattr(_counts, "n", 0) + 1
+        _counts.piped = getattr(_counts, "piped", 0) + 1
+        try:
+            with orig_pipeline(self, *args, **kwargs) as p:
+                yield p
+        finally:
+            _counts.piped -= 1
 
     def sendall(self: socket.socket, data: Any, *args: Any) -> Any:
         _counts.n = getattr(_counts, "n", 0) + 1
@@ -287,12 +318,18 @@ def counting_sends() -> Iterator[None]:
     cls.sendall, cls.send = sendall, send
     if mysqldb is not None:
         mysqldb.query = query
+    if psycopg is not None:
+        psycopg.execute, psycopg.executemany = execute, executemany
+        pg_conn.pipeline = pipeline
     try:
         yield
     finally:
         cls.sendall, cls.send = orig_sendall, orig_send
         if mysqldb is not None:
             mysqldb.query = orig_query
+        if psycopg is not None:
+            psycopg.execute, psycopg.executemany = orig_execute, orig_executemany
+            pg_conn.pipeline = orig_pipeline
 
 
 def count_round_trips(system: System, data: DataSet, copy: Copy, *, n: int, seed: int) -> dict[str, float]:
@@ -324,7 +361,7 @@ class Check:
     mismatches: list[str] = field(default_factory=list)
 
 
-def check_system(system: System, truth: Truth, data: DataSet, copy: Copy, *, seed: int) -> Check:
+def check_system(system: System, truth: Truth | PgTruth, data: DataSet, copy: Copy, *, seed: int) -> Check:
     """Compare the system's answers (through its caches) with the databases, on a sample.
 
     The 10 biggest boards and 30 others (page and count), 30 users' likes,
@@ -340,16 +377,16 @@ def check_system(system: System, truth: Truth, data: DataSet, copy: Copy, *, see
         if fills:
             want: list[int] = []
             for i in range(0, len(rows), 200):
-                live = truth.live(rows[i : i + 200])
+                live = truth.live(rows[i : i + 200], "pin")
                 want += [r for r in rows[i : i + 200] if r in live]
                 if len(want) >= PAGE:
                     break
             want = want[:PAGE]
         else:
-            live = truth.live(rows[:PAGE])
+            live = truth.live(rows[:PAGE], "pin")
             want = [r for r in rows[:PAGE] if r in live]
         got = system.board_page(board, PAGE)
-        objs = truth.live(want)
+        objs = truth.live(want, "pin")
         out.checked += 2
         if [i for i, _o in got] != want:
             out.mismatches.append(f"board {board} page: {len(got)} ids, the database has {len(want)}")
@@ -368,6 +405,6 @@ def check_system(system: System, truth: Truth, data: DataSet, copy: Copy, *, see
     for p in rng.sample(range(data.shape.pins), min(100, data.shape.pins)):
         pin = copy.pins[p]
         out.checked += 1
-        if system.get_node(pin) != truth.node(pin):
+        if system.get_node(pin, "pin") != truth.node(pin, "pin"):
             out.mismatches.append(f"pin {pin}: the object differs from its row")
     return out

@@ -22,22 +22,22 @@ class StoreSystem:
         self.store = store
         self.name = name
 
-    def get_node(self, id_: int) -> dict[str, Any] | None:
+    def get_node(self, id_: int, type_name: str | None = None) -> dict[str, Any] | None:
         """`Store.get`."""
-        return self.store.get(id_)
+        return self.store.get(id_, type_name=type_name)
 
     def add_node(self, type_name: str, data: dict[str, Any], near: int) -> int:
         """`Store.create` near ``near``."""
         return self.store.create(type_name, data, near=near)
 
-    def update_node(self, id_: int, changes: dict[str, Any]) -> None:
+    def update_node(self, id_: int, changes: dict[str, Any], type_name: str | None = None) -> None:
         """`Store.update` (a gone object is a no-op, as for the others)."""
         with contextlib.suppress(NotFound):
-            self.store.update(id_, changes)
+            self.store.update(id_, changes, type_name=type_name)
 
-    def delete_node(self, id_: int) -> None:
+    def delete_node(self, id_: int, type_name: str | None = None) -> None:
         """`Store.delete` (which also empties the object's lists)."""
-        self.store.delete(id_)
+        self.store.delete(id_, type_name=type_name)
 
     def board_page(self, board_id: int, limit: int) -> PageRows:
         """`Store.board_pins`."""

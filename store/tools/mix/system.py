@@ -2,8 +2,10 @@
 
 A system gets its own copy of the data set (same shape, its own IDs), so
 one system's writes never change what another starts from. IDs are the
-store's 64-bit Pinterest IDs: shard in bits 46-61, type in bits 36-45,
-local id in bits 0-35, so a hand-written system can route them too.
+store's 64-bit Pinterest IDs on MariaDB (shard in bits 46-61, type in bits
+36-45, local id in bits 0-35) or its Instagram IDs on PostgreSQL (shard in
+bits 10-22, no type: node operations are told it), so a hand-written
+system can route them too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Protocol
 
 import redis
 
-from store.naming import database_name
+from store.naming import database_name, schema_name
 
 __all__ = ["MixSchema", "PageRows", "System", "flush_redis"]
 
@@ -35,11 +37,18 @@ class MixSchema:
     relations: dict[str, tuple[str, str, str | None]]
     #: The counts table (relation, from_id, n), kept by the store only.
     counts_table: str = "relation_counts"
+    #: "pinterest" (MariaDB, a database per shard) or "instagram" (PostgreSQL, a schema per shard).
+    ids: str = "pinterest"
 
     @staticmethod
     def database(shard: int) -> str:
         """The database of ``shard`` on its host: ``db00042``."""
         return database_name(shard)
+
+    @staticmethod
+    def schema(shard: int) -> str:
+        """The PostgreSQL schema of ``shard``: ``shard0042``."""
+        return schema_name(shard)
 
 
 class System(Protocol):
@@ -47,16 +56,20 @@ class System(Protocol):
 
     name: str
 
-    def get_node(self, id_: int) -> dict[str, Any] | None:
-        """The live object, or None (absent or deleted)."""
+    def get_node(self, id_: int, type_name: str | None = None) -> dict[str, Any] | None:
+        """The live object, or None (absent or deleted).
+
+        ``type_name`` (each node operation takes it): the ID's type, which an
+        Instagram ID does not carry; Pinterest-ID systems read it off the ID.
+        """
 
     def add_node(self, type_name: str, data: dict[str, Any], near: int) -> int:
         """Create an object on ``near``'s shard; its new ID."""
 
-    def update_node(self, id_: int, changes: dict[str, Any]) -> None:
+    def update_node(self, id_: int, changes: dict[str, Any], type_name: str | None = None) -> None:
         """Merge ``changes`` into the live object (no-op if it is gone)."""
 
-    def delete_node(self, id_: int) -> None:
+    def delete_node(self, id_: int, type_name: str | None = None) -> None:
         """Soft-delete the object (``active = 0``)."""
 
     def board_page(self, board_id: int, limit: int) -> PageRows:
