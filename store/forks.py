@@ -36,7 +36,8 @@ T = TypeVar("T")
 
 #: id(owner) -> (a weak reference to it, what to call with it in a child).
 _HOOKS: dict[int, tuple[weakref.ref[Any], Callable[[Any], None]]] = {}
-_LOCK = threading.Lock()
+#: Re-entrant: a weak reference's callback (`at_fork`'s ``gone``) may run on a thread that holds it.
+_LOCK = threading.RLock()
 #: Connections a child inherited and may not close (SQLite's, drivers this module does not
 #: know): kept here so that no finaliser closes them either. A few per fork at most.
 _KEPT: list[Any] = []
@@ -57,14 +58,15 @@ def at_fork(owner: T, reset: Callable[[T], None]) -> None:
             if held is not None and held[0] is ref:
                 del _HOOKS[key]
 
+    ref = weakref.ref(owner, gone)
     with _LOCK:
-        _HOOKS[key] = (weakref.ref(owner, gone), reset)
+        _HOOKS[key] = (ref, reset)
 
 
 def _after_fork_in_child() -> None:
     """Reset every registered owner (see the module's text)."""
     global _LOCK
-    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    _LOCK = threading.RLock()  # another thread may have held it at the fork
     for ref, reset in list(_HOOKS.values()):
         owner = ref()
         if owner is None:
