@@ -154,7 +154,11 @@ def check_forked_workers(store: Store, known: Known) -> None:
     results = ctx.Queue()
     release = ctx.Event()
     parent_ids = connection_ids(store)
-    workers = [ctx.Process(target=_worker, args=(store, known, n, results, release)) for n in range(WORKERS)]
+    # Daemonic: a worker stuck on a read never keeps the test run from ending.
+    workers = [
+        ctx.Process(target=_worker, args=(store, known, n, results, release), daemon=True)
+        for n in range(WORKERS)
+    ]
     for w in workers:
         w.start()
     # The parent reads on while its children do.
@@ -172,10 +176,12 @@ def check_forked_workers(store: Store, known: Known) -> None:
         live = live_connections(store)
     finally:
         release.set()
+        deadline = time.monotonic() + 30
         for w in workers:
-            w.join(30)
+            w.join(max(0.1, deadline - time.monotonic()))
             if w.is_alive():
                 w.kill()
+                w.join()
     wrong = sum(r[2] for r in got)
     errors = sum(r[3] for r in got) + (WORKERS - len(got))
     seen = [s for r in got for s in r[4]][:5]
