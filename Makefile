@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test faults moves browser check lint typecheck services bench clean
+.PHONY: demo test faults moves deploy browser check lint typecheck services bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ faults: $(STAMP) services
 ## moves: moves, tombstones and `store check` alone, on MariaDB servers the tests start
 moves: $(STAMP) services
 	$(BIN)/pytest -m moves
+
+## deploy: the store under gunicorn --preload (sync and gthread workers) and forked workers alone
+deploy: $(STAMP) services
+	$(BIN)/pytest tests/test_forks.py tests/test_deploy.py
 
 ## browser: the operator page in headless Chromium during a real move (installs Chromium if missing)
 browser: $(STAMP) services

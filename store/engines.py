@@ -33,6 +33,7 @@ from store.exceptions import (
     StaleMapError,
     StoreError,
 )
+from store.forks import at_fork
 from store.grants import LOG_DATABASE, access_denied
 from store.pool import ConnectionPool
 
@@ -676,6 +677,13 @@ class Engines:
         self.logging = c.follow and bool(c.memcached or c.redis)
         self._logs: dict[str, str] = {}
         self._observe: Callable[[str], None] | None = None
+        at_fork(self, Engines._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a lock of its own, and no fan-out threads (they stayed in the parent:
+        a new pool of them starts on the next batch). Each pool resets itself (`store.pool`)."""
+        self._lock = threading.Lock()
+        self._fanout = None
 
     def _log_sql(self, h: ShardHandle) -> str | None:
         """The log INSERT of ``h``'s host, once the log is known to exist (checked once per process).

@@ -43,6 +43,7 @@ from typing import TypeVar
 
 from store.config import StoreConfig
 from store.exceptions import ConfigError, RoutingError, ShardMovedError, ShardNotInitializedError
+from store.forks import at_fork
 from store.mapsource import (
     FileMapSource,
     MapSource,
@@ -147,6 +148,14 @@ class LiveMap:
         if self.dynamic:
             self._install(load_or_seed(self.source, config.shard_map))
             self._checks = 1
+        at_fork(self, LiveMap._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a lock of its own; a check the parent runs is not this process's
+        (`_running` tells by the process id), so the next one due starts here."""
+        self._lock = threading.Lock()
+        self._check = None
+        self._next_check = 0.0
 
     @property
     def current(self) -> ShardMap:

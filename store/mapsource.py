@@ -24,7 +24,7 @@ import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 import yaml
@@ -32,6 +32,7 @@ from sqlalchemy.engine import URL, make_url
 
 from store.config import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_QUERY_TIMEOUT_S, StoreConfig
 from store.exceptions import BackendError, ConfigError, StaleMapError
+from store.forks import at_fork
 from store.grants import access_denied
 from store.shardmap import ShardMap
 
@@ -265,6 +266,10 @@ class ZooKeeperMapSource:
     minimum); ``connect_timeout_s``: the wait for the first connection
     (default ``timeout_s``). While the client is not connected, no watch can
     fire: `changed` and `load` raise `BackendError` rather than answer.
+
+    A child of ``os.fork()`` never uses (or closes: that would end the
+    parent's session) the client it inherited, whose threads stayed in the
+    parent: it connects a client of its own on first use (`store.forks`).
     """
 
     def __init__(
@@ -275,20 +280,50 @@ class ZooKeeperMapSource:
         timeout_s: float = 5.0,
         connect_timeout_s: float | None = None,
     ) -> None:
-        from kazoo.client import KazooClient
-
         self.path = path
         self.hosts = hosts
-        # ``timeout_s`` is the session's: a request on a connection that stops
-        # answering fails once the client declares the connection lost, within it.
-        self._client = KazooClient(hosts=hosts, timeout=timeout_s)
-        try:
-            self._client.start(timeout=timeout_s if connect_timeout_s is None else connect_timeout_s)
-        except Exception as exc:
-            raise BackendError(f"cannot reach ZooKeeper at {hosts}: {exc}", orig=exc) from exc
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = timeout_s if connect_timeout_s is None else connect_timeout_s
+        self._client: Any = self._start()
         self._dirty = True
         self._watching = False
         self._version = 0
+        self._pid = os.getpid()
+        #: Clients inherited over a fork: kept, never used or closed (see the class's text).
+        self._inherited: list[Any] = []
+        at_fork(self, ZooKeeperMapSource._after_fork)
+
+    def _start(self) -> Any:
+        """A connected client (`BackendError` if ZooKeeper cannot be reached in time)."""
+        from kazoo.client import KazooClient
+
+        # ``timeout_s`` is the session's: a request on a connection that stops
+        # answering fails once the client declares the connection lost, within it.
+        client = KazooClient(hosts=self.hosts, timeout=self._timeout_s)
+        try:
+            client.start(timeout=self._connect_timeout_s)
+        except Exception as exc:
+            raise BackendError(f"cannot reach ZooKeeper at {self.hosts}: {exc}", orig=exc) from exc
+        return client
+
+    def _after_fork(self) -> None:
+        """In a forked child: put the parent's client aside; `_here` connects a new one."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        if self._client is not None:
+            self._inherited.append(self._client)
+        self._client = None
+        self._watching = False
+        self._dirty = True
+
+    def _here(self) -> Any:
+        """This process's client, connected now if it has none yet (after a fork)."""
+        if self._pid != os.getpid():  # a fork the hook missed
+            self._after_fork()
+        if self._client is None:
+            self._client = self._start()
+        return self._client
 
     def _watch(self) -> None:
         if self._watching:
@@ -298,7 +333,7 @@ class ZooKeeperMapSource:
         def on_change(_data: object, _stat: object) -> None:
             self._dirty = True  # ZooKeeper calls back on its own thread
 
-        self._client.DataWatch(self.path, on_change)
+        self._here().DataWatch(self.path, on_change)
 
     def load(self) -> ShardMap | None:
         """The map in the znode, or None if there is none yet."""
@@ -308,7 +343,7 @@ class ZooKeeperMapSource:
         self._watch()
         self._dirty = False
         try:
-            data, _stat = self._client.get(self.path)
+            data, _stat = self._here().get(self.path)
         except NoNodeError:
             return None
         except Exception as exc:  # the connection lost mid-request, the session expired
@@ -326,7 +361,7 @@ class ZooKeeperMapSource:
         return self._dirty
 
     def _connected(self) -> None:
-        if not self._client.connected:
+        if not self._here().connected:
             raise BackendError(
                 f"ZooKeeper at {self.hosts} is not connected: the shard map cannot be confirmed current"
             )
@@ -337,23 +372,27 @@ class ZooKeeperMapSource:
 
         body = orjson.dumps(new.to_dict())
         try:
-            data, stat = self._client.get(self.path)
+            data, stat = self._here().get(self.path)
             current = ShardMap.from_dict(orjson.loads(data)).version
         except NoNodeError:
             stat, current = None, 0
         _check_next(new, current, expected_version)
         try:
             if stat is None:
-                self._client.create(self.path, body, makepath=True)
+                self._here().create(self.path, body, makepath=True)
             else:
-                self._client.set(self.path, body, version=stat.version)
+                self._here().set(self.path, body, version=stat.version)
         except (BadVersionError, NodeExistsError) as exc:
             raise StaleMapError("another writer changed the shard map in ZooKeeper first: reload") from exc
 
     def close(self) -> None:
-        """Disconnect."""
-        self._client.stop()
-        self._client.close()
+        """Disconnect (this process's client only)."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        if self._client is not None:
+            self._client.stop()
+            self._client.close()
+            self._client = None
 
 
 def open_map_source(config: StoreConfig) -> MapSource:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store.forks import at_fork
 from store.threadends import on_thread_end
 
 if TYPE_CHECKING:
@@ -198,6 +199,11 @@ class Metrics:
         self.move_journal = None if move_journal is None else Path(move_journal)
         self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
+        at_fork(self, Metrics._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a lock of its own (a thread of the parent may have held the old one)."""
+        self._lock = threading.Lock()
 
     # -- the hot path --------------------------------------------------------------
 

@@ -17,7 +17,10 @@ how many are open. It keeps the rules that matter:
 * connections older than ``recycle_s`` are replaced at checkout (servers
   drop idle connections after ``wait_timeout``);
 * no reset on return: connections run in autocommit mode and the callers
-  close every transaction they open, so there is nothing to roll back.
+  close every transaction they open, so there is nothing to roll back;
+* a pool is its process's own: in a child of ``os.fork()`` it forgets the
+  connections it inherited, sending nothing on them, and opens its own
+  (`store.forks`: at the fork, and by a process id check at each checkout).
 
 Each pooled connection also keeps one cursor for its whole life: creating a
 psycopg cursor measured about 45 us per call between round trips here.
@@ -25,6 +28,7 @@ psycopg cursor measured about 45 us per call between round trips here.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -33,6 +37,7 @@ from contextlib import suppress
 from typing import Any
 
 from store.exceptions import BackendError
+from store.forks import at_fork, forget_connection
 
 __all__ = ["ConnectionPool", "PooledConnection"]
 
@@ -90,11 +95,13 @@ class _ReusedCursor:
 class PooledConnection:
     """A DBAPI connection with one reused cursor; other attributes pass through."""
 
-    __slots__ = ("_cursor", "raw")
+    __slots__ = ("_cursor", "pid", "raw")
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._cursor: _ReusedCursor | None = None
+        #: The process that opened it: no other may use it (`store.forks`).
+        self.pid = os.getpid()
 
     def cursor(self) -> _ReusedCursor:
         """The connection's cursor (made on first use)."""
@@ -137,9 +144,26 @@ class ConnectionPool:
         self._timeout_s = timeout_s
         self._recycle_s = recycle_s
         self.opened = 0  # connections made over the pool's life, for tests and stats
+        #: The process whose connections the pool holds.
+        self._pid = os.getpid()
+        at_fork(self, ConnectionPool._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's connections (sending nothing), start empty."""
+        if self._pid == os.getpid():
+            return
+        self._cond = threading.Condition(threading.Lock())  # may have been held by a parent's thread
+        self._in_use = 0  # the threads that had them checked out do not exist here
+        self._waiting = 0
+        inherited, self._idle = self._idle, deque()
+        self._pid = os.getpid()
+        for conn, _born in inherited:
+            forget_connection(getattr(conn, "raw", conn))
 
     def checkout(self) -> tuple[Any, float]:
         """An open connection and its birth time; make one if none is idle."""
+        if self._pid != _getpid():  # a fork the hook missed
+            self._after_fork()
         with self._cond:
             if self._in_use >= self._max_open:
                 self._wait_for_slot()
@@ -183,8 +207,18 @@ class ConnectionPool:
             if self._waiting:
                 self._cond.notify()
 
+    def _foreign(self, conn: Any) -> bool:
+        """True (and the connection forgotten) if another process opened ``conn``: a checkout made
+        before this process was forked, given back in the child."""
+        if getattr(conn, "pid", self._pid) == self._pid:
+            return False
+        forget_connection(getattr(conn, "raw", conn))
+        return True
+
     def checkin(self, conn: Any, born: float) -> None:
         """Give back a healthy connection."""
+        if self._foreign(conn):
+            return
         if len(self._idle) < self._max_idle:
             self._idle.append((conn, born))
         else:
@@ -193,6 +227,8 @@ class ConnectionPool:
 
     def discard(self, conn: Any, *, disconnected: bool = False) -> None:
         """Close a connection in an unknown state; after a disconnect, drop the idle ones too."""
+        if self._foreign(conn):
+            return
         _close_quietly(conn)
         if disconnected:
             self.clear()
@@ -200,6 +236,9 @@ class ConnectionPool:
 
     def clear(self) -> None:
         """Close every idle connection."""
+        if self._pid != _getpid():
+            self._after_fork()  # the parent's connections are forgotten, never closed
+            return
         while True:
             try:
                 conn, _born = self._idle.pop()
@@ -226,6 +265,9 @@ class ConnectionPool:
     def idle(self) -> int:
         """How many connections are idle."""
         return len(self._idle)
+
+
+_getpid = os.getpid
 
 
 def _close_quietly(conn: Any) -> None:

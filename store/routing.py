@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple, Protocol
 
 from store.exceptions import IdError, UnknownRelationError, UnknownTypeError, WrongTypeError, brief
+from store.forks import at_fork
 from store.ids import MAX_ID, PINTEREST, decode_instagram, decode_pinterest
 from store.shardmap import ShardMap
 from store.specs import RelationSpec, TypeSpec
@@ -81,6 +82,8 @@ class Router:
         self._types_by_id = {t.id: t for t in config.types.values()}
         self._rng = rng or random.Random()
         self._rng_lock = threading.Lock()
+        self._own_rng = rng is None
+        at_fork(self, Router._after_fork)
         self._instagram = config.ids == "instagram"
         starts, total = [], 0
         for low, high in config.open_shards:
@@ -88,6 +91,12 @@ class Router:
             total += high - low + 1
         self._open_starts = starts
         self._open_total = total
+
+    def _after_fork(self) -> None:
+        """In a forked child: a lock of its own; its own random shard choices (unless given an rng)."""
+        self._rng_lock = threading.Lock()
+        if self._own_rng:
+            self._rng.seed()
 
     def route(self, id: int, type_name: str | None = None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
         """(shard, type, row key, master host) of ``id``; raises a precise error if it has none.

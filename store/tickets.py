@@ -92,6 +92,7 @@ from store.backends.mysql import mysql_connector, mysql_driver_error
 from store.cache.stats import Breaker
 from store.config import TicketsConfig
 from store.exceptions import BackendError, TicketError
+from store.forks import at_fork
 from store.pool import ConnectionPool
 
 __all__ = ["ServerStats", "TicketAllocator", "TicketError", "TicketsConfig"]
@@ -246,6 +247,16 @@ class TicketAllocator:
         # Set when a server's recorded place contradicts this client's list:
         # such a client would hand out IDs twice, so it hands out none at all.
         self._refused: str | None = None
+        at_fork(self, TicketAllocator._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: no block of IDs (the parent hands out the rest of its blocks: were
+        the child to go on from them too, both would hand out the same IDs), locks of its own.
+        Each server's pool resets itself (`store.pool`)."""
+        self._lock = threading.Lock()
+        self._blocks = {}
+        for server in self._servers:
+            server.stats_lock = threading.Lock()
 
     def _server(self, index: int, url: str, n: int) -> _Server:
         parsed = make_url(url)

@@ -632,3 +632,42 @@ def test_cli_init_and_next(servers: list[MariaDBServer], tmp_path: Path) -> None
     out = runner.invoke(main, ["tickets", "next", "--config", str(tmp_path / "none.yaml")])
     assert out.exit_code == 1
     assert "cannot read config file" in out.output
+
+
+def test_forked_children_never_hand_out_the_parents_ids(servers: list[MariaDBServer]) -> None:
+    """A block of IDs reserved before a fork stays the parent's: each child reserves its own (were
+    both to go on from it, they would hand out the same IDs), on connections of its own."""
+    alloc = allocator(running(servers), counters=["forked"], block=100)
+    alloc.init()
+    first = alloc.next("forked")  # reserves a block, on a pooled connection the children inherit
+    read_end, write_end = os.pipe()
+    children = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ids = alloc.next_many("forked", 30)
+                os.write(write_end, (" ".join(map(str, ids)) + "\n").encode())  # one write: atomic
+                code = 0
+            finally:
+                os._exit(code)
+        children.append(pid)
+    os.close(write_end)
+    mine = alloc.next_many("forked", 30)
+    deadline = time.monotonic() + 30
+    codes = []
+    for pid in children:
+        while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not done[0]:
+            os.kill(pid, signal.SIGKILL)
+            done = os.waitpid(pid, 0)
+        codes.append(os.waitstatus_to_exitcode(done[1]))
+    with os.fdopen(read_end) as lines:
+        theirs = [int(i) for line in lines for i in line.split()]
+    assert codes == [0, 0, 0, 0]
+    every = [first, *mine, *theirs]
+    assert len(every) == 1 + 30 + 4 * 30
+    assert len(set(every)) == len(every), f"{len(every) - len(set(every))} IDs handed out twice"
+    alloc.close()

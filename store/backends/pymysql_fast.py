@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -162,6 +163,14 @@ def _warn(module: Any, shortcut: str, gaps: list[str], instead: str) -> None:
 
 
 _LOCK = threading.Lock()
+
+
+def _new_lock() -> None:
+    global _LOCK
+    _LOCK = threading.Lock()  # in a forked child: another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_new_lock)
 #: The classes made and the decisions taken, once per process: "plain" and "fast" cursor classes,
 #: "writes" (whether connections keep the fast cursor), "connection" and its shared "context".
 _MADE: dict[str, Any] = {}

@@ -35,16 +35,24 @@ below the highest one seen may commit later. Ids skipped in a pass are
 kept as gaps and asked for again in the next passes for `GAP_WAIT_S`
 (the row is inserted with the COMMIT, so a gap that lasts longer is a
 rolled-back write). Rows older than `KEEP_S` are deleted by the followers.
+
+A child of ``os.fork()`` does not have its parent's follower thread: its
+follower starts again, from the end of each log, at the child's next cache
+read (`Follower.trusted_since_ms`); until its first pass, entries are
+trusted for the window only.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from store.forks import at_fork
 
 __all__ = [
     "CLEAN_BATCH",
@@ -146,6 +154,26 @@ class Follower:
         self.rows = 0
         self.errors = 0
         self.last_error = ""
+        #: The process the thread runs in; a follower started in another one starts again here.
+        self._pid = os.getpid()
+        self._restart = False
+        self._start_lock = threading.Lock()
+        at_fork(self, Follower._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the thread stayed in the parent. Forget what it read (a pass cut
+        short by the fork may have moved past rows it had not applied yet), and start again on
+        the next `trusted_since_ms`."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        self._start_lock = threading.Lock()
+        self._restart = self._thread is not None and not self._stop.is_set()
+        self._stop = threading.Event()
+        self._thread = None
+        self.sources = []
+        self._covered_ms = 0
+        self._started_ms = 0
 
     def covered_ms(self) -> int:
         """When the last complete pass began (ms since the epoch; 0: none yet)."""
@@ -157,6 +185,13 @@ class Follower:
         That is the start of the first pass (earlier writes were not all
         read), while the last complete pass began less than ``window_ms`` ago.
         """
+        if self._pid != _getpid():  # a fork the hook missed
+            self._after_fork()
+        if self._restart:
+            with self._start_lock:
+                if self._restart:
+                    self._restart = False
+                    self.start()
         if self._covered_ms and self._covered_ms >= now_ms - window_ms:
             return self._started_ms
         return None
@@ -267,6 +302,9 @@ class Follower:
         cur.execute(f"DELETE FROM {s.table} WHERE id <= %s LIMIT {CLEAN_BATCH}", (s.clean_upto,))
         if cur.rowcount < CLEAN_BATCH:
             s.clean_upto = None  # done, until the next checkpoint is old enough
+
+
+_getpid = os.getpid
 
 
 def build_follower(

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from store.cache.stats import CacheStats
+from store.forks import at_fork
 
 __all__ = [
     "ENTRY_TAG",
@@ -229,6 +230,13 @@ class MemoryLeaseStore:
         # key -> (value, cas, expires at, lease already handed out)
         self._data: dict[str, tuple[bytes, int, float, bool]] = {}
         self._cas = 0
+        at_fork(self, MemoryLeaseStore._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: start empty, with a lock of its own (the parent's entries are its
+        own process's cache, and a lease a parent's thread held would never be filled here)."""
+        self._lock = threading.Lock()
+        self._data = {}
 
     def _live(self, key: str) -> tuple[bytes, int, float, bool] | None:
         got = self._data.get(key)

@@ -54,6 +54,7 @@ from typing import Protocol
 
 from store.cache.leases import TrustSource, wall_ms
 from store.cache.stats import CacheStats
+from store.forks import at_fork
 
 __all__ = [
     "ListBackend",
@@ -336,6 +337,14 @@ class MemoryListBackend:
         #: key -> ((n, cached), members, expires at, read_ms, the database's list version).
         self._lists: dict[str, tuple[tuple[int, int], list[bytes], float, int, int]] = {}
         self._versions: dict[str, int] = {}
+        at_fork(self, MemoryListBackend._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: start empty, with a lock of its own (the parent's lists are its own
+        process's cache)."""
+        self._lock = threading.Lock()
+        self._lists = {}
+        self._versions = {}
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """Meta, version and selected members, under one lock."""

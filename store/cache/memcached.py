@@ -18,10 +18,15 @@ reaches. Each server has a `Breaker`: after repeated failures it is left
 alone for a cool-down, and a timeout leaves it alone at once. A delete that
 could not be delivered marks the server dirty; before it is used again it is
 flushed, since it may hold a value the database no longer has.
+
+The idle clients are the process's own: a child of ``os.fork()`` closes the
+ones it inherited (locally: nothing is sent) and connects its own
+(`store.forks`).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import zlib
@@ -35,6 +40,7 @@ from pymemcache.exceptions import MemcacheError
 
 from store.cache.leases import Lookup
 from store.cache.stats import Breaker, CacheStats
+from store.forks import at_fork
 
 __all__ = ["MemcachedLeaseStore", "MemcachedServer", "POOL_SIZE"]
 
@@ -54,6 +60,12 @@ class _ProtocolError(Exception):
 
 #: What a failed exchange raises: the server is then counted as failing.
 _FAILURES = (OSError, MemcacheError, _ProtocolError, ValueError)
+
+
+class _Client(Client):  # type: ignore[misc]
+    """A pymemcache client that knows the process it was made in (`store.forks`)."""
+
+    store_pid: int = 0
 
 
 class MemcachedServer:
@@ -76,25 +88,45 @@ class MemcachedServer:
         # Idle clients, each with its own socket. deque.pop and .append are
         # atomic, so taking and returning one needs no lock (pymemcache's
         # ObjectPool takes one and builds a context manager per call).
-        self._idle: deque[Client] = deque()
+        self._idle: deque[_Client] = deque()
         self.breaker = breaker
         self._stats = stats
         self._flush_lock = threading.Lock()
+        #: The process whose sockets ``_idle`` holds.
+        self._pid = os.getpid()
+        at_fork(self, MemcachedServer._after_fork)
 
-    def _take(self) -> Client:
+    def _after_fork(self) -> None:
+        """In a forked child: close the inherited sockets here only (pymemcache's ``close`` sends
+        nothing; the parent's descriptors stay open), make the lock again."""
+        if self._pid == os.getpid():
+            return
+        self._flush_lock = threading.Lock()
+        inherited, self._idle = self._idle, deque()
+        self._pid = os.getpid()
+        for client in inherited:
+            client.close()
+
+    def _take(self) -> _Client:
+        if self._pid != _getpid():  # a fork the hook missed
+            self._after_fork()
         try:
             return self._idle.pop()
         except IndexError:
-            return Client(
+            client = _Client(
                 self._server,
                 connect_timeout=self._connect_timeout_s,
                 timeout=self._timeout_s,
                 no_delay=True,
                 default_noreply=False,
             )
+            client.store_pid = self._pid
+            return client
 
-    def _give_back(self, client: Client) -> None:
-        if len(self._idle) < POOL_SIZE:
+    def _give_back(self, client: _Client) -> None:
+        if client.store_pid != self._pid:  # taken before this process was forked
+            client.close()
+        elif len(self._idle) < POOL_SIZE:
             self._idle.append(client)
         else:
             client.close()
@@ -195,6 +227,9 @@ class MemcachedServer:
         """Close every idle socket."""
         while self._idle:
             self._idle.pop().close()
+
+
+_getpid = os.getpid
 
 
 def _replies(raw: bytes) -> list[tuple[bytes, bytes | None]]:

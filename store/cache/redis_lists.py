@@ -26,10 +26,15 @@ stretch a dead server into seconds): this client has explicit short
 timeouts, no retries, and a `Breaker`. An invalidation that fails marks the
 cache dirty: before it is used again, every key under the store's prefix is
 dropped (SCAN + UNLINK, so a shared database is safe).
+
+The connections of the script calls bypass redis-py's pool and so its
+process id check: a child of ``os.fork()`` closes the ones it inherited
+(locally: nothing is sent) and connects its own (`store.forks`).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +46,7 @@ from redis.retry import Retry
 
 from store.cache.lists import ListChange, ListRead
 from store.cache.stats import Breaker, CacheStats
+from store.forks import at_fork
 
 __all__ = ["RedisListBackend"]
 
@@ -249,6 +255,21 @@ class RedisListBackend:
         #: one atomic deque operation, no lock.
         self._idle: deque[Any] = deque()
         self._clean_lock = threading.Lock()
+        #: The process whose connections ``_idle`` holds.
+        self._pid = os.getpid()
+        at_fork(self, RedisListBackend._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: close the inherited connections here only (redis-py shuts a socket
+        down only in the process that opened it), make the lock again. redis-py's own pool, used
+        by the cleaning and script loading, checks the process id itself."""
+        if self._pid == os.getpid():
+            return
+        self._clean_lock = threading.Lock()  # a parent's cleaning thread may have held it
+        inherited, self._idle = self._idle, deque()
+        self._pid = os.getpid()
+        for conn in inherited:
+            conn.disconnect()
 
     def _keys(self, key: str) -> tuple[str, str, str]:
         return key, key + ":m", key + ":v"
@@ -336,6 +357,8 @@ class RedisListBackend:
         """Send ``request`` (``count`` commands in RESP) on a connection of this backend's own;
         the replies (see `_pipelined`). If the server does not know ``script``, it is loaded
         and the request sent again."""
+        if self._pid != _getpid():  # a fork the hook missed
+            self._after_fork()
         try:
             conn = self._idle.pop()
         except IndexError:
@@ -357,7 +380,10 @@ class RedisListBackend:
         except BaseException:
             conn.disconnect()
             raise
-        self._idle.append(conn)
+        if conn.pid == self._pid:
+            self._idle.append(conn)
+        else:  # taken before this process was forked
+            conn.disconnect()
         for r in replies:
             if isinstance(r, Exception):
                 raise r
@@ -453,6 +479,9 @@ class RedisListBackend:
         while self._idle:
             self._idle.pop().disconnect()
         self.client.close()
+
+
+_getpid = os.getpid
 
 
 def _evalsha(sha: str, keys: Sequence[str], args: Sequence[Any]) -> bytes:

@@ -7,6 +7,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from store.forks import at_fork
 from store.threadends import on_thread_end
 
 __all__ = ["Breaker", "CacheStats"]
@@ -39,6 +40,7 @@ class CacheStats:
         self._tables: list[dict[str, int]] = []
         #: The counts of threads that have ended.
         self._ended = dict.fromkeys(COUNTERS, 0)
+        at_fork(self, _new_lock)
 
     def _mine(self) -> dict[str, int]:
         table: dict[str, int] | None = getattr(self._local, "table", None)
@@ -147,6 +149,7 @@ class Breaker:
         self._failures = 0
         self._open_until = 0.0
         self.dirty = False
+        at_fork(self, _new_lock)
 
     def allow(self) -> bool:
         """True if a call may go to the server now."""
@@ -171,3 +174,8 @@ class Breaker:
         with self._lock:
             self._failures = self._trip
             self._open_until = self._clock() + self._cooldown_s
+
+
+def _new_lock(owner: CacheStats | Breaker) -> None:
+    """In a forked child: a lock of its own (a thread of the parent may have held the old one)."""
+    owner._lock = threading.Lock()
