@@ -130,7 +130,8 @@ def grant_plan(config: StoreConfig, app_user: str, app_host: str = "%") -> list[
         else:
             stmts = _mysql(config.shards if g.kind != "mysql-meta" else 0, app_user, app_host, names)
             if key == meta_key:
-                stmts.append(f"GRANT SELECT ON `{names.meta_database}`.* TO '{app_user}'@'{app_host}'")
+                meta = _grant_database(names.meta_database)
+                stmts.append(f"GRANT SELECT ON `{meta}`.* TO '{app_user}'@'{app_host}'")
         out.append(ServerGrants(g.server, g.kind, g.hosts, stmts, g.admin_url))
     return out
 
@@ -138,11 +139,18 @@ def grant_plan(config: StoreConfig, app_user: str, app_host: str = "%") -> list[
 def _mysql(shards: int, user: str, host: str, names: Names) -> list[str]:
     account = f"'{user}'@'{host}'"
     out = [
-        f"GRANT {ROW_PRIVILEGES}, EXECUTE ON `{names.database_name(s)}`.* TO {account}" for s in range(shards)
+        f"GRANT {ROW_PRIVILEGES}, EXECUTE ON `{_grant_database(names.database_name(s))}`.* TO {account}"
+        for s in range(shards)
     ]
     if shards:
-        out.append(f"GRANT SELECT, INSERT, DELETE ON `{names.log_database}`.* TO {account}")
+        out.append(f"GRANT SELECT, INSERT, DELETE ON `{_grant_database(names.log_database)}`.* TO {account}")
     return out
+
+
+def _grant_database(name: str) -> str:
+    """``name`` as a MariaDB GRANT names one database: ``_`` is a wildcard there (``store_log`` would
+    also grant ``storeXlog``, ``app_db00001`` ``appXdb00001``), so it is escaped."""
+    return name.replace("_", "\\_")
 
 
 def _postgres(shards: int, user: str, database: str, names: Names) -> list[str]:

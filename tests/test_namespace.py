@@ -128,7 +128,9 @@ def test_config_namespace_reaches_tickets_and_grants() -> None:
     assert config.tickets.database == "nsa_tickets"
     assert backend_for(config.hosts["M1"], config.names).namespace(3) == "nsa_db00003"
     statements = [s for g in grant_plan(config, "someone") for s in g.statements]
-    named = sorted({s.split("`")[1] for s in statements})
+    # `_` is a wildcard in a GRANT's database name: escaped, each grant names one database.
+    assert all("`" not in s or "_db" not in s or "\\_db" in s for s in statements)
+    named = sorted({s.split("`")[1].replace("\\_", "_") for s in statements})
     assert named == [*[f"nsa_db0000{i}" for i in range(SHARDS)], "nsa_store_log", "nsa_store_meta"]
     pg = StoreConfig.from_dict(_pg_raw(A))
     statements = [s for g in grant_plan(pg, "someone") for s in g.statements]
@@ -504,3 +506,80 @@ def _drop_pg_namespaces() -> None:
     for schema in _schemas():
         if schema.startswith((f"{A}_", f"{B}_")):
             _pg(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+# -- a move in one namespace ------------------------------------------------------------------
+
+
+@pytest.mark.moves
+def test_a_move_in_one_namespace_leaves_the_other_alone(tmp_path: Path) -> None:
+    from store.admin.move import Mover
+    from tests.servers import binlog_pair, free_port
+
+    with binlog_pair(free_port(), free_port()) as (source, target):
+
+        def raw(ns: str) -> dict[str, Any]:
+            return base_config(
+                namespace=ns,
+                shards=8,
+                hosts={"S": source.url, "T": target.url},
+                map=[{"range": [0, 7], "master": "S"}],
+                map_source={"file": str(tmp_path / f"{ns}-map.yaml"), "poll_s": 0.2},
+            )
+
+        configs = [StoreConfig.from_dict(raw(ns)) for ns in (A, B)]
+        for c in configs:
+            init_shards(c)
+        stores = [Store(c) for c in configs]
+        try:
+            pins = [
+                [s.create("pin", {"ns": ns, "n": n}, shard=n) for n in range(8)]
+                for s, ns in zip(stores, (A, B), strict=True)
+            ]
+            assert pins[0] == pins[1]
+            Mover(stores[0], tmp_path / "move.json", say=lambda _m: None).start(
+                Mover(stores[0], tmp_path / "move.json", say=lambda _m: None).plan(4, 7, "T")
+            )
+            on_source = {str(r[0]) for r in _rows(source.port, "SHOW DATABASES")}
+            on_target = {str(r[0]) for r in _rows(target.port, "SHOW DATABASES")}
+            assert {f"nsa_moved_db0000{i}" for i in range(4, 8)} <= on_source
+            assert {f"nsb_db0000{i}" for i in range(8)} <= on_source
+            assert not {d for d in on_source if d.startswith("nsb_moved") or d.startswith("moved_")}
+            assert {d for d in on_target if d.startswith(("nsa_", "nsb_"))} == {
+                f"nsa_db0000{i}" for i in range(4, 8)
+            }
+            # nsa's moved shards have tombstones; nsb's shards of the same numbers serve on.
+            tomb = _rows(
+                source.port,
+                "SELECT table_schema FROM information_schema.tables WHERE table_name = 'store_tombstone'",
+            )
+            assert {str(r[0]) for r in tomb} == {f"nsa_db0000{i}" for i in range(4, 8)}
+            for s, ns, own in zip(stores, (A, B), pins, strict=True):
+                s.refresh_map(force=True)
+                assert [s.get(p)["ns"] for p in own] == [ns] * 8
+                assert s.update(own[5], {"after": True})["ns"] == ns
+            assert stores[0].shard_map.master(5) == "T"
+            assert stores[1].shard_map.master(5) == "S"
+            notes = check_store(stores[0]).notes
+            assert {n.detail.split()[0] for n in notes if n.kind == "archive"} == {
+                f"nsa_moved_db0000{i}" for i in range(4, 8)
+            }
+            assert check_store(stores[1]).ok
+            dropped = Mover(stores[0], tmp_path / "move.json", say=lambda _m: None).cleanup()
+            assert sorted(dropped) == [f"nsa_moved_db0000{i}" for i in range(4, 8)]
+            assert {f"nsb_db0000{i}" for i in range(8)} <= {
+                str(r[0]) for r in _rows(source.port, "SHOW DATABASES")
+            }
+        finally:
+            for s in stores:
+                s.close()
+
+
+def _rows(port: int, sql: str) -> list[tuple[Any, ...]]:
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
