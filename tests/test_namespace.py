@@ -365,13 +365,13 @@ def _workload(store: Store, ns: str) -> dict[str, list[int]]:
         assert store.lookup("user_by_username", f"name{i}") == u
     for i, u in enumerate(users):
         if i % 2 == 0:
-            store.update(u, {"username": f"renamed{i}"})
+            store.update(u, {"username": f"renamed{i}"}, type_name="user")
         assert store.get(u, type_name="user")["ns"] == ns
     for i, b in enumerate(boards):
         if i % 3 == 0:
             assert store.unlink(BHP, b, pins[3 * i])
     for i in range(0, len(pins), 5):
-        assert store.delete(pins[i])
+        assert store.delete(pins[i], type_name="pin")
     return {"users": users, "boards": boards, "pins": pins}
 
 
