@@ -389,7 +389,7 @@ def map_diff(
     if config.map_source is None or config.map_source[0] != "table":
         raise ConfigError("store map diff reads map history: configure map_source: {table: URL}")
     assert config.map_table is not None
-    source = TableMapSource(config.map_table[1])
+    source = TableMapSource(config.map_table[1], database=config.names.meta_database)
     versions = source.versions()
     if not versions:
         raise ConfigError("the map table holds no map yet")
@@ -1047,7 +1047,10 @@ def _ticket_allocator(path: Path | None) -> Any:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if not isinstance(raw, dict) or "tickets" not in raw:
         raise ConfigError(f"{path} has no tickets: section (servers: [URL, URL], counters: [...])")
-    return TicketAllocator(TicketsConfig.from_dict(raw["tickets"], path.resolve().parent))
+    from store.naming import Names
+
+    names = Names(raw.get("namespace"))
+    return TicketAllocator(TicketsConfig.from_dict(raw["tickets"], path.resolve().parent, names=names))
 
 
 @tickets.command("init")

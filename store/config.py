@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError
 from store.backends import backend_for, backend_named, backend_names
 from store.exceptions import ConfigError, brief
 from store.ids import INSTAGRAM_EPOCH_MS
+from store.naming import DEFAULT_NAMES, Names
 from store.shardmap import ShardMap, ShardRange
 from store.specs import RelationSpec, TypeSpec, UniqueSpec
 
@@ -72,7 +73,7 @@ LIMIT_KEYS = frozenset(
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s", "unique", "write_timeout_s"}
+     "pool_timeout_s", "pool_recycle_s", "unique", "write_timeout_s", "namespace"}
 )  # fmt: skip
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
@@ -129,10 +130,15 @@ class TicketsConfig:
     block: int = 1
     retry_after_s: float = 5.0
     timeout_s: float = 1.0
+    #: The database of the counters on each server (``NAME_tickets`` in a namespace).
+    database: str = DEFAULT_NAMES.tickets_database
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], base: Path | None = None) -> TicketsConfig:
-        """Validate a ``tickets:`` mapping (relative TLS files are taken from ``base``)."""
+    def from_dict(
+        cls, raw: Mapping[str, Any], base: Path | None = None, *, names: Names = DEFAULT_NAMES
+    ) -> TicketsConfig:
+        """Validate a ``tickets:`` mapping (relative TLS files are taken from ``base``); the counters
+        live in the tickets database of ``names`` (the config's namespace)."""
         if not isinstance(raw, Mapping):
             raise ConfigError("tickets must be a mapping: {servers: [URL, URL], counters: [photos, ...]}")
         extra = sorted(map(brief, set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"}))
@@ -171,7 +177,9 @@ class TicketsConfig:
         timeout = raw.get("timeout_s", 1.0)
         if not isinstance(timeout, int | float) or timeout <= 0:
             raise ConfigError(f"tickets.timeout_s must be a number > 0, got {brief(timeout)}")
-        return cls(tuple(servers), tuple(counters), block, float(retry), float(timeout))
+        return cls(
+            tuple(servers), tuple(counters), block, float(retry), float(timeout), names.tickets_database
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,6 +236,14 @@ class StoreConfig:
     #: ``hosts.NAME.replication_host``: (host, port or None) a replica uses to reach NAME, where that
     #: differs from the URL's (containers, NAT, a proxy in front of the application).
     replication_hosts: Mapping[str, tuple[str, int | None]] = field(default_factory=dict)
+    #: The names of every database, schema and cache key the store makes (config ``namespace:``;
+    #: none: ``db00042``, ``store_meta``, ...).
+    names: Names = DEFAULT_NAMES
+
+    @property
+    def namespace(self) -> str | None:
+        """The config's ``namespace:`` (None: none)."""
+        return self.names.namespace
 
     def for_admin(self) -> StoreConfig:
         """This config with every host's admin URL in place of its application URL.
@@ -308,6 +324,7 @@ class StoreConfig:
         bad = sorted(map(brief, set(limits) - LIMIT_KEYS))
         if bad:
             raise ConfigError(f"unknown limits key(s) {bad}; known: {', '.join(sorted(LIMIT_KEYS))}")
+        names = Names(raw.get("namespace"))
         insta = raw.get("instagram") or {}
         if not isinstance(insta, Mapping) or set(insta) - {"epoch_ms"}:
             raise ConfigError("instagram must be a mapping with one key, epoch_ms")
@@ -336,12 +353,17 @@ class StoreConfig:
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
             write_timeout_s=_seconds(raw, "write_timeout_s", DEFAULT_WRITE_TIMEOUT_S),
             pool_recycle_s=_seconds(raw, "pool_recycle_s", DEFAULT_POOL_RECYCLE_S, 365 * 86400.0),
-            tickets=None if raw.get("tickets") is None else TicketsConfig.from_dict(raw["tickets"], base),
+            tickets=(
+                None
+                if raw.get("tickets") is None
+                else TicketsConfig.from_dict(raw["tickets"], base, names=names)
+            ),
             map_source=map_source,
             map_poll_s=map_poll_s,
             map_table=map_table,
             base_dir=base,
             unique=unique,
+            names=names,
         )
 
     def type_by_name(self, name: str) -> TypeSpec:

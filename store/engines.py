@@ -34,7 +34,7 @@ from store.exceptions import (
     StoreError,
 )
 from store.forks import at_fork
-from store.grants import LOG_DATABASE, access_denied
+from store.grants import access_denied
 from store.pool import ConnectionPool
 
 __all__ = ["Cursor", "DBAPIConnection", "Engines", "ShardHandle", "transaction_pair"]
@@ -671,7 +671,7 @@ class Engines:
         self._fanout: ThreadPoolExecutor | None = None
         self._pools: dict[tuple[str, int], ConnectionPool] = {}
         self._handles: dict[tuple[str, int], ShardHandle] = {}
-        self._backends = {name: backend_for(url) for name, url in config.hosts.items()}
+        self._backends = {name: backend_for(url, config.names) for name, url in config.hosts.items()}
         c = config.cache
         #: Writes are logged for the followers (`store.cache.follower`) where caches are shared.
         self.logging = c.follow and bool(c.memcached or c.redis)
@@ -698,7 +698,7 @@ class Engines:
                 if h.host not in self._logs:
                     with h.connect() as conn:
                         cur = conn.cursor()
-                        cur.execute(_LOG_EXISTS, (LOG_DATABASE, "cache_log"))
+                        cur.execute(_LOG_EXISTS, (h.backend.names.log_database, "cache_log"))
                         if not int(cur.fetchone()[0]):
                             try:
                                 for ddl in h.backend.change_log_ddl():

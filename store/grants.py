@@ -27,13 +27,14 @@ from sqlalchemy.engine import URL
 from store.backends import backend_for
 from store.config import StoreConfig
 from store.exceptions import BackendError, ConfigError, StoreError
-from store.naming import database_name, schema_name
+from store.naming import Names
 
 __all__ = ["ServerGrants", "access_denied", "apply_grants", "grant_plan"]
 
 #: What the application account may do to the rows of a shard's tables.
 ROW_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
-#: The database of the invalidation log (`store.cache.follower`) on each MariaDB server.
+#: The database of the invalidation log (`store.cache.follower`) on each MariaDB server, without a
+#: namespace (`store.naming.Names.log_database`).
 LOG_DATABASE = "store_log"
 #: Account names: MariaDB's and PostgreSQL's safe subset, no quoting games.
 _ACCOUNT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
@@ -93,6 +94,10 @@ def grant_plan(config: StoreConfig, app_user: str, app_host: str = "%") -> list[
     CONNECT on the database, USAGE and row privileges on each shard schema
     (``shard0000`` ...), its sequences and ``next_id()``, and the same for
     tables an admin makes there later. SQLite has no accounts: none.
+
+    Every database and schema is named, those of the config's namespace
+    only (``NAME_db00000``, ``NAME_store_log``, ...): no pattern, so an
+    account of one namespace never reaches another's.
     """
     _check_account(app_user, app_host)
     admin = config.for_admin()
@@ -115,35 +120,44 @@ def grant_plan(config: StoreConfig, app_user: str, app_host: str = "%") -> list[
         key = backend_for(table[0]).server_identity(table[0])
         if key not in servers:
             servers[key] = ServerGrants(key, "mysql-meta", (), admin_url=table[1])
-    from store.mapsource import META_DATABASE
-
+    names = config.names
     meta_key = None if table is None else backend_for(table[0]).server_identity(table[0])
     out = []
     for key, g in servers.items():
         if g.kind == "postgresql":
             assert g.admin_url is not None
-            stmts = _postgres(config.shards, app_user, str(g.admin_url.database))
+            stmts = _postgres(config.shards, app_user, str(g.admin_url.database), names)
         else:
-            stmts = _mysql(config.shards if g.kind != "mysql-meta" else 0, app_user, app_host)
+            stmts = _mysql(config.shards if g.kind != "mysql-meta" else 0, app_user, app_host, names)
             if key == meta_key:
-                stmts.append(f"GRANT SELECT ON `{META_DATABASE}`.* TO '{app_user}'@'{app_host}'")
+                meta = _grant_database(names.meta_database)
+                stmts.append(f"GRANT SELECT ON `{meta}`.* TO '{app_user}'@'{app_host}'")
         out.append(ServerGrants(g.server, g.kind, g.hosts, stmts, g.admin_url))
     return out
 
 
-def _mysql(shards: int, user: str, host: str) -> list[str]:
+def _mysql(shards: int, user: str, host: str, names: Names) -> list[str]:
     account = f"'{user}'@'{host}'"
-    out = [f"GRANT {ROW_PRIVILEGES}, EXECUTE ON `{database_name(s)}`.* TO {account}" for s in range(shards)]
+    out = [
+        f"GRANT {ROW_PRIVILEGES}, EXECUTE ON `{_grant_database(names.database_name(s))}`.* TO {account}"
+        for s in range(shards)
+    ]
     if shards:
-        out.append(f"GRANT SELECT, INSERT, DELETE ON `{LOG_DATABASE}`.* TO {account}")
+        out.append(f"GRANT SELECT, INSERT, DELETE ON `{_grant_database(names.log_database)}`.* TO {account}")
     return out
 
 
-def _postgres(shards: int, user: str, database: str) -> list[str]:
+def _grant_database(name: str) -> str:
+    """``name`` as a MariaDB GRANT names one database: ``_`` is a wildcard there (``store_log`` would
+    also grant ``storeXlog``, ``app_db00001`` ``appXdb00001``), so it is escaped."""
+    return name.replace("_", "\\_")
+
+
+def _postgres(shards: int, user: str, database: str, names: Names) -> list[str]:
     role = f'"{user}"'
     out = [f'GRANT CONNECT ON DATABASE "{database}" TO {role}']
     for s in range(shards):
-        schema = f'"{schema_name(s)}"'
+        schema = f'"{names.schema_name(s)}"'
         out += [
             f"GRANT USAGE ON SCHEMA {schema} TO {role}",
             f"GRANT {ROW_PRIVILEGES} ON ALL TABLES IN SCHEMA {schema} TO {role}",

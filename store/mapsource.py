@@ -140,6 +140,7 @@ class FileMapSource:
             os.replace(tmp, self.path)
 
 
+#: The map table's database without a namespace (`store.naming.Names.meta_database`).
 META_DATABASE = "store_meta"
 
 
@@ -404,7 +405,10 @@ def open_map_source(config: StoreConfig) -> MapSource:
         return FileMapSource(where)
     if kind == "zookeeper":
         return ZooKeeperMapSource(
-            where, timeout_s=config.query_timeout_s, connect_timeout_s=config.connect_timeout_s
+            where,
+            path=config.names.zookeeper_path,
+            timeout_s=config.query_timeout_s,
+            connect_timeout_s=config.connect_timeout_s,
         )
     assert config.map_table is not None
     # poll_s=0: the live map asks every map_poll_s itself (`LiveMap.tick`); a second
@@ -412,6 +416,7 @@ def open_map_source(config: StoreConfig) -> MapSource:
     source = TableMapSource(
         config.map_table[0],
         poll_s=0.0,
+        database=config.names.meta_database,
         connect_timeout_s=config.connect_timeout_s,
         query_timeout_s=config.query_timeout_s,
     )

@@ -131,7 +131,7 @@ class Store:
         self._live = LiveMap(config, self._router, map_source)
         #: Runs the steps of every write's plan: a step refused by a moved shard runs again alone.
         self._steps = Steps(self._live.step)
-        self._caches = caches if caches is not None else build_caches(config.cache)
+        self._caches = caches if caches is not None else build_caches(config.cache, config.names)
         self._relations = RelationService(
             router=self._router,
             shard=self._engines.shard,

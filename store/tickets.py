@@ -132,11 +132,17 @@ _SWITCHED = 1471
 _SERVER_GOING_AWAY = frozenset(
     {1053, 1077, 1078, 1079, 1080, 1152, 1154, 1155, 1156, 1157, 1158, 1159, 1160, 1161, 1184, 1927}
 )
-_PLACE_SQL = (
-    "SELECT `auto_increment_increment`, `auto_increment_offset` "
-    f"FROM `{TICKETS_DATABASE}`.`ticket_server` WHERE `one` = 1"
-)
-_ROW_SQL = f"SELECT `next_id` FROM `{TICKETS_DATABASE}`.`{IDS_TABLE}` WHERE `counter` = %s"
+
+
+def _place_sql(db: str) -> str:
+    return (
+        "SELECT `auto_increment_increment`, `auto_increment_offset` "
+        f"FROM `{db}`.`ticket_server` WHERE `one` = 1"
+    )
+
+
+def _row_sql(db: str) -> str:
+    return f"SELECT `next_id` FROM `{db}`.`{IDS_TABLE}` WHERE `counter` = %s"
 
 
 class _ServerDownError(Exception):
@@ -220,16 +226,16 @@ def _first_above(high: int, offset: int, n: int) -> int:
     return high + 1 + (offset - (high + 1)) % n
 
 
-def _replace_sql(counter: str) -> str:
-    return f"REPLACE INTO `{TICKETS_DATABASE}`.`tickets_{counter}` (stub) VALUES ('a')"
+def _replace_sql(db: str, counter: str) -> str:
+    return f"REPLACE INTO `{db}`.`tickets_{counter}` (stub) VALUES ('a')"
 
 
-def _update_sql(counter: str, n: int) -> str:
+def _update_sql(db: str, counter: str, n: int) -> str:
     # LAST_INSERT_ID(expr) puts the row's value in the statement's own reply
     # (the OK packet's insert id): one round trip per ID. The counter name is
     # checked by the config ([a-z_][a-z0-9_]*), so it is safe as a literal.
     return (
-        f"UPDATE `{TICKETS_DATABASE}`.`{IDS_TABLE}` SET `next_id` = LAST_INSERT_ID(`next_id`) + {n} "
+        f"UPDATE `{db}`.`{IDS_TABLE}` SET `next_id` = LAST_INSERT_ID(`next_id`) + {n} "
         f"WHERE `counter` = '{counter}'"
     )
 
@@ -239,6 +245,8 @@ class TicketAllocator:
 
     def __init__(self, config: TicketsConfig) -> None:
         self.config = config
+        #: The counters' database on each server (``NAME_tickets`` in a namespace).
+        self._db = config.database
         n = len(config.servers)
         self._servers = [self._server(i, url, n) for i, url in enumerate(config.servers)]
         self._turn = itertools.count()
@@ -257,6 +265,11 @@ class TicketAllocator:
         self._blocks = {}
         for server in self._servers:
             server.stats_lock = threading.Lock()
+
+    @property
+    def _init_lock(self) -> str:
+        """The server-wide lock of `init` (one per tickets database)."""
+        return _INIT_LOCK if self._db == TICKETS_DATABASE else f"{_INIT_LOCK}:{self._db}"
 
     def _server(self, index: int, url: str, n: int) -> _Server:
         parsed = make_url(url)
@@ -324,7 +337,7 @@ class TicketAllocator:
     def _read_place(self, cur: Any, server: _Server) -> tuple[int, int] | None:
         """The (increment, offset) recorded on ``server``, or None if `store tickets init` never ran there."""
         try:
-            cur.execute(_PLACE_SQL)
+            cur.execute(_place_sql(self._db))
             row = cur.fetchone()
         except server.driver_error as exc:
             if _code(exc) not in _MISSING:
@@ -334,7 +347,7 @@ class TicketAllocator:
 
     def _set_up(self, cur: Any, server: _Server) -> None:
         n, offset = len(self._servers), server.index + 1
-        cur.execute("SELECT GET_LOCK(%s, %s)", (_INIT_LOCK, INIT_TIMEOUT_S))
+        cur.execute("SELECT GET_LOCK(%s, %s)", (self._init_lock, INIT_TIMEOUT_S))
         if cur.fetchone()[0] != 1:
             raise TicketError(
                 f"another `store tickets init` has held ticket {server.label} for {INIT_TIMEOUT_S:g} s: "
@@ -347,40 +360,40 @@ class TicketAllocator:
             # Closing the connection releases it too: a failure here must not
             # hide the one that brought us here.
             with suppress(server.driver_error, OSError):
-                cur.execute("DO RELEASE_LOCK(%s)", (_INIT_LOCK,))
+                cur.execute("DO RELEASE_LOCK(%s)", (self._init_lock,))
 
     def _set_up_locked(self, cur: Any, server: _Server, n: int, offset: int) -> None:
-        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{TICKETS_DATABASE}`")
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{self._db}`")
         cur.execute(
-            f"CREATE TABLE IF NOT EXISTS `{TICKETS_DATABASE}`.`ticket_server` ("
+            f"CREATE TABLE IF NOT EXISTS `{self._db}`.`ticket_server` ("
             "`one` TINYINT UNSIGNED NOT NULL DEFAULT 1 PRIMARY KEY CHECK (`one` = 1), "
             "`auto_increment_increment` INT UNSIGNED NOT NULL, "
             "`auto_increment_offset` INT UNSIGNED NOT NULL, "
             "`recorded_at` TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP) ENGINE=InnoDB"
         )
         cur.execute(
-            f"INSERT IGNORE INTO `{TICKETS_DATABASE}`.`ticket_server` "
+            f"INSERT IGNORE INTO `{self._db}`.`ticket_server` "
             "(`one`, `auto_increment_increment`, `auto_increment_offset`) VALUES (1, %s, %s)",
             (n, offset),
         )
         # Another init with another list may have won the race since the check.
         self._verify_place(cur, server, by_init=True)
         cur.execute(
-            f"CREATE TABLE IF NOT EXISTS `{TICKETS_DATABASE}`.`ticket_counters` ("
+            f"CREATE TABLE IF NOT EXISTS `{self._db}`.`ticket_counters` ("
             "`counter` VARCHAR(64) NOT NULL PRIMARY KEY, `block` INT NOT NULL) ENGINE=InnoDB"
         )
         cur.execute(
-            f"CREATE TABLE IF NOT EXISTS `{TICKETS_DATABASE}`.`{IDS_TABLE}` ("
+            f"CREATE TABLE IF NOT EXISTS `{self._db}`.`{IDS_TABLE}` ("
             "`counter` VARCHAR(64) NOT NULL PRIMARY KEY, `next_id` BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
         )
         cur.execute(
-            f"CREATE TABLE IF NOT EXISTS `{TICKETS_DATABASE}`.`{_SWITCHES_TABLE}` ("
+            f"CREATE TABLE IF NOT EXISTS `{self._db}`.`{_SWITCHES_TABLE}` ("
             "`counter` VARCHAR(64) NOT NULL PRIMARY KEY, `first_id` BIGINT UNSIGNED NOT NULL, "
             "`switched_at` TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP) ENGINE=InnoDB"
         )
         for counter in self.config.counters:
             cur.execute(
-                f"INSERT IGNORE INTO `{TICKETS_DATABASE}`.`ticket_counters` (counter, block) VALUES (%s, %s)",
+                f"INSERT IGNORE INTO `{self._db}`.`ticket_counters` (counter, block) VALUES (%s, %s)",
                 (counter, self.config.block),
             )
             self._check_block(cur, server, counter)
@@ -401,7 +414,7 @@ class TicketAllocator:
     def _switch_counter(self, cur: Any, server: _Server, counter: str, n: int, offset: int) -> None:
         """Make ``counter``'s row the counter on ``server``, above every ID its REPLACE table handed out."""
         db, old, kept, view = (
-            TICKETS_DATABASE,
+            self._db,
             f"tickets_{counter}",
             f"replaced_{counter}",
             f"tombstone_{counter}",
@@ -441,7 +454,7 @@ class TicketAllocator:
                 f"{counter!r} nor the view that replaces it: rename it away, then run `store tickets init` "
                 "again"
             )
-        cur.execute(_ROW_SQL, (counter,))
+        cur.execute(_row_sql(self._db), (counter,))
         if cur.fetchone() is None:
             cur.execute(
                 f"SELECT `switched_at` FROM `{db}`.`{_SWITCHES_TABLE}` WHERE `counter` = %s", (counter,)
@@ -487,7 +500,7 @@ class TicketAllocator:
         cur.execute(
             "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES "
             f"WHERE TABLE_SCHEMA = %s AND TABLE_NAME IN ({marks})",
-            (TICKETS_DATABASE, *names),
+            (self._db, *names),
         )
         return {str(name): str(kind) for name, kind in cur.fetchall()}
 
@@ -512,7 +525,7 @@ class TicketAllocator:
         else:
             fix = (
                 f"list all {increment} servers, in the order they were initialised "
-                f"(a different number of servers needs every counter's {TICKETS_DATABASE}.{IDS_TABLE} row "
+                f"(a different number of servers needs every counter's {self._db}.{IDS_TABLE} row "
                 "moved past the highest ID handed out, into the server's new place, and "
                 "tickets.ticket_server emptied, before `store tickets init`)"
             )
@@ -525,9 +538,7 @@ class TicketAllocator:
         raise TicketError(message)
 
     def _check_block(self, cur: Any, server: _Server, counter: str) -> None:
-        cur.execute(
-            f"SELECT block FROM `{TICKETS_DATABASE}`.`ticket_counters` WHERE counter = %s", (counter,)
-        )
+        cur.execute(f"SELECT block FROM `{self._db}`.`ticket_counters` WHERE counter = %s", (counter,))
         row = cur.fetchone()
         if row is None:
             raise TicketError(
@@ -546,22 +557,22 @@ class TicketAllocator:
             self._check_block(cur, server, counter)
         n, offset = len(self._servers), server.index + 1
         try:
-            cur.execute(_ROW_SQL, (counter,))
+            cur.execute(_row_sql(self._db), (counter,))
             row = cur.fetchone()
         except server.driver_error as exc:
             if _code(exc) != 1146:
                 raise
             row = None  # set up by a version before counter rows
         if row is None:
-            statement = _Statement(_replace_sql(counter), replace=True)
+            statement = _Statement(_replace_sql(self._db, counter), replace=True)
         elif int(row[0]) % n != offset % n:
             raise TicketError(
-                f"the {TICKETS_DATABASE}.{IDS_TABLE} row of {counter!r} on ticket {server.label} is at "
+                f"the {self._db}.{IDS_TABLE} row of {counter!r} on ticket {server.label} is at "
                 f"{row[0]}, not one of this server's IDs ({offset} modulo {n}): it was changed by hand; "
                 f"move it up to the next such value, never down"
             )
         else:
-            statement = _Statement(_update_sql(counter, n), replace=False)
+            statement = _Statement(_update_sql(self._db, counter, n), replace=False)
         server.statements[counter] = statement
         return statement
 
@@ -684,7 +695,7 @@ class TicketAllocator:
                 continue
             if not statement.replace and cur.rowcount != 1:
                 raise TicketError(
-                    f"ticket {server.label} has no {TICKETS_DATABASE}.{IDS_TABLE} row for {counter!r} any "
+                    f"ticket {server.label} has no {self._db}.{IDS_TABLE} row for {counter!r} any "
                     "more (deleted by hand?): the highest ID it handed out is unknown; insert the row again "
                     "with next_id above every ID of the counter"
                 )

@@ -78,13 +78,15 @@ def base_config(**overrides: Any) -> dict[str, Any]:
 
 
 def root_sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of ``query``, run as root straight on the test MariaDB (3306), in autocommit."""
+    """Rows of ``query``, run as root straight on the test MariaDB (3306), in autocommit.
+
+    Without ``args`` the query is sent as written (a ``'%'`` account host needs no doubling)."""
     import pymysql
 
     conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     try:
         with conn.cursor() as cur:
-            cur.execute(query, args)
+            cur.execute(query, args or None)
             return list(cur.fetchall())
     finally:
         conn.close()

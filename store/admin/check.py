@@ -39,7 +39,7 @@ from sqlalchemy.engine import URL
 from store.admin.ownership import ServerInventory, ShardCopy
 from store.backends import backend_for
 from store.exceptions import StoreError
-from store.naming import COUNTS_TABLE, TOMBSTONE_TABLE, database_name
+from store.naming import COUNTS_TABLE, TOMBSTONE_TABLE
 from store.specs import RelationSpec
 from store.store import AdminContext, Store
 
@@ -146,7 +146,8 @@ def check_store(
         for shard, copy in sorted(inv.copies.items()):
             _place(report, copy, ident, label[ident], expected.get(shard), placed.version)
         for shard in sorted(inv.archives):
-            archive = f"moved_{database_name(shard)} holds the rows of a finished move"
+            where = ctx.engines.backend(servers[ident][0]).namespace(shard)
+            archive = f"{config.names.archive(where)} holds the rows of a finished move"
             report.note(
                 "archive", shard, label[ident], archive, "store move --cleanup drops it once you are sure"
             )

@@ -73,13 +73,14 @@ from store.backends.mysql import (
     table_triggers,
 )
 from store.exceptions import BackendError, ConfigError, MoveError
-from store.naming import ARCHIVE_PREFIX, DATABASE_PREFIX, TOMBSTONE_TABLE, database_name
+from store.naming import DEFAULT_NAMES, TOMBSTONE_TABLE, Names, like_escape
 from store.store import Store
 
 __all__ = ["MoveError", "MovePlan", "MoveProgress", "Mover", "TerminalProgress", "progress_line"]
 
 log = logging.getLogger("store.admin.move")
 
+#: The move's replication connection on the target (`store.naming.Names.replication_name` in a namespace).
 REPLICATION_NAME = "store_move"
 CATCH_UP_TIMEOUT_S = 120
 FENCE_WAIT_TIMEOUT_S = 30
@@ -146,6 +147,8 @@ class MovePlan:
     target: str
     slave: str | None
     tables: list[tuple[str, str, int, int]] = field(default_factory=list)  # db, table, rows, bytes
+    #: The names of the config's namespace (``NAME_db00042``).
+    names: Names = field(default=DEFAULT_NAMES, repr=False)
 
     @property
     def rows(self) -> int:
@@ -159,7 +162,7 @@ class MovePlan:
 
     def databases(self) -> list[str]:
         """The shard databases that move."""
-        return [database_name(s) for s in range(self.low, self.high + 1)]
+        return [self.names.database_name(s) for s in range(self.low, self.high + 1)]
 
 
 @dataclass
@@ -178,6 +181,8 @@ class Journal:
     #: The map version in which the target took the shards (set at the switch).
     switched_version: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    #: The config's namespace when the move began: only a store of the same namespace carries it on.
+    namespace: str | None = None
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -256,7 +261,7 @@ class MoveProgress:
             "running": True,
             "error": "",
         }
-        self._dbs: list[str] = [database_name(s) for s in range(j.low, j.high + 1)]
+        self._dbs: list[str] = mover._units(j)
 
     def set(self, **changes: Any) -> None:
         """Record ``changes`` (and the progress their step implies) and write the file."""
@@ -331,7 +336,7 @@ class MoveProgress:
             got = cur.fetchone()
             self.set(rows_copied=int(got[0]), tables_copied=int(got[1]), disk_copied=int(got[2]))
         elif step == "catch_up":
-            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+            cur.execute(f"SHOW SLAVE '{self._mover.names.replication_name}' STATUS")
             names = [c[0] for c in cur.description]
             row = dict(zip(names, cur.fetchone() or (), strict=False))
             lag = row.get("Seconds_Behind_Master")
@@ -484,6 +489,29 @@ class Mover:
         #: Called with a copy of the progress figures each time they change (`MoveProgress.set`).
         self.watch: Callable[[dict[str, Any]], None] | None = None
 
+    @property
+    def names(self) -> Names:
+        """The names of the store's namespace: which databases (or schemas) are the shards'."""
+        return self.store.config.names
+
+    @property
+    def _mysql(self) -> MySQLBackend:
+        """MariaDB, naming the store's namespace."""
+        backend = _MYSQL.named(self.names)
+        assert isinstance(backend, MySQLBackend)
+        return backend
+
+    def _load(self) -> Journal:
+        """The journal, refused if the move was begun by a store of another namespace."""
+        j = Journal.load(self.journal_path)
+        if j.namespace != self.names.namespace:
+            raise MoveError(
+                f"the move journaled in {self.journal_path} moves shards of namespace "
+                f"{j.namespace or '(none)'}; this config's namespace is {self.names.namespace or '(none)'}: "
+                "carry it on with the config that began it"
+            )
+        return j
+
     def say(self, msg: str) -> None:
         """Tell the operator ``msg`` (the ``say`` given) and log it on ``store.admin.move``."""
         log.info(msg, extra={"fields": {"journal": str(self.journal_path)}})
@@ -523,7 +551,7 @@ class Mover:
 
     def _units(self, j: Journal) -> list[str]:
         """What is copied, one per shard: the shard databases."""
-        return [database_name(s) for s in range(j.low, j.high + 1)]
+        return [self.names.database_name(s) for s in range(j.low, j.high + 1)]
 
     def _progress_for(self, j: Journal) -> MoveProgress:
         """The progress sampler of this move."""
@@ -549,7 +577,7 @@ class Mover:
                 )
         self._check_source_binlog(source)
         marks = ", ".join(["%s"] * len(dbs))
-        archives = [ARCHIVE_PREFIX + d for d in dbs]
+        archives = [self.names.archive(d) for d in dbs]
         with self._conn(source) as cur:
             cur.execute(
                 f"SELECT schema_name FROM information_schema.schemata WHERE schema_name IN ({marks})", dbs
@@ -633,9 +661,9 @@ class Mover:
         """Stop and remove the move's replication connection on the target (if any)."""
         with self._conn(j.target) as cur:
             with suppress(Exception):
-                cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+                cur.execute(f"STOP SLAVE '{self.names.replication_name}'")
             with suppress(Exception):
-                cur.execute(f"RESET SLAVE '{REPLICATION_NAME}' ALL")
+                cur.execute(f"RESET SLAVE '{self.names.replication_name}' ALL")
 
     def _drop_target_copy(self, j: Journal, dbs: list[str]) -> None:
         """Forget the replication and drop the target's copies of the moving databases."""
@@ -676,10 +704,10 @@ class Mover:
             self._url(slave)
         if self.store.config.map_source is None:
             raise ConfigError("a move must publish a new map to every running store: configure map_source")
-        plan = MovePlan(low, high, source, to, slave)
+        plan = MovePlan(low, high, source, to, slave, names=self.names)
         plan.tables = self._tables(source, plan.databases())
         with self._conn(source) as cur:
-            gone = _MYSQL.tombstones(cur, range(low, high + 1))
+            gone = self._mysql.tombstones(cur, range(low, high + 1))
         if gone:
             shard, (moved_to, version) = min(gone.items())
             raise MoveError(
@@ -716,13 +744,14 @@ class Mover:
             plan.target,
             plan.slave,
             map_version=self.store.shard_map.version,
+            namespace=self.names.namespace,
         )
         j.save(self.journal_path)
         return self.resume()
 
     def resume(self) -> Journal:
         """Carry a journaled move on from where it stopped."""
-        j = Journal.load(self.journal_path)
+        j = self._load()
         if j.phase in ("done", "aborted"):
             raise MoveError(f"the move of shards {j.low}-{j.high} is already {j.phase}")
         self.store.refresh_map(force=True)
@@ -793,23 +822,23 @@ class Mover:
             if not j.replicating:
                 cur.execute("SET GLOBAL gtid_slave_pos = %s", (j.gtid,))
                 cur.execute(
-                    f"CHANGE MASTER '{REPLICATION_NAME}' TO MASTER_HOST = %s, MASTER_PORT = %s, "
+                    f"CHANGE MASTER '{self.names.replication_name}' TO MASTER_HOST = %s, MASTER_PORT = %s, "
                     "MASTER_USER = %s, MASTER_PASSWORD = %s, MASTER_USE_GTID = slave_pos",
                     (host, port, src.username or "root", src.password or ""),
                 )
                 cur.execute(
-                    f"SET GLOBAL {REPLICATION_NAME}.replicate_wild_do_table = %s",
-                    (",".join(f"{d}.%" for d in dbs),),
+                    f"SET GLOBAL {self.names.replication_name}.replicate_wild_do_table = %s",
+                    (",".join(f"{like_escape(d)}.%" for d in dbs),),
                 )
                 j.replicating = True
                 j.save(self.journal_path)
-            cur.execute(f"START SLAVE '{REPLICATION_NAME}'")
+            cur.execute(f"START SLAVE '{self.names.replication_name}'")
 
     def _wait_level(self, j: Journal, position: str, timeout_s: float) -> None:
         with self._conn(j.target) as cur:
             cur.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout_s))
             if cur.fetchone()[0] != 0:
-                cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+                cur.execute(f"SHOW SLAVE '{self.names.replication_name}' STATUS")
                 names = [d[0] for d in cur.description]
                 status = dict(zip(names, cur.fetchone() or (), strict=False))
                 raise MoveError(
@@ -837,7 +866,7 @@ class Mover:
         conn = mysql_connector(self._url(j.source))()
         src = conn.cursor()
         try:
-            with _MYSQL.admin_lock(src, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S):
+            with self._mysql.admin_lock(src, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S):
                 self._archive_stashed(j.source, dbs)  # a crash in the switch left some on their way
                 tables = [(db, t) for db, t, _r, _b in self._tables(j.source, dbs) if t != TOMBSTONE_TABLE]
                 if tables:
@@ -848,7 +877,9 @@ class Mover:
                 if not j.switched_version:  # a crash came between the map write and the journal
                     j.switched_version = self.store.shard_map.version
                     j.save(self.journal_path)
-                left = leave_tombstones(src, range(j.low, j.high + 1), j.target, j.switched_version)
+                left = leave_tombstones(
+                    src, range(j.low, j.high + 1), j.target, j.switched_version, names=self.names
+                )
         finally:
             conn.close()  # also releases the locks if anything above failed
         self._forget_replication(j)
@@ -882,7 +913,7 @@ class Mover:
         """
         fence.execute("SET SESSION sql_log_bin = 0")  # the archive and renames stay off the binlog
         for db in dbs:
-            fence.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{db}`")
+            fence.execute(f"CREATE DATABASE IF NOT EXISTS `{self.names.archive(db)}`")
         triggered = table_triggers(fence, dbs)  # MariaDB renames these only within their database
         checked_at = self._checksum_before_fence(j, tables)
         keys = _first_key_columns(fence, dbs) if checked_at else {}
@@ -933,14 +964,14 @@ class Mover:
 
                 def stop_replication() -> None:  # on the target, while the source renames
                     with self._conn(j.target) as cur:
-                        cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")
+                        cur.execute(f"STOP SLAVE '{self.names.replication_name}'")
 
                 def rename(cur: Any, group: list[tuple[str, str]]) -> None:
                     for d, t in sorted(group, key=lambda dt: dt not in triggered):
                         if (d, t) in triggered:  # out of reach first; to the archive below
                             cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{d}`.`{t}{STASH_SUFFIX}`")
                         else:
-                            cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t}`")
+                            cur.execute(f"ALTER TABLE `{d}`.`{t}` RENAME `{self.names.archive(d)}`.`{t}`")
 
                 _together(
                     [
@@ -1053,7 +1084,7 @@ class Mover:
         there_conn = mysql_connector(self._url(j.target))()
         try:
             here, there = here_conn.cursor(), there_conn.cursor()
-            there.execute(f"STOP SLAVE '{REPLICATION_NAME}'")  # UNTIL needs both threads stopped
+            there.execute(f"STOP SLAVE '{self.names.replication_name}'")  # UNTIL needs both threads stopped
             try:
                 here.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
                 here.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
@@ -1065,13 +1096,17 @@ class Mover:
                 at = str(here.fetchone()[0] or "")
                 if not at:
                     raise MoveError(f"verify: {j.source} gave no GTID position for its snapshot")
-                there.execute(f"START SLAVE '{REPLICATION_NAME}' UNTIL master_gtid_pos = %s", (at,))
+                there.execute(
+                    f"START SLAVE '{self.names.replication_name}' UNTIL master_gtid_pos = %s", (at,)
+                )
                 self._until_stopped(j, there, at)
                 there.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
             finally:  # from another session: START SLAVE would end the snapshot's transaction
                 with self._conn(j.target) as cur:
-                    cur.execute(f"STOP SLAVE '{REPLICATION_NAME}'")  # a no-op once UNTIL has stopped it
-                    cur.execute(f"START SLAVE '{REPLICATION_NAME}'")
+                    cur.execute(
+                        f"STOP SLAVE '{self.names.replication_name}'"
+                    )  # a no-op once UNTIL has stopped it
+                    cur.execute(f"START SLAVE '{self.names.replication_name}'")
             sums: list[dict[str, Any]] = [{}, {}]
 
             def checksum(cur: Any, into: dict[str, Any]) -> None:
@@ -1091,7 +1126,7 @@ class Mover:
         """Wait until the target's replication, started ``UNTIL`` ``at``, has applied it and stopped."""
         deadline = time.monotonic() + FENCE_WAIT_TIMEOUT_S
         while True:
-            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+            cur.execute(f"SHOW SLAVE '{self.names.replication_name}' STATUS")
             names = [d[0] for d in cur.description]
             status = dict(zip(names, cur.fetchone() or (), strict=False))
             if status.get("Last_SQL_Errno"):
@@ -1140,7 +1175,7 @@ class Mover:
         target behind replication's back after ``at`` (nothing of the store's writes there: the map
         does not name the target until the switch)."""
         with self._conn(j.target) as cur:
-            cur.execute(f"SHOW SLAVE '{REPLICATION_NAME}' STATUS")
+            cur.execute(f"SHOW SLAVE '{self.names.replication_name}' STATUS")
             names = [d[0] for d in cur.description]
             status = dict(zip(names, cur.fetchone() or (), strict=False))
         if status.get("Slave_SQL_Running") != "Yes" or status.get("Last_SQL_Errno"):
@@ -1181,9 +1216,9 @@ class Mover:
             for d, t in stashed:
                 for name in triggers.get((d, t), []):
                     cur.execute(f"DROP TRIGGER IF EXISTS `{d}`.`{name}`")
-                cur.execute(f"CREATE DATABASE IF NOT EXISTS `{ARCHIVE_PREFIX}{d}`")
+                cur.execute(f"CREATE DATABASE IF NOT EXISTS `{self.names.archive(d)}`")
                 cur.execute(
-                    f"ALTER TABLE `{d}`.`{t}` RENAME `{ARCHIVE_PREFIX}{d}`.`{t[: -len(STASH_SUFFIX)]}`"
+                    f"ALTER TABLE `{d}`.`{t}` RENAME `{self.names.archive(d)}`.`{t[: -len(STASH_SUFFIX)]}`"
                 )
         return len(stashed)
 
@@ -1197,14 +1232,14 @@ class Mover:
         """
         ours = self._id_triggers()
         epoch = self.store.config.instagram_epoch_ms
-        archived = [(d, t) for d, t, _r, _b in self._tables(j.source, [ARCHIVE_PREFIX + d for d in dbs])]
+        archived = [(d, t) for d, t, _r, _b in self._tables(j.source, [self.names.archive(d) for d in dbs])]
         with self._conn(j.source) as cur:
             cur.execute("SET SESSION sql_log_bin = 0")
             leftover = table_triggers(cur, sorted({d for d, _t in archived}))
             for a, t in sorted(archived, key=lambda at: at[1] in ours):
                 for name in leftover.get((a, t), []):  # none made by a move; a rename would refuse them
                     cur.execute(f"DROP TRIGGER IF EXISTS `{a}`.`{name}`")
-                live = a[len(ARCHIVE_PREFIX) :]
+                live = self.names.unarchive(a)
                 cur.execute(
                     f"ALTER TABLE `{a}`.`{t}` RENAME `{live}`.`{t}{STASH_SUFFIX if t in ours else ''}`"
                 )
@@ -1213,11 +1248,12 @@ class Mover:
                     continue
                 t = stash[: -len(STASH_SUFFIX)]
                 if t in ours:
-                    shard = int(d[len(DATABASE_PREFIX) :])
-                    cur.execute(id_trigger(shard, t, epoch, on=stash))
+                    shard = self.names.database_shard(d)
+                    assert shard is not None
+                    cur.execute(id_trigger(shard, t, epoch, on=stash, db=d))
                 cur.execute(f"ALTER TABLE `{d}`.`{stash}` RENAME `{d}`.`{t}`")
             for db in dbs:
-                cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
+                cur.execute(f"DROP DATABASE IF EXISTS `{self.names.archive(db)}`")
 
     def _verify(self, j: Journal, sessions: list[Any], groups: list[list[tuple[str, str]]]) -> None:
         """Compare every fenced table's checksum on both sides, each fence session its own tables."""
@@ -1275,10 +1311,10 @@ class Mover:
 
     def abort(self) -> Journal:
         """Undo a move that has not switched the map: the source serves again, the target copy goes."""
-        j = Journal.load(self.journal_path)
+        j = self._load()
         if j.phase == "done":
             raise MoveError("the move is done and the map switched: move the shards back instead")
-        dbs = [database_name(s) for s in range(j.low, j.high + 1)]
+        dbs = self._units(j)
         if self._map_switched(j):
             raise MoveError(
                 "the map already names the target: finish with --resume, then move back if needed"
@@ -1293,20 +1329,20 @@ class Mover:
 
     def cleanup(self) -> list[str]:
         """After a finished move: drop the archived copies on the source; its tombstones stay."""
-        return self.cleanup_journaled(Journal.load(self.journal_path))
+        return self.cleanup_journaled(self._load())
 
     def cleanup_journaled(self, j: Journal) -> list[str]:
         """`cleanup` for the move journaled in ``j`` (a rebalance keeps each of its moves' journals)."""
         if j.phase != "done":
             raise MoveError(f"the move is in phase {j.phase}: cleanup comes after it is done")
         dropped = []
-        dbs = [database_name(s) for s in range(j.low, j.high + 1)]
+        dbs = self._units(j)
         with (
             self._conn(j.source) as cur,
-            _MYSQL.admin_lock(cur, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S),
+            self._mysql.admin_lock(cur, range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S),
         ):
             cur.execute("SET SESSION sql_log_bin = 0")
             for db in dbs:
-                cur.execute(f"DROP DATABASE IF EXISTS `{ARCHIVE_PREFIX}{db}`")
-                dropped.append(ARCHIVE_PREFIX + db)
+                cur.execute(f"DROP DATABASE IF EXISTS `{self.names.archive(db)}`")
+                dropped.append(self.names.archive(db))
         return dropped

@@ -74,7 +74,7 @@ from store.backends.postgres import (
     postgres_connector,
 )
 from store.exceptions import ConfigError, MoveError
-from store.naming import ARCHIVE_PREFIX, TOMBSTONE_TABLE, schema_name
+from store.naming import TOMBSTONE_TABLE, Names
 from store.store import Store
 from store.tls import postgres_tls
 
@@ -123,9 +123,9 @@ def moves_postgres(store: Store, journal: str | os.PathLike[str]) -> bool:
     return bool(masters) and all(is_postgres(store, h) for h in masters)
 
 
-def _name(low: int, high: int) -> str:
-    """The move's publication, subscription and slot name."""
-    return f"store_move_{low}_{high}"
+def _name(low: int, high: int, names: Names) -> str:
+    """The move's publication, subscription and slot name (``store_move_0_7``, ``NAME_store_move_0_7``)."""
+    return f"{names.replication_name}_{low}_{high}"
 
 
 def _q(ident: str) -> str:
@@ -142,7 +142,7 @@ class PgMovePlan(MovePlan):
 
     def databases(self) -> list[str]:
         """The shard schemas that move."""
-        return [schema_name(s) for s in range(self.low, self.high + 1)]
+        return [self.names.schema_name(s) for s in range(self.low, self.high + 1)]
 
 
 class PgMoveProgress(MoveProgress):
@@ -156,7 +156,7 @@ class PgMoveProgress(MoveProgress):
         """Record the rows inserted on the target while the copy loads, the subscription's lag after."""
         low, high = int(self.data["low"]), int(self.data["high"])
         if step in ("load", "dump"):
-            schemas = [schema_name(s) for s in range(low, high + 1)]
+            schemas = [self._mover.names.schema_name(s) for s in range(low, high + 1)]
             row = conn.execute(
                 "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables WHERE schemaname = ANY(%s)",
                 (schemas,),
@@ -166,7 +166,7 @@ class PgMoveProgress(MoveProgress):
             row = conn.execute(
                 "SELECT extract(epoch FROM now() - max(latest_end_time)) FROM pg_stat_subscription "
                 "WHERE subname = %s",
-                (_name(low, high),),
+                (_name(low, high, self._mover.names),),
             ).fetchone()
             self.set(lag_s=None if row is None or row[0] is None else max(0.0, float(row[0])))
         else:
@@ -181,6 +181,13 @@ class PgMover(Mover):
     """
 
     # -- helpers ---------------------------------------------------------------
+
+    @property
+    def _pg_backend(self) -> PostgresBackend:
+        """PostgreSQL, naming the store's namespace."""
+        backend = _PG.named(self.names)
+        assert isinstance(backend, PostgresBackend)
+        return backend
 
     def _url(self, host: str) -> URL:
         url = self.store.config.hosts.get(host)
@@ -243,7 +250,7 @@ class PgMover(Mover):
         return [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows]
 
     def _schemas(self, j: Journal | MovePlan) -> list[str]:
-        return [schema_name(s) for s in range(j.low, j.high + 1)]
+        return [self.names.schema_name(s) for s in range(j.low, j.high + 1)]
 
     def _server_version(self, host: str) -> int:
         with self._pg(host) as conn:
@@ -275,7 +282,7 @@ class PgMover(Mover):
             )
         if self.store.config.map_source is None:
             raise ConfigError("a move must publish a new map to every running store: configure map_source")
-        plan = PgMovePlan(low, high, source, to, slave)
+        plan = PgMovePlan(low, high, source, to, slave, names=self.names)
         self._refuse_pg(plan, m.version)
         plan.tables = self._tables(source, plan.databases())
         return plan
@@ -294,12 +301,12 @@ class PgMover(Mover):
     def _refuse_pg(self, plan: MovePlan, version: int) -> None:
         """`MoveError` for anything on the hosts or in the shard schemas that the move could not finish."""
         source, to, schemas = plan.source, plan.target, plan.databases()
-        name = _name(plan.low, plan.high)
+        name = _name(plan.low, plan.high, self.names)
         self._check_source_wal(source)
         for host in (source, to):
             if self._server_version(host) < 100000:
                 raise MoveError(f"{host} runs PostgreSQL before 10: it has no logical replication")
-        archives = [ARCHIVE_PREFIX + s for s in schemas]
+        archives = [self.names.archive(s) for s in schemas]
         with self._pg(source) as conn:
             found = {str(r[0]) for r in conn.execute(
                 "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas + archives,)
@@ -310,7 +317,7 @@ class PgMover(Mover):
                     f"{source} has no schema {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}: "
                     "nothing to move there; run store init first"
                 )
-            gone = _PG.tombstones(conn.cursor(), range(plan.low, plan.high + 1))
+            gone = self._pg_backend.tombstones(conn.cursor(), range(plan.low, plan.high + 1))
             if gone:
                 shard, (moved_to, was) = min(gone.items())
                 raise MoveError(
@@ -450,7 +457,7 @@ class PgMover(Mover):
         self._drop_replication(j)
         self._drop_target_copy(j, schemas)
         self._dump_load(j, schemas, ["--schema-only"])
-        name = _name(j.low, j.high)
+        name = _name(j.low, j.high, self.names)
         with self._pg(j.source) as conn:
             if self._server_version(j.source) >= 150000:
                 what = "TABLES IN SCHEMA " + ", ".join(_q(s) for s in schemas)
@@ -534,7 +541,7 @@ class PgMover(Mover):
             row = conn.execute(
                 "SELECT s.oid, s.subenabled FROM pg_subscription s JOIN pg_database d ON d.oid = s.subdbid "
                 "WHERE s.subname = %s AND d.datname = current_database()",
-                (_name(j.low, j.high),),
+                (_name(j.low, j.high, self.names),),
             ).fetchone()
         return None if row is None else (int(row[0]), bool(row[1]))
 
@@ -547,7 +554,7 @@ class PgMover(Mover):
             return False
         if not found[1]:
             with self._pg(j.target) as conn:
-                conn.execute(f"ALTER SUBSCRIPTION {_q(_name(j.low, j.high))} ENABLE")
+                conn.execute(f"ALTER SUBSCRIPTION {_q(_name(j.low, j.high, self.names))} ENABLE")
         return True
 
     def _recopy(self, j: Journal, schemas: list[str]) -> None:
@@ -577,7 +584,7 @@ class PgMover(Mover):
         all at once, rather than waiting for its WAL writer. An idle source
         sends nothing to confirm: a little WAL there moves it on.
         """
-        name = _name(j.low, j.high)
+        name = _name(j.low, j.high, self.names)
         deadline = time.monotonic() + timeout_s
         nudge = time.monotonic() + 0.5
         with self._pg(j.source) as conn, self._pg(j.target) as there:
@@ -610,7 +617,7 @@ class PgMover(Mover):
     def _source_state(self, j: Journal, schemas: list[str]) -> str:
         """``live`` (every moving schema still holds its tables) or ``tombstone`` (the switch committed)."""
         with self._pg(j.source) as conn:
-            marked = _PG.tombstones(conn.cursor(), range(j.low, j.high + 1))
+            marked = self._pg_backend.tombstones(conn.cursor(), range(j.low, j.high + 1))
         if not marked:
             return "live"
         if len(marked) == len(schemas):
@@ -623,7 +630,9 @@ class PgMover(Mover):
     def _switch(self, j: Journal, schemas: list[str]) -> None:
         admin = self._connect(j.source)
         try:
-            with _PG.admin_lock(admin.cursor(), range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S):
+            with self._pg_backend.admin_lock(
+                admin.cursor(), range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S
+            ):
                 if self._source_state(j, schemas) == "live":
                     if not self._ensure_streaming(j, schemas):
                         self._recopy(j, schemas)
@@ -643,7 +652,7 @@ class PgMover(Mover):
             admin.close()
         self._drop_replication(j)
         with self._pg(j.source) as conn:
-            conn.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high))}")
+            conn.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high, self.names))}")
         j.replicating = False
         self._done(j, len(schemas))
 
@@ -709,7 +718,7 @@ class PgMover(Mover):
         marks["ids_s"] = time.monotonic()
         self._step(step="switch")
         fence.execute(self._tombstone_sql(j, schemas, info, new_version))
-        fence.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high))}")
+        fence.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high, self.names))}")
         fence.execute("COMMIT")
         marks["archive_s"] = time.monotonic()
         self._step(fence_ended=time.time())
@@ -772,7 +781,7 @@ class PgMover(Mover):
 
     def _disable_subscription(self, j: Journal) -> None:
         """Stop the apply worker (the switch's DDL must not reach the target); wait until it has."""
-        name = _name(j.low, j.high)
+        name = _name(j.low, j.high, self.names)
         with self._pg(j.target) as conn:
             conn.execute(f"ALTER SUBSCRIPTION {_q(name)} DISABLE")
             deadline = time.monotonic() + 30
@@ -811,8 +820,8 @@ class PgMover(Mover):
         """The statements that archive the moving tables and next_id() and leave the tombstones."""
         out: list[str] = []
         for shard in range(j.low, j.high + 1):
-            sc = schema_name(shard)
-            q, a = _q(sc), _q(ARCHIVE_PREFIX + sc)
+            sc = self.names.schema_name(shard)
+            q, a = _q(sc), _q(self.names.archive(sc))
             message = f"store-tombstone shard={shard} moved_to={j.target} map_version={version}"
             out += [
                 f"CREATE SCHEMA IF NOT EXISTS {a}",
@@ -868,14 +877,14 @@ class PgMover(Mover):
         with self._pg(j.source) as conn:
             archived = {str(r[0]) for r in conn.execute(
                 "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
-                ([ARCHIVE_PREFIX + s for s in schemas],),
+                ([self.names.archive(s) for s in schemas],),
             ).fetchall()}  # fmt: skip
             if not archived:
                 return
             tables = self._tables(j.source, sorted(archived))
             conn.execute("BEGIN")
             for sc in schemas:
-                a = ARCHIVE_PREFIX + sc
+                a = self.names.archive(sc)
                 if a not in archived:
                     continue
                 q = _q(sc)
@@ -900,7 +909,7 @@ class PgMover(Mover):
 
     def _drop_replication(self, j: Journal) -> None:
         """Drop the move's subscription on the target and every slot it left on the source (idempotent)."""
-        name = _name(j.low, j.high)
+        name = _name(j.low, j.high, self.names)
         found = self._subscription(j)
         if found is not None:
             with self._pg(j.target) as conn:
@@ -937,13 +946,13 @@ class PgMover(Mover):
             for sc in dbs:
                 conn.execute(f"DROP SCHEMA IF EXISTS {_q(sc)} CASCADE")
         with self._pg(j.source) as conn:
-            conn.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high))}")
+            conn.execute(f"DROP PUBLICATION IF EXISTS {_q(_name(j.low, j.high, self.names))}")
 
     # -- abort and cleanup -------------------------------------------------------
 
     def abort(self) -> Journal:
         """Undo a move that has not switched the map: the source serves again, the target copy goes."""
-        j = Journal.load(self.journal_path)
+        j = self._load()
         if j.phase == "done":
             raise MoveError("the move is done and the map switched: move the shards back instead")
         if self._map_switched(j):
@@ -963,15 +972,17 @@ class PgMover(Mover):
 
     def cleanup(self) -> list[str]:
         """After a finished move: drop the archived tables on the source; its tombstones stay."""
-        j = Journal.load(self.journal_path)
+        j = self._load()
         if j.phase != "done":
             raise MoveError(f"the move is in phase {j.phase}: cleanup comes after it is done")
         dropped = []
         with (
             self._pg(j.source) as conn,
-            _PG.admin_lock(conn.cursor(), range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S),
+            self._pg_backend.admin_lock(
+                conn.cursor(), range(j.low, j.high + 1), timeout_s=SHARD_LOCK_TIMEOUT_S
+            ),
         ):
             for sc in self._schemas(j):
-                conn.execute(f"DROP SCHEMA IF EXISTS {_q(ARCHIVE_PREFIX + sc)} CASCADE")
-                dropped.append(ARCHIVE_PREFIX + sc)
+                conn.execute(f"DROP SCHEMA IF EXISTS {_q(self.names.archive(sc))} CASCADE")
+                dropped.append(self.names.archive(sc))
         return dropped

@@ -46,7 +46,6 @@ from typing import Any
 from store.backends import backend_for
 from store.config import StoreConfig
 from store.exceptions import ConfigError, MoveError
-from store.naming import DATABASE_PREFIX
 from store.shardmap import ShardMap
 from store.store import Store
 
@@ -349,7 +348,7 @@ def estimate_shard_rows(store: Store, shard_map: ShardMap) -> tuple[dict[int, in
                 cur.execute(
                     "SELECT table_schema, COALESCE(SUM(table_rows), 0) FROM information_schema.tables "
                     "WHERE table_schema LIKE %s AND table_type = 'BASE TABLE' GROUP BY table_schema",
-                    (DATABASE_PREFIX + "%",),
+                    (store.config.names.databases_like,),
                 )
                 found = cur.fetchall()
             finally:
@@ -357,9 +356,9 @@ def estimate_shard_rows(store: Store, shard_map: ShardMap) -> tuple[dict[int, in
         except Exception as exc:  # an estimate only: the plan falls back to shard counts
             return None, f"{host} did not answer ({type(exc).__name__}: {str(exc)[:120]})"
         for schema, count in found:
-            digits = str(schema)[len(DATABASE_PREFIX) :]
-            if digits.isdigit() and int(digits) in shards:
-                rows[int(digits)] = int(count)
+            shard = store.config.names.database_shard(str(schema))
+            if shard is not None and shard in shards:
+                rows[shard] = int(count)
     return rows, ""
 
 

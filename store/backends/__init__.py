@@ -18,7 +18,9 @@ store asks the host's `Backend` (``backend_for(url)``).
 
 from __future__ import annotations
 
+import copy
 import enum
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +33,7 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends.tables import SHARD, VERSION_COLUMN, ColumnTypes, shard_tables
 from store.exceptions import ConfigError
-from store.naming import ADDED_VERSION, COUNTS_TABLE
+from store.naming import ADDED_VERSION, COUNTS_TABLE, DEFAULT_NAMES, Names
 from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
@@ -87,8 +89,9 @@ class Backend:
     #: True if `store move` can move its shards; True if it can be a ticket server or a map table.
     can_move: ClassVar[bool] = False
     can_hold_tickets: ClassVar[bool] = False
-    #: The server keeps an invalidation log (`store.cache.follower`): the table's quoted name.
-    change_log: ClassVar[str | None] = None
+    #: The names of the databases, schemas and files it makes (`store.naming.Names`): a backend
+    #: bound to a namespace is made by `named` (or ``backend_for(url, names)``).
+    names: Names = DEFAULT_NAMES
     #: A statement that bumps a list's version also returns the new version (the driver's
     #: ``lastrowid``), and a log row can name it: cached lists are updated in place
     #: (`store.cache.lists`). Elsewhere a write drops the cached lists it changed.
@@ -102,6 +105,23 @@ class Backend:
 
     def __init__(self) -> None:
         self.sa_dialect = self._sa_dialect()
+
+    def named(self, names: Names) -> Backend:
+        """This backend making and finding the names of ``names`` (one shared object per namespace)."""
+        if names == self.names:
+            return self
+        key = (self.name, names)
+        with _NAMED_LOCK:
+            found = _NAMED.get(key)
+            if found is None:
+                found = _NAMED[key] = copy.copy(self)
+                found.names = names
+        return found
+
+    @property
+    def change_log(self) -> str | None:
+        """The quoted name of the server's invalidation log (`store.cache.follower`), or None."""
+        return None
 
     # -- hooks each backend provides ---------------------------------------------
 
@@ -309,6 +329,9 @@ class Backend:
 
 
 _REGISTRY: dict[str, Backend] = {}
+#: Backends bound to a namespace, by (backend name, names).
+_NAMED: dict[tuple[str, Names], Backend] = {}
+_NAMED_LOCK = threading.Lock()
 #: The backend the store is built around (MariaDB/MySQL), for defaults such as `store schema`'s.
 DEFAULT_BACKEND = "mysql"
 
@@ -337,11 +360,12 @@ def backend_named(name: str) -> Backend:
     return found
 
 
-def backend_for(url: URL) -> Backend:
-    """The backend that serves host URL ``url``; `ConfigError` naming the supported ones."""
+def backend_for(url: URL, names: Names = DEFAULT_NAMES) -> Backend:
+    """The backend that serves host URL ``url`` with the names of ``names``; `ConfigError` naming
+    the supported ones."""
     wanted = url.get_backend_name()
     for backend in _registry().values():
         if wanted in backend.url_backends:
-            return backend
+            return backend.named(names)
     supported = sorted(b for backend in _registry().values() for b in backend.url_backends)
     raise ConfigError(f"backend {wanted!r} is not supported; supported: {', '.join(supported)}")

@@ -31,11 +31,10 @@ from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
 from store.naming import (
     ADDED_VERSION,
-    ARCHIVE_PREFIX,
-    DATABASE_PREFIX,
+    DEFAULT_NAMES,
     NEXT_ID,
     TOMBSTONE_TABLE,
-    database_name,
+    Names,
 )
 from store.specs import TypeSpec
 from store.tls import MySQLTLS, absolute_files, mysql_ssl_context, mysql_tls
@@ -122,8 +121,8 @@ class MySQLBackend(Backend):
         )
 
     def namespace(self, shard: int) -> str:
-        """``db00042``."""
-        return database_name(shard)
+        """``db00042`` (``NAME_db00042`` in a namespace)."""
+        return self.names.database_name(shard)
 
     def check_url(self, host: str, url: URL, base: Path) -> URL:
         """A MariaDB host names no database (each shard is its own), its driver is installed, and its
@@ -192,48 +191,53 @@ class MySQLBackend(Backend):
         self, shard: int, types: Sequence[TypeSpec], *, ids: str, epoch_ms: int
     ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """The database; for Instagram IDs the shard's counter row and a trigger per object table."""
-        db = database_name(shard)
+        db = self.names.database_name(shard)
         before = [("", _DATABASE.format(db=db))]
         if ids != "instagram":
             return before, []
         before += [("id_counter", _ID_COUNTER.format(db=db)), ("id_counter", _ID_COUNTER_ROW.format(db=db))]
-        after = [(t.table + NEXT_ID, id_trigger(shard, t.table, epoch_ms)) for t in types]
+        after = [(t.table + NEXT_ID, id_trigger(shard, t.table, epoch_ms, db=db)) for t in types]
         return before, after
 
-    change_log = "`store_log`.`cache_log`"
     list_versions = True
     conditional_writes = True
+
+    @property
+    def change_log(self) -> str:
+        """The invalidation log, ``store_log.cache_log`` (``NAME_store_log`` in a namespace), quoted."""
+        return f"`{self.names.log_database}`.`cache_log`"
 
     def change_log_ddl(self) -> list[str]:
         """The ``store_log`` database and its ``cache_log`` table (one per server, not per shard)."""
         return [
-            "CREATE DATABASE IF NOT EXISTS `store_log` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-            "CREATE TABLE IF NOT EXISTS `store_log`.`cache_log` ("
+            f"CREATE DATABASE IF NOT EXISTS `{self.names.log_database}` CHARACTER SET utf8mb4 "
+            "COLLATE utf8mb4_bin",
+            f"CREATE TABLE IF NOT EXISTS {self.change_log} ("
             "id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
             "at_ms BIGINT NOT NULL, entries MEDIUMTEXT NOT NULL) ENGINE=InnoDB",
         ]
 
     def change_log_insert(self) -> str:
         """One log row, sent with the write's COMMIT."""
-        return "INSERT INTO `store_log`.`cache_log` (at_ms, entries) VALUES (%s, %s)"
+        return f"INSERT INTO {self.change_log} (at_ms, entries) VALUES (%s, %s)"
 
     def change_log_insert_versions(self, versions: Sequence[str]) -> str:
         """One log row, its list entries' versions read in the transaction (which holds their rows'
         locks: the versions its writes made), 0 for a list with no counts row."""
         named = "".join(f", CONCAT(%s, COALESCE(({q}), 0))" for q in versions)
-        return f"INSERT INTO `store_log`.`cache_log` (at_ms, entries) SELECT %s, CONCAT_WS(' ', %s{named})"
+        return f"INSERT INTO {self.change_log} (at_ms, entries) SELECT %s, CONCAT_WS(' ', %s{named})"
 
     def change_log_insert_if_changed(self) -> str:
         """One log row, only if the count before it in the request counted a change; the version
         that count made is the session's ``LAST_INSERT_ID()`` (`RelationStatements`)."""
         return (
-            "INSERT INTO `store_log`.`cache_log` (at_ms, entries) "
+            f"INSERT INTO {self.change_log} (at_ms, entries) "
             "SELECT %s, CONCAT(%s, LAST_INSERT_ID()) FROM DUAL WHERE ROW_COUNT() > 0"
         )
 
     def existing(self, cur: Any) -> set[tuple[str, str]]:
-        """Databases, tables (and views) and ID triggers, from information_schema."""
-        like = DATABASE_PREFIX + "_____"
+        """Databases, tables (and views) and ID triggers of this namespace, from information_schema."""
+        like = self.names.databases_like
         cur.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s", (like,))
         out = {(str(row[0]), "") for row in cur.fetchall()}
         cur.execute(
@@ -256,28 +260,29 @@ class MySQLBackend(Backend):
         return out
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
-        """Shard databases (live, tombstone or empty) and move archives."""
+        """Shard databases (live, tombstone or empty) and move archives, of this namespace only."""
         from store.admin.ownership import ServerInventory, ShardCopy, shard_number
 
+        names = self.names
         inv = ServerInventory()
         with open_cursor() as cur:
             cur.execute(
                 "SELECT s.schema_name, t.table_name FROM information_schema.schemata s "
                 "LEFT JOIN information_schema.tables t ON t.table_schema = s.schema_name "
                 "AND t.table_type = 'BASE TABLE' WHERE s.schema_name LIKE %s OR s.schema_name LIKE %s",
-                (DATABASE_PREFIX + "_____", ARCHIVE_PREFIX + DATABASE_PREFIX + "_____"),
+                (names.databases_like, names.archive_databases_like),
             )
             live: dict[int, list[str]] = {}
             for db, table in cur.fetchall():
                 name = str(db)
-                archived = shard_number(name, ARCHIVE_PREFIX + DATABASE_PREFIX, 5)
+                archived = shard_number(name, names.archive_database_prefix, 5)
                 if archived is not None:
                     inv.archives[archived] = (
                         *inv.archives.get(archived, ()),
                         *([] if table is None else [table]),
                     )
                     continue
-                shard = shard_number(name, DATABASE_PREFIX, 5)
+                shard = shard_number(name, names.database_prefix, 5)
                 if shard is not None:
                     live.setdefault(shard, []).extend([] if table is None else [str(table)])
             told = self.tombstones(cur, [s for s, tables in live.items() if TOMBSTONE_TABLE in tables])
@@ -298,7 +303,7 @@ class MySQLBackend(Backend):
             "SELECT table_schema FROM information_schema.tables WHERE table_name = %s AND table_schema IN ("
             + ", ".join(["%s"] * len(wanted))
             + ")",
-            (TOMBSTONE_TABLE, *[database_name(s) for s in wanted]),
+            (TOMBSTONE_TABLE, *[self.names.database_name(s) for s in wanted]),
         )
         marked = [str(r[0]) for r in cur.fetchall()]
         if not marked:
@@ -317,7 +322,7 @@ class MySQLBackend(Backend):
         held: list[str] = []
         try:
             for shard in sorted(set(shards)):
-                name = f"store-admin:{database_name(shard)}"
+                name = f"store-admin:{self.names.database_name(shard)}"
                 cur.execute("SELECT GET_LOCK(%s, %s)", (name, timeout_s))
                 if cur.fetchone()[0] != 1:
                     raise BackendError(
@@ -558,15 +563,16 @@ BEGIN
 END"""
 
 
-def id_trigger(shard: int, table: str, epoch_ms: int, *, on: str | None = None) -> str:
+def id_trigger(shard: int, table: str, epoch_ms: int, *, on: str | None = None, db: str | None = None) -> str:
     """``CREATE TRIGGER IF NOT EXISTS`` of the Instagram ID trigger of ``table`` in shard ``shard``.
 
     The trigger is named after ``table`` (``pins_next_id``); ``on`` names the
     table it is made on when that is not ``table`` itself (a move puts it back
-    on a table under its `STASH_SUFFIX` name, then renames the table).
+    on a table under its `STASH_SUFFIX` name, then renames the table). ``db``:
+    the shard's database, where it is not ``db00042`` (a namespace's).
     """
     return _IG_TRIGGER.format(
-        db=database_name(shard), table=table, on=on or table, shard=shard, epoch=epoch_ms
+        db=db or DEFAULT_NAMES.database_name(shard), table=table, on=on or table, shard=shard, epoch=epoch_ms
     )
 
 
@@ -638,14 +644,19 @@ def parse_tombstone(message: str) -> tuple[str, int] | None:
 
 
 def tombstone_statements(
-    shard: int, moved_to: str, map_version: int, tables: dict[str, list[str]]
+    shard: int,
+    moved_to: str,
+    map_version: int,
+    tables: dict[str, list[str]],
+    *,
+    names: Names = DEFAULT_NAMES,
 ) -> list[str]:
-    """Statements that leave a tombstone of ``shard`` (idempotent).
+    """Statements that leave a tombstone of ``shard`` (idempotent), in the namespace of ``names``.
 
     ``tables`` maps each moved table to its columns, in order. Host names
     are config keys (checked by the config) and are quoted for SQL here.
     """
-    db = database_name(shard)
+    db = names.database_name(shard)
     fn = f"`{db}`.`{_TOMBSTONE_FUNCTION}`()"
     quoted = moved_to.replace("\\", "\\\\").replace("'", "''")
     message = f"store-tombstone shard={shard} moved_to={moved_to} map_version={map_version}"
@@ -658,18 +669,20 @@ def tombstone_statements(
         ),
     ]
     for table, columns in sorted(tables.items()):
-        names = ", ".join(f"`{c}`" for c in columns)
+        listed = ", ".join(f"`{c}`" for c in columns)
         values = ", ".join(fn for _c in columns)
         # TEMPTABLE: the view is computed before any WHERE applies, so a
         # primary-key read of a row that "is not there" raises too.
         out.append(
             f"CREATE OR REPLACE ALGORITHM=TEMPTABLE SQL SECURITY INVOKER VIEW `{db}`.`{table}` "
-            f"({names}) AS SELECT {values}"
+            f"({listed}) AS SELECT {values}"
         )
     return out
 
 
-def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version: int) -> int:
+def leave_tombstones(
+    cur: Any, shards: Iterable[int], moved_to: str, map_version: int, *, names: Names = DEFAULT_NAMES
+) -> int:
     """Leave a tombstone of each of ``shards`` whose tables were moved into the archive; how many.
 
     The views take the names and columns of the archived tables. Runs off the
@@ -681,7 +694,7 @@ def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version
     wanted = sorted(set(shards))
     if not wanted:
         return 0
-    archives = [ARCHIVE_PREFIX + database_name(s) for s in wanted]
+    archives = [names.archive(names.database_name(s)) for s in wanted]
     cur.execute(
         "SELECT table_schema, table_name, column_name FROM information_schema.columns "
         "WHERE table_schema IN (" + ", ".join(["%s"] * len(archives)) + ") "
@@ -690,7 +703,7 @@ def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version
     )
     columns: dict[int, dict[str, list[str]]] = {}
     for db, table, column in cur.fetchall():
-        shard = shard_number(str(db), ARCHIVE_PREFIX + DATABASE_PREFIX, 5)
+        shard = shard_number(str(db), names.archive_database_prefix, 5)
         assert shard is not None
         columns.setdefault(shard, {}).setdefault(str(table), []).append(str(column))
     cur.execute("SET SESSION sql_log_bin = 0")
@@ -699,8 +712,8 @@ def leave_tombstones(cur: Any, shards: Iterable[int], moved_to: str, map_version
             tables = columns.get(shard)
             if not tables:
                 continue  # nothing was archived: nothing there to fence
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{database_name(shard)}`")
-            for stmt in tombstone_statements(shard, moved_to, map_version, tables):
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{names.database_name(shard)}`")
+            for stmt in tombstone_statements(shard, moved_to, map_version, tables, names=names):
                 cur.execute(stmt)
     finally:
         cur.execute("SET SESSION sql_log_bin = 1")

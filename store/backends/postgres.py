@@ -25,7 +25,7 @@ from sqlalchemy.sql.elements import ClauseElement
 from store.backends import Backend, ErrorKind
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
-from store.naming import ADDED_VERSION, ARCHIVE_PREFIX, NEXT_ID, SCHEMA_PREFIX, TOMBSTONE_TABLE, schema_name
+from store.naming import ADDED_VERSION, NEXT_ID, TOMBSTONE_TABLE, Names
 from store.specs import TypeSpec
 from store.tls import absolute_files, postgres_tls
 
@@ -85,12 +85,12 @@ class PostgresBackend(Backend):
         )
 
     def namespace(self, shard: int) -> str:
-        """``shard0042``."""
-        return schema_name(shard)
+        """``shard0042`` (``NAME_shard0042`` in a namespace)."""
+        return self.names.schema_name(shard)
 
     def describe(self, shard: int) -> str:
         """``schema shard0042``."""
-        return f"schema {schema_name(shard)}"
+        return f"schema {self.names.schema_name(shard)}"
 
     def check_url(self, host: str, url: URL, base: Path) -> URL:
         """A PostgreSQL host names its database (each shard is a schema in it), and its query
@@ -146,7 +146,7 @@ class PostgresBackend(Backend):
         self, shard: int, types: Sequence[TypeSpec], *, ids: str, epoch_ms: int
     ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """The schema, its counter and its next_id()."""
-        sc = schema_name(shard)
+        sc = self.names.schema_name(shard)
         return [
             ("", _SCHEMA.format(schema=sc)),
             (NEXT_ID, _ID_SEQ.format(schema=sc)),
@@ -154,8 +154,8 @@ class PostgresBackend(Backend):
         ], []
 
     def existing(self, cur: Any) -> set[tuple[str, str]]:
-        """Schemas, tables and next_id() functions, from information_schema."""
-        like = SCHEMA_PREFIX + "____"
+        """Schemas, tables and next_id() functions of this namespace, from information_schema."""
+        like = self.names.schemas_like
         cur.execute("SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE %s", (like,))
         out = {(str(row[0]), "") for row in cur.fetchall()}
         cur.execute(
@@ -177,25 +177,27 @@ class PostgresBackend(Backend):
         return out | {(str(row[0]), str(row[1]) + ADDED_VERSION) for row in cur.fetchall()}
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
-        """Shard schemas (live, tombstone or empty) and move archives (``moved_shard0042``)."""
+        """Shard schemas (live, tombstone or empty) and move archives (``moved_shard0042``), of this
+        namespace only."""
         from store.admin.ownership import ServerInventory, ShardCopy, shard_number
 
+        names = self.names
         inv = ServerInventory()
         with open_cursor() as cur:
             cur.execute(
                 "SELECT n.nspname, c.relname FROM pg_namespace n LEFT JOIN pg_class c "
                 "ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') WHERE n.nspname LIKE %s "
                 "OR n.nspname LIKE %s",
-                (SCHEMA_PREFIX + "____", ARCHIVE_PREFIX + SCHEMA_PREFIX + "____"),
+                (names.schemas_like, names.archive_schemas_like),
             )
             found: dict[int, list[str]] = {}
             for schema, table in cur.fetchall():
-                archived = shard_number(str(schema), ARCHIVE_PREFIX + SCHEMA_PREFIX, 4)
+                archived = shard_number(str(schema), names.archive_schema_prefix, 4)
                 if archived is not None:
                     extra = () if table is None else (str(table),)
                     inv.archives[archived] = (*inv.archives.get(archived, ()), *extra)
                     continue
-                shard = shard_number(str(schema), SCHEMA_PREFIX, 4)
+                shard = shard_number(str(schema), names.schema_prefix, 4)
                 if shard is not None:
                     found.setdefault(shard, []).extend([] if table is None else [str(table)])
             told = self.tombstones(cur, [s for s, tables in found.items() if TOMBSTONE_TABLE in tables])
@@ -209,7 +211,7 @@ class PostgresBackend(Backend):
 
     def tombstones(self, cur: Any, shards: Iterable[int]) -> dict[int, tuple[str, int]]:
         """(moved_to, map_version) of each of ``shards`` whose schema here is a tombstone."""
-        wanted = [schema_name(s) for s in sorted(set(shards))]
+        wanted = [self.names.schema_name(s) for s in sorted(set(shards))]
         if not wanted:
             return {}
         cur.execute(
@@ -235,7 +237,7 @@ class PostgresBackend(Backend):
         cur.execute(f"SET lock_timeout = '{int(timeout_s * 1000)}ms'")
         try:
             for shard in sorted(set(shards)):
-                key = _admin_key(shard)
+                key = _admin_key(shard, self.names)
                 try:
                     cur.execute("SELECT pg_advisory_lock(%s)", (key,))
                     cur.fetchall()
@@ -282,8 +284,8 @@ def parse_tombstone(message: str) -> tuple[str, int] | None:
     return None if found is None else (found.group(1), int(found.group(2)))
 
 
-def _admin_key(shard: int) -> int:
-    digest = hashlib.blake2b(f"store-admin:{schema_name(shard)}".encode(), digest_size=8).digest()
+def _admin_key(shard: int, names: Names) -> int:
+    digest = hashlib.blake2b(f"store-admin:{names.schema_name(shard)}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 

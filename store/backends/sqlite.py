@@ -23,7 +23,7 @@ from sqlalchemy.sql.elements import ClauseElement
 from store.backends import Backend, ErrorKind
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import ConfigError
-from store.naming import ADDED_VERSION, database_name
+from store.naming import ADDED_VERSION
 
 __all__ = ["BUSY_TIMEOUT_S", "SQLiteBackend", "sqlite_connector"]
 
@@ -66,8 +66,8 @@ class SQLiteBackend(Backend):
         )
 
     def namespace(self, shard: int) -> str:
-        """The file's stem, ``db00042``."""
-        return database_name(shard)
+        """The file's stem, ``db00042`` (``NAME_db00042`` in a namespace)."""
+        return self.names.database_name(shard)
 
     def statement_schema(self, shard: int) -> str | None:
         """None: a statement runs on the shard's own file."""
@@ -75,7 +75,7 @@ class SQLiteBackend(Backend):
 
     def describe(self, shard: int) -> str:
         """``file db00042.sqlite3``."""
-        return f"file {database_name(shard)}.sqlite3"
+        return f"file {self.names.database_name(shard)}.sqlite3"
 
     def check_url(self, host: str, url: URL, base: Path) -> URL:
         """A SQLite host names a folder for its shard files; a relative one is taken from ``base``."""
@@ -96,7 +96,7 @@ class SQLiteBackend(Backend):
         """The shard's file (its folder made if missing), WAL, synchronous FULL."""
         folder = Path(str(url.database))
         folder.mkdir(parents=True, exist_ok=True)
-        return sqlite_connector(folder / f"{database_name(shard)}.sqlite3")
+        return sqlite_connector(folder / f"{self.names.database_name(shard)}.sqlite3")
 
     def classify(self, exc: BaseException) -> ErrorKind | None:
         """SQLite says what is missing only in words."""
@@ -132,8 +132,9 @@ class SQLiteBackend(Backend):
         from store.admin.ownership import ServerInventory, ShardCopy
 
         inv = ServerInventory()
-        for path in sorted(Path(str(url.database)).glob("db[0-9][0-9][0-9][0-9][0-9].sqlite3")):
-            shard = int(path.name[2:7])
+        for path in sorted(Path(str(url.database)).glob(self.names.sqlite_glob)):
+            shard = self.names.database_shard(path.name.removesuffix(".sqlite3"))
+            assert shard is not None
             with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
                 names = [
                     str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")

@@ -14,6 +14,7 @@ from store.cache.leases import LeaseStore, MemoryLeaseStore, ObjectCache
 from store.cache.lists import ListBackend, ListCache, MemoryListBackend
 from store.cache.stats import Breaker, CacheStats
 from store.config import CacheConfig
+from store.naming import DEFAULT_NAMES, Names
 
 __all__ = [
     "Breaker",
@@ -64,8 +65,13 @@ class Caches:
                 close()
 
 
-def build_caches(config: CacheConfig) -> Caches:
-    """The caches ``config`` asks for: memcached and/or Redis, else in-process if ``memory``."""
+def build_caches(config: CacheConfig, names: Names = DEFAULT_NAMES) -> Caches:
+    """The caches ``config`` asks for: memcached and/or Redis, else in-process if ``memory``.
+
+    Keys start with ``config.prefix``, after ``NAME:`` where ``names`` has a namespace, so two
+    stores of different namespaces share memcached and Redis without meeting.
+    """
+    prefix = names.cache_prefix(config.prefix)
     timeout_s, connect_timeout_s = config.timeout_ms / 1000, config.connect_timeout_ms / 1000
     objects: ObjectCache | None = None
     lists: ListCache | None = None
@@ -91,7 +97,7 @@ def build_caches(config: CacheConfig) -> Caches:
 
         backend: ListBackend = RedisListBackend(
             config.redis,
-            prefix=config.prefix,
+            prefix=prefix,
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
             failures_to_trip=config.failures_to_trip,
@@ -107,4 +113,4 @@ def build_caches(config: CacheConfig) -> Caches:
             ttl_s=config.ttl_s,
             max_stale_s=config.max_stale_s,
         )
-    return Caches(objects, lists, config.prefix)
+    return Caches(objects, lists, prefix)
