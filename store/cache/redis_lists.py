@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
+from hashlib import blake2b
 from typing import Any
 
 import redis
@@ -41,8 +42,9 @@ from redis.retry import Retry
 
 from store.cache.lists import ListChange, ListRead
 from store.cache.stats import Breaker, CacheStats
+from store.config import redis_server_name
 
-__all__ = ["RedisListBackend"]
+__all__ = ["RedisListBackend", "RedisListServers"]
 
 # Lua shared by the scripts: where member m falls among the n packed members of s. Members are
 # compared as four big-endian 32-bit words (struct), never with Lua's string "<", which follows
@@ -218,7 +220,10 @@ return 1
 
 
 class RedisListBackend:
-    """Relation lists in one Redis database, keys under ``prefix``."""
+    """Relation lists in one Redis database, keys under ``prefix``.
+
+    ``stats`` may be shared with other servers' backends (`RedisListServers`).
+    """
 
     def __init__(
         self,
@@ -229,8 +234,11 @@ class RedisListBackend:
         connect_timeout_s: float = 0.05,
         failures_to_trip: int = 3,
         cooldown_s: float = 5.0,
+        stats: CacheStats | None = None,
     ) -> None:
-        self.stats = CacheStats("redis")
+        self.stats = stats or CacheStats("redis")
+        #: ``host:port/db``: the server's name in errors and metrics, and its seed in placement.
+        self.address = redis_server_name(url)
         self.breaker = Breaker(failures_to_trip=failures_to_trip, cooldown_s=cooldown_s)
         self.prefix = prefix
         self.client = redis.Redis.from_url(
@@ -272,7 +280,7 @@ class RedisListBackend:
             self.breaker.trip()  # a hung server already cost a whole timeout
         else:
             self.breaker.failure()
-        self.stats.error("redis", exc)
+        self.stats.error(f"redis {self.address}", exc)
 
     def _script(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``EVALSHA`` of ``script`` on a connection of this backend's own, its raw reply (`_pipelined`).
@@ -573,3 +581,121 @@ def _bound(s: bytes, n: int, bound: bytes, *, low: bool) -> int:
         return n
     inclusive = bound[:1] == b"["
     return _cut(s, n, bound[1:], strict=not inclusive if low else inclusive)
+
+
+class RedisListServers:
+    """Relation lists over several Redis servers: each list, all its keys, on one of them.
+
+    The server of a list is chosen by rendezvous (highest random weight)
+    hashing of the list's key over *all* configured servers, as objects are
+    on memcached (`store.cache.memcached.MemcachedLeaseStore.server_for`):
+    a function of the list and the configured servers only. A server that
+    is down is never replaced by another: its lists are misses (reads go to
+    the database, writes' changes to them are skipped and mark that server
+    dirty), and no survivor ever holds a copy of them that an invalidation
+    sent while the server was down would have had to reach. Each server is
+    a `RedisListBackend` with its own breaker, connections and cleaning
+    (a server whose invalidation was lost is emptied of lists before it is
+    trusted again); the counters are shared. A batch goes to each server
+    it touches as one pipeline, server after server.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        prefix: str = "s:",
+        timeout_s: float = 0.05,
+        connect_timeout_s: float = 0.05,
+        failures_to_trip: int = 3,
+        cooldown_s: float = 5.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one Redis URL is needed")
+        self.stats = CacheStats("redis")
+        self.prefix = prefix
+        self.servers = [
+            RedisListBackend(
+                url,
+                prefix=prefix,
+                timeout_s=timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                failures_to_trip=failures_to_trip,
+                cooldown_s=cooldown_s,
+                stats=self.stats,
+            )
+            for url in urls
+        ]
+        self._salts = [s.address.encode() + b"\n" for s in self.servers]
+
+    def index_for(self, key: str) -> int:
+        """The index (in the configured order) of the server that holds the list ``key``.
+
+        Each server's weight is a BLAKE2b digest of its name and the key (CRC-32
+        seeded by the server's name, as memcached's placement has it, is affine in
+        its seed: with three servers one of them drew half the lists).
+        """
+        k = key.encode()
+        return max(range(len(self._salts)), key=lambda i: blake2b(self._salts[i] + k, digest_size=8).digest())
+
+    def server_for(self, key: str) -> RedisListBackend:
+        """The one server that holds the list ``key`` (and its meta and version keys)."""
+        return self.servers[self.index_for(key)]
+
+    def _group(self, keys: Sequence[str]) -> dict[int, list[int]]:
+        """Positions of ``keys`` by the index of their server."""
+        groups: dict[int, list[int]] = {}
+        for pos, key in enumerate(keys):
+            groups.setdefault(self.index_for(key), []).append(pos)
+        return groups
+
+    def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
+        """`RedisListBackend.read` on the list's server."""
+        return self.server_for(key).read(key, op)
+
+    def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
+        """`RedisListBackend.read_many`, one pipeline per server; None for each list of a failed server."""
+        out: list[ListRead | None] = [None] * len(keys)
+        for i, positions in self._group(keys).items():
+            got = self.servers[i].read_many([keys[p] for p in positions], [ops[p] for p in positions])
+            for p, read in zip(positions, got, strict=True):
+                out[p] = read
+        return out
+
+    def fill(
+        self,
+        key: str,
+        version: bytes | None,
+        n: int,
+        members: bytes,
+        ttl_s: int,
+        read_ms: int,
+        list_version: int = 0,
+    ) -> bool:
+        """`RedisListBackend.fill` on the list's server."""
+        return self.server_for(key).fill(key, version, n, members, ttl_s, read_ms, list_version)
+
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
+        """`RedisListBackend.fill_many`, one pipeline per server; how many were filled."""
+        groups = self._group([item[0] for item in items])
+        return sum(self.servers[i].fill_many([items[p] for p in ps], ttl_s) for i, ps in groups.items())
+
+    def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
+        """`RedisListBackend.invalidate` on each server (a server that misses one is marked dirty)."""
+        for i, positions in self._group(keys).items():
+            self.servers[i].invalidate([keys[p] for p in positions], ttl_s)
+
+    def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
+        """`RedisListBackend.apply` on each server, each list's changes in their order; how many kept."""
+        groups = self._group([c[0] for c in changes])
+        return sum(self.servers[i].apply([changes[p] for p in ps], ttl_s, cap) for i, ps in groups.items())
+
+    def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
+        """`RedisListBackend.settle` on each server."""
+        for i, positions in self._group([key for key, _v in entries]).items():
+            self.servers[i].settle([entries[p] for p in positions], ttl_s)
+
+    def close(self) -> None:
+        """Close every server's connections."""
+        for server in self.servers:
+            server.close()

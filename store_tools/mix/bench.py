@@ -104,7 +104,7 @@ def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
     if config.cache.redis:
         import redis
 
-        r = redis.Redis.from_url(config.cache.redis)
+        r = redis.Redis.from_url(config.cache.redis[0])
         out["redis"] = str(r.info("server").get("redis_version"))
         r.close()
     if config.cache.memcached:
@@ -159,7 +159,7 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
     if name == "floor":
         from store_tools.mix.floor import Floor
 
-        return Floor(schema, memcached=list(config.cache.memcached), redis_url=str(config.cache.redis))
+        return Floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
     if name == "horizontal_shard":
         from store_tools.mix.peer import ShardedPeer
 
