@@ -71,7 +71,10 @@ end
 
 # KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
 # packed end to end (16 bytes each, in order): stored as they come, one string; the
-# database's list version the head was read at (0: unknown); the versions' TTL. A fill never
+# database's list version the head was read at (0: unknown); the versions' TTL; 1 if the
+# members are the list's newest entries (else its oldest). The meta is "n:cached:read
+# ms:list version", cached negative for a head of the newest entries that is not the whole
+# list (a reader of an earlier layout reads that as no head: never as the oldest). A fill never
 # replaces a list held at a later list version, nor a versioned one when it knows no version:
 # it drops that list instead (the next reader fills it again), so a list whose version is
 # ahead of the database's (a shard restored from an older backup) cannot stay for good.
@@ -81,7 +84,7 @@ if (v or '') ~= ARGV[1] then return 0 end
 local want = tonumber(ARGV[6])
 local meta = redis.call('GET', KEYS[2])
 if meta then
-  local held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0')
+  local held = tonumber(string.match(meta, '^%d+:%-?%d+:%d+:(%d+)$') or '0')
   if held > want or (held > 0 and want == 0) then
     redis.call('INCR', KEYS[3])
     redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
@@ -97,7 +100,9 @@ if count > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
-redis.call('SET', KEYS[2], ARGV[2] .. ':' .. count .. ':' .. ARGV[4] .. ':' .. ARGV[6], 'EX', ttl)
+local cached = count
+if ARGV[8] == '1' and count > 0 and count < tonumber(ARGV[2]) then cached = '-' .. count end
+redis.call('SET', KEYS[2], ARGV[2] .. ':' .. cached .. ':' .. ARGV[4] .. ':' .. ARGV[6], 'EX', ttl)
 return 1
 """
 
@@ -147,7 +152,7 @@ end
 local function one(k, version, kind, member, tail)  -- true: the list is current
   local meta = redis.call('GET', KEYS[k + 1])
   if not meta then return false end
-  local total, cached, rms, held = string.match(meta, '^(%d+):(%d+):(%d+):(%d+)$')
+  local total, cached, rms, held = string.match(meta, '^(%d+):(%-?%d+):(%d+):(%d+)$')
   held = tonumber(held or '0')
   if held > 0 and version > 0 and held >= version then return true end
   if held == 0 or version == 0 or held ~= version - 1 then return false end
@@ -156,7 +161,9 @@ local function one(k, version, kind, member, tail)  -- true: the list is current
   s = s or ''
   local n = math.floor(#s / 16)
   total = tonumber(total)
-  if tonumber(cached) ~= n or #s % 16 ~= 0 then return false end
+  cached = tonumber(cached)
+  local newest = cached < 0  -- the head is the list's newest entries
+  if math.abs(cached) ~= n or #s % 16 ~= 0 then return false end
   local at = find(s, tail)
   if at then
     if kind == 'add' then return false end
@@ -170,19 +177,23 @@ local function one(k, version, kind, member, tail)  -- true: the list is current
   else
     if kind == 'add' then total = total + 1 end
     local j = cut(s, n, member)
-    if n == total - 1 or j < n then
+    local inside = j < n
+    if newest then inside = j > 0 end
+    if n == total - 1 or inside then
       s = string.sub(s, 1, 16 * j) .. member .. string.sub(s, 16 * j + 1)
       n = n + 1
     end
     if n > cap then
-      s = string.sub(s, 1, 16 * cap)
+      if newest then s = string.sub(s, 16 * (n - cap) + 1) else s = string.sub(s, 1, 16 * cap) end
       n = cap
     end
   end
+  local shown = n
+  if newest and n > 0 and n < total then shown = '-' .. n end
   local ttl = redis.call('PTTL', KEYS[k + 1])
   if ttl <= 0 then return false end
   if n > 0 then redis.call('SET', KEYS[k], s, 'PX', ttl) else redis.call('DEL', KEYS[k]) end
-  redis.call('SET', KEYS[k + 1], total .. ':' .. n .. ':' .. rms .. ':' .. version, 'PX', ttl)
+  redis.call('SET', KEYS[k + 1], total .. ':' .. shown .. ':' .. rms .. ':' .. version, 'PX', ttl)
   return true
 end
 local kept = 0
@@ -208,7 +219,7 @@ for i = 0, #KEYS / 3 - 1 do
   local k, want = 3 * i + 1, tonumber(ARGV[i + 2])
   local meta = redis.call('GET', KEYS[k + 1])
   local held = 0
-  if meta then held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0') end
+  if meta then held = tonumber(string.match(meta, '^%d+:%-?%d+:%d+:(%d+)$') or '0') end
   if not (held > 0 and want > 0 and held >= want) then
     redis.call('INCR', KEYS[k + 2])
     redis.call('EXPIRE', KEYS[k + 2], vttl)
@@ -312,13 +323,13 @@ class RedisListBackend:
         self.breaker.success()
         return [_list_read(r, op) for r, op in zip(replies, ops, strict=True)]
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
-        """`fill` of each (key, version, n, members, read_ms): one pipeline; how many were filled."""
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+        """`fill` of each (key, version, n, members, read_ms, newest): one pipeline; how many were filled."""
         if not items or not self._guard():
             return 0
         calls = [
-            (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S])
-            for key, version, n, members, read_ms in items
+            (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S, int(newest)])
+            for key, version, n, members, read_ms, newest in items
         ]
         try:
             done = self._pipelined(self._fill, calls)
@@ -380,6 +391,7 @@ class RedisListBackend:
         ttl_s: int,
         read_ms: int,
         list_version: int = 0,
+        newest: bool = False,
     ) -> bool:
         """Replace the list if the version is unchanged and it holds no later list version (one Lua call)."""
         if not self._guard():
@@ -393,6 +405,7 @@ class RedisListBackend:
                 members,
                 list_version,
                 VERSION_TTL_S,
+                int(newest),
             ]
             done = self._script(self._fill, self._keys(key), args)
         except redis.RedisError as exc:
@@ -505,21 +518,26 @@ def _list_read(reply: Any, op: tuple[object, ...]) -> ListRead:
     if meta_raw is None:
         return ListRead(None, [], version)
     parts = meta_raw.split(b":")
-    meta = (int(parts[0]), int(parts[1]))
+    cached = int(parts[1])
+    newest = cached < 0  # the head is the list's newest entries
+    meta = (int(parts[0]), -cached if newest else cached)
     read_ms = int(parts[2]) if len(parts) > 2 else 0  # no time: an entry from before, too old
     if op[0] == "meta":
-        return ListRead(meta, [], version, read_ms)
+        return ListRead(meta, [], version, read_ms, None, newest)
     s: bytes = head or b""
     n, odd = divmod(len(s), 16)
     if meta[1] != n or odd:
         return ListRead(None, [], version)
-    members, last = _pick(s, n, meta[0], op)
-    return ListRead(meta, members, version, read_ms, last)
+    members, last = _pick(s, n, meta[0], op, newest)
+    return ListRead(meta, members, version, read_ms, last, newest)
 
 
-def _pick(s: bytes, n: int, total: int, op: tuple[object, ...]) -> tuple[list[bytes], bytes | None]:
+def _pick(
+    s: bytes, n: int, total: int, op: tuple[object, ...], newest: bool = False
+) -> tuple[list[bytes], bytes | None]:
     """The members of the packed head ``s`` (``n`` of the list's ``total``) that ``op`` selects
-    (see `store.cache.lists.ListBackend.read`), and for a ``lex`` read the head's last member."""
+    (see `store.cache.lists.ListBackend.read`), and for a ``lex`` read the head's inner edge (its
+    last member, or its first if ``newest``)."""
 
     def span(i: int, j: int) -> list[bytes]:  # members i .. j - 1, in order
         return [s[k : k + 16] for k in range(16 * i, 16 * j, 16)]
@@ -555,7 +573,9 @@ def _pick(s: bytes, n: int, total: int, op: tuple[object, ...]) -> tuple[list[by
     assert isinstance(limit, int)
     i, j = _bound(s, n, low, low=True), _bound(s, n, high, low=False)
     picked = back(max(i, j - limit), j) if desc else span(i, min(j, i + limit))
-    return picked, (s[16 * n - 16 : 16 * n] if n else None)
+    if not n:
+        return picked, None
+    return picked, (s[:16] if newest else s[16 * n - 16 : 16 * n])
 
 
 def _cut(s: bytes, n: int, m: bytes, *, strict: bool) -> int:
@@ -671,11 +691,12 @@ class RedisListServers:
         ttl_s: int,
         read_ms: int,
         list_version: int = 0,
+        newest: bool = False,
     ) -> bool:
         """`RedisListBackend.fill` on the list's server."""
-        return self.server_for(key).fill(key, version, n, members, ttl_s, read_ms, list_version)
+        return self.server_for(key).fill(key, version, n, members, ttl_s, read_ms, list_version, newest)
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
         """`RedisListBackend.fill_many`, one pipeline per server; how many were filled."""
         groups = self._group([item[0] for item in items])
         return sum(self.servers[i].fill_many([items[p] for p in ps], ttl_s) for i, ps in groups.items())
