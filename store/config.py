@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from sqlalchemy.engine import URL, make_url
@@ -38,6 +39,7 @@ __all__ = [
     "TypeSpec",
     "admin_host_env_var",
     "host_env_var",
+    "redis_server_name",
 ]
 
 DEFAULT_MAX_OBJECT_BYTES = 1 << 20
@@ -89,8 +91,9 @@ class CacheConfig:
     """Which caches to use, and how they behave. No memcached, redis or memory: no cache."""
 
     memcached: tuple[str, ...] = ()
-    #: The Redis URL; it may hold a password, so it is left out of the repr.
-    redis: str | None = field(default=None, repr=False)
+    #: The Redis URLs (one or more: each list lives on one, by rendezvous hashing); they may hold
+    #: passwords, so they are left out of the repr.
+    redis: tuple[str, ...] = field(default=(), repr=False)
     memory: bool = False
     timeout_ms: int = 50
     connect_timeout_ms: int = 50
@@ -113,6 +116,14 @@ class CacheConfig:
     follow: bool = False
     #: How often the follower reads the logs (must be well under ``max_stale_s``).
     follow_poll_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        # ``redis`` was one URL (or None) before it took several: keep both spellings working.
+        redis: object = self.redis
+        if redis is None:
+            object.__setattr__(self, "redis", ())
+        elif isinstance(redis, str):
+            object.__setattr__(self, "redis", (redis,))
 
     @property
     def enabled(self) -> bool:
@@ -827,6 +838,53 @@ _CACHE_INTS = {
 }
 
 
+def _redis_urls(raw: object) -> tuple[str, ...]:
+    """``cache.redis``: one URL or a list of them, each a Redis URL, no server named twice."""
+    if raw is None:
+        return ()
+    urls = [raw] if isinstance(raw, str) else raw
+    if not isinstance(urls, list) or not urls:
+        raise ConfigError(
+            "cache.redis must be a redis:// URL or a non-empty list of them (each list is kept on one "
+            f"server, chosen by rendezvous hashing), got {brief(raw)}"
+        )
+    seen: dict[str, int] = {}
+    for i, url in enumerate(urls):
+        where = "cache.redis" if isinstance(raw, str) else f"cache.redis[{i}]"
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+            shown = url.split("://")[0] + "://..." if isinstance(url, str) else brief(url)
+            raise ConfigError(
+                f"{where} must be a redis:// URL (rediss:// for TLS, unix:// for a socket), got {shown}"
+            )
+        server = redis_server_name(url)
+        if server in seen:
+            raise ConfigError(
+                f"cache.redis[{i}] names the server {server} again (as cache.redis[{seen[server]}]): "
+                "each list is placed by the servers' addresses, so each server is listed once"
+            )
+        seen[server] = i
+    return tuple(urls)
+
+
+def redis_server_name(url: str) -> str:
+    """``host:port/db`` of a Redis URL (a socket's path for unix://), never its password.
+
+    What places lists on servers (`store.cache.redis_lists.RedisListServers`): a
+    password or an option changed in the URL moves no list.
+    """
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    if parts.scheme == "unix":
+        db = query.get("db", ["0"])[0]
+        return f"{parts.path}/{db}"
+    path = parts.path.lstrip("/") or query.get("db", ["0"])[0]
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port = 0  # (redis-py refuses the URL when it connects, with its own message)
+    return f"{parts.hostname or 'localhost'}:{port}/{path or 0}"
+
+
 def _cache(raw: object) -> CacheConfig:
     if raw is None:
         return CacheConfig()
@@ -834,7 +892,8 @@ def _cache(raw: object) -> CacheConfig:
     if not isinstance(raw, Mapping) or set(raw) - known:
         bad = sorted(map(brief, set(raw) - known)) if isinstance(raw, Mapping) else raw
         raise ConfigError(
-            f"cache must be a mapping with memcached: [host:port, ...], redis: URL and/or memory: true "
+            f"cache must be a mapping with memcached: [host:port, ...], redis: URL or [URL, ...] "
+            "and/or memory: true "
             f"(and optionally {', '.join(sorted(known - {'memcached', 'redis', 'memory'}))}); "
             f"got {brief(bad)}"
         )
@@ -843,14 +902,7 @@ def _cache(raw: object) -> CacheConfig:
         mc = [mc]
     if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.fullmatch(s) for s in mc):
         raise ConfigError(f"cache.memcached must be a list of host:port strings, got {brief(mc)}")
-    redis = raw.get("redis")
-    if redis is not None and (
-        not isinstance(redis, str) or not redis.startswith(("redis://", "rediss://", "unix://"))
-    ):
-        raise ConfigError(
-            "cache.redis must be a redis:// URL (rediss:// for TLS, unix:// for a socket), "
-            f"got {redis if not isinstance(redis, str) else redis.split('://')[0] + '://...'}"
-        )
+    redis = _redis_urls(raw.get("redis"))
     memory = raw.get("memory", False)
     if not isinstance(memory, bool):
         raise ConfigError(f"cache.memory must be true or false, got {brief(memory)}")

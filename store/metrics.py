@@ -420,15 +420,24 @@ def cache_breakers(store: Store) -> dict[tuple[str, str], bool]:
         for server in getattr(caches.objects.store, "servers", []):
             out[("memcached", str(server.address))] = not server.breaker.allow()
     if caches.lists is not None:
-        backend = caches.lists.backend
-        breaker = getattr(backend, "breaker", None)
-        if breaker is not None:
-            out[("redis", redis_address(backend))] = not breaker.allow()
+        for server in redis_servers(caches.lists.backend):
+            out[("redis", redis_address(server))] = not server.breaker.allow()
     return out
+
+
+def redis_servers(backend: Any) -> list[Any]:
+    """The Redis servers' backends (`RedisListBackend`) behind a list backend: one, several, or none."""
+    servers = getattr(backend, "servers", None)
+    if servers is not None:
+        return list(servers)
+    return [backend] if getattr(backend, "breaker", None) is not None else []
 
 
 def redis_address(backend: Any) -> str:
     """``host:port/db`` of a Redis list backend (never its password)."""
+    address = getattr(backend, "address", None)
+    if isinstance(address, str):
+        return address
     try:
         kw = backend.client.connection_pool.connection_kwargs
         return f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"

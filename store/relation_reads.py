@@ -228,6 +228,7 @@ class _Want:
     page: tuple[Row | None, int] | None = None  # (the key to go on after, rows)
     head: int = 0  # rows of the head to fill the cache with (0: no fill)
     fits: bool = False  # the head only if the whole list fits in it (its count <= head)
+    newest: bool = False  # the page and the head from the newest end
     linked: list[int] | None = None  # to_ids whose membership is asked
 
 
@@ -366,7 +367,7 @@ class RelationReads:
         got = self._query(relation, wants)
         if lists is not None:
             fills: list[FillItem] = [
-                (self._rel.list_key(relation, w.from_id), v, g.count, g.head, read_ms)
+                (self._rel.list_key(relation, w.from_id), v, g.count, g.head, read_ms, w.newest)
                 for w, g, v in zip(wants, got, versions, strict=True)
                 if w.head and (not w.fits or g.count <= w.head)
             ]
@@ -375,17 +376,21 @@ class RelationReads:
 
     # -- pages -------------------------------------------------------------------
 
-    def pages_many(self, relation: str, from_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
-        """The first page (oldest first) of each list, as `RelationService.page` gives it, by from_id."""
+    def pages_many(
+        self, relation: str, from_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
+    ) -> dict[int, Page]:
+        """The first page of each list (oldest first, or newest), as `RelationService.page` gives it,
+        by from_id."""
         self._router.relation(relation)
         self._rel.check_limit(limit)
+        self._rel.check_order(newest_first)
         ids = id_list(from_ids, "from_ids", limit=self._router.config.max_ids)
-        got = self.rows_many(relation, [(f, None, limit + 1) for f in ids])
+        got = self.rows_many(relation, [(f, None, limit + 1) for f in ids], newest_first=newest_first)
         out: dict[int, Page] = {}
         for f, rows in zip(ids, got, strict=True):
             cursor = None
             if len(rows) > limit:
-                cursor = encode_cursor(relation, f, False, *rows[limit - 1])
+                cursor = encode_cursor(relation, f, newest_first, *rows[limit - 1])
             out[f] = Page([t for _s, t in rows[:limit]], cursor)
         return out
 
@@ -396,6 +401,7 @@ class RelationReads:
         *,
         limit: int,
         load: Callable[[list[int]], dict[int, dict[str, Any]]],
+        newest_first: bool = False,
     ) -> dict[int, Page]:
         """The first page of each list with its objects (``load`` reads them), as `Store.board_pins` does.
 
@@ -405,12 +411,14 @@ class RelationReads:
         """
         self._router.relation(relation)
         self._rel.check_limit(limit)
+        self._rel.check_order(newest_first)
         ids = id_list(from_ids, "from_ids", limit=self._router.config.max_ids)
         cap = self._router.config.max_page
         state = {f: _Filling(limit) for f in ids}
         pending = ids
         while pending:
-            got = self.rows_many(relation, [(f, state[f].after, state[f].want + 1) for f in pending])
+            asks = [(f, state[f].after, state[f].want + 1) for f in pending]
+            got = self.rows_many(relation, asks, newest_first=newest_first)
             found = load(list(dict.fromkeys(t for rows in got for _s, t in rows)))
             again: list[int] = []
             for f, rows in zip(pending, got, strict=True):
@@ -441,12 +449,12 @@ class RelationReads:
             pending = again
         out: dict[int, Page] = {}
         for f, s in state.items():
-            cursor = encode_cursor(relation, f, False, *s.after) if s.more and s.after else None
+            cursor = encode_cursor(relation, f, newest_first, *s.after) if s.more and s.after else None
             out[f] = Page(s.ids, cursor, s.objects)
         return out
 
-    def rows_many(self, relation: str, asks: Sequence[Ask]) -> list[list[Row]]:
-        """For each (from_id, after, want): up to ``want`` rows after ``after``, oldest first.
+    def rows_many(self, relation: str, asks: Sequence[Ask], *, newest_first: bool = False) -> list[list[Row]]:
+        """For each (from_id, after, want): up to ``want`` rows after ``after``, oldest first (or newest).
 
         Cached lists answer from one pipeline; the rest come from one query
         per host, and lists the cache did not hold are filled (version-checked).
@@ -455,24 +463,30 @@ class RelationReads:
         handles = [self._rel.handle(spec, f) for f, _a, _w in asks]
         chunk = self._router.config.id_chunk
         if len(asks) <= chunk:
-            return self._rows_of(relation, asks, handles)
+            return self._rows_of(relation, asks, handles, newest_first)
         # Every ID is checked above; the lists are read in pieces of at most limits.id_chunk.
         out: list[list[Row]] = []
         for k in range(0, len(asks), chunk):
-            out += self._rows_of(relation, asks[k : k + chunk], handles[k : k + chunk])
+            out += self._rows_of(relation, asks[k : k + chunk], handles[k : k + chunk], newest_first)
         return out
 
-    def _rows_of(self, relation: str, asks: Sequence[Ask], handles: list[ShardHandle]) -> list[list[Row]]:
-        """`rows_many` for checked lists, ``handles`` their shards: the cache, then one query per host."""
+    def _rows_of(
+        self, relation: str, asks: Sequence[Ask], handles: list[ShardHandle], newest_first: bool
+    ) -> list[list[Row]]:
+        """`rows_many` for checked lists, ``handles`` their shards: the cache, then one query per host.
+
+        A cached head serves a list when it is complete, or when it is the end the read starts
+        from and holds the rows asked for; a head of the other end is a miss that fills the list
+        again with this read's end (as `RelationService.page` does)."""
         out: list[list[Row] | None] = [None] * len(asks)
         seen: dict[int, bytes | None] = {}  # ask -> the version its list had when it missed
         lists = self._rel.lists
         if lists is not None and asks:
             keys = [self._rel.list_key(relation, f) for f, _a, _w in asks]
             ops: list[tuple[object, ...]] = [
-                ("rank", 0, want - 1, False)
+                ("rank", 0, want - 1, newest_first)
                 if after is None
-                else ("after", encode_member(*after), want, False)
+                else ("after", encode_member(*after), want, newest_first)
                 for _f, after, want in asks
             ]
             hits = misses = 0
@@ -485,11 +499,16 @@ class RelationReads:
                     seen[i] = read.version
                     continue
                 rows = decode_members(read.members)
-                if read.complete or (len(rows) >= want if after is not None else want <= read.meta[1]):
+                mine = read.newest == newest_first  # the head is the end this read starts from
+                if read.complete or (
+                    mine and (len(rows) >= want if after is not None else want <= read.meta[1])
+                ):
                     out[i] = rows
                     hits += 1
                 else:
                     misses += 1  # beyond the cached head
+                    if not mine:
+                        seen[i] = read.version  # the other end: filled again with this one
             lists.stats.add(hits=hits, misses=misses)
         pending = [i for i in range(len(asks)) if out[i] is None]
         if not pending:
@@ -498,7 +517,7 @@ class RelationReads:
         wants: list[_Want] = []
         for i in pending:
             f, after, want = asks[i]
-            w = _Want(handles[i], f)
+            w = _Want(handles[i], f, newest=newest_first)
             if i in seen:
                 w.head = size
             if i not in seen or after is not None or size < want:
@@ -506,7 +525,10 @@ class RelationReads:
             wants.append(w)
         got = self._answer_and_fill(relation, wants, [seen.get(i) for i in pending])
         for i, w, g in zip(pending, wants, got, strict=True):
-            out[i] = g.page if w.page is not None else g.head[: asks[i][2]]
+            if w.page is not None:
+                out[i] = g.page
+            else:
+                out[i] = g.head[::-1][: asks[i][2]] if newest_first else g.head[: asks[i][2]]
         return [rows if rows is not None else [] for rows in out]
 
     def _query(self, relation: str, wants: list[_Want]) -> list[_Got]:
@@ -519,19 +541,24 @@ class RelationReads:
         for i, w in enumerate(wants):
             h, f = w.h, w.from_id
             sql = repo.sql(h, relation)
+            first, further = (
+                (sql.part_page_desc, sql.part_page_desc_after)
+                if w.newest
+                else (sql.part_page_asc, sql.part_page_asc_after)
+            )
             if w.page is not None:
                 after, n = w.page
                 if after is None:
-                    parts.append((h, with_part(sql.part_page_asc, 4 * i), [f, n]))
+                    parts.append((h, with_part(first, 4 * i), [f, n]))
                 else:
                     seq, to_id = after
-                    parts.append((h, with_part(sql.part_page_asc_after, 4 * i), [f, seq, seq, to_id, n]))
+                    parts.append((h, with_part(further, 4 * i), [f, seq, seq, to_id, n]))
             if w.head:
                 if w.fits:
                     head = with_part(sql.part_head_fits, 4 * i + 1)
                     parts.append((h, head, [f, relation, f, w.head, w.head]))
                 else:
-                    parts.append((h, with_part(sql.part_page_asc, 4 * i + 1), [f, w.head]))
+                    parts.append((h, with_part(first, 4 * i + 1), [f, w.head]))
                 parts.append((h, with_part(sql.part_count, 4 * i + 2), [relation, f]))
             if w.linked:
                 stmts = repo.statements(h, relation)
@@ -552,9 +579,9 @@ class RelationReads:
                 g.count = int(a)
             else:
                 g.linked.add(int(b))
-        for g in got:
-            g.page.sort()  # UNION ALL keeps no order across the parts' rows
-            g.head.sort()
+        for w, g in zip(wants, got, strict=True):
+            g.page.sort(reverse=w.newest)  # UNION ALL keeps no order across the parts' rows
+            g.head.sort()  # (a head is kept in list order, whichever end it is)
         return got
 
     # -- running the parts ---------------------------------------------------------

@@ -102,7 +102,7 @@ class RelationRepository:
         self._sql: dict[tuple[str, int, str], SimpleNamespace] = {}
         self._guarded: dict[tuple[str, int, str, str, str, str], str] = {}
         self._guarded_stmts: dict[tuple[str, str, str, str], GuardedInsertStatements] = {}
-        self._heads: dict[tuple[str, int, str], str] = {}
+        self._heads: dict[tuple[str, int, str, bool], str] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -332,10 +332,10 @@ class RelationRepository:
         return _rows(h.read(query, params, one=False))
 
     def head_and_count(
-        self, h: ShardHandle, relation: str, from_id: int, limit: int
+        self, h: ShardHandle, relation: str, from_id: int, limit: int, newest: bool = False
     ) -> tuple[int, list[tuple[int, int]], bytes | None, int]:
-        """The kept count, the first ``limit`` (sequence, to_id) rows and the list's version, in one
-        statement.
+        """The kept count, the first ``limit`` (sequence, to_id) rows (the last, if ``newest``; in
+        list order either way) and the list's version, in one statement.
 
         One round trip, and one snapshot: the count, the rows and the version
         agree. On MariaDB/MySQL the rows come packed in one value
@@ -343,7 +343,7 @@ class RelationRepository:
         are), else None; elsewhere the version is 0 (not known).
         """
         sql = self.sql(h, relation)
-        packed_sql = getattr(sql, "head_packed", None)
+        packed_sql = getattr(sql, "head_packed_desc" if newest else "head_packed", None)
         if packed_sql is not None:
             row = h.read(packed_sql, (relation, from_id, from_id, limit), one=True)
             n = version = 0
@@ -356,10 +356,11 @@ class RelationRepository:
             # Fewer entries than the list holds, up to the limit: cut short (group_concat_max_len).
             if not odd and got <= limit and (got == limit or got >= n):
                 return n, decode_members([packed]), packed, version
-        key = (h.host, h.shard, relation)
+        key = (h.host, h.shard, relation, newest)
         query = self._heads.get(key)
         if query is None:
-            page, count = with_part(sql.part_page_asc, 0), with_part(sql.part_count, 1)
+            page = with_part(sql.part_page_desc if newest else sql.part_page_asc, 0)
+            count = with_part(sql.part_count, 1)
             query = self._heads[key] = f"{page} UNION ALL {count}"
         n = 0
         head: list[tuple[int, int]] = []
@@ -830,10 +831,12 @@ class RelationService:
     ) -> list[tuple[int, int]] | None:
         """Up to ``want`` entries of the range from the cached head (filled on a miss), or None.
 
-        The head answers when the list is complete, or, oldest first, when it
-        holds ``want`` entries of the range, or when it reaches past the end
-        the read needs (``until``; newest first, also a cursor's key): then
-        every entry before that end is in the head.
+        The head answers when the list is complete, or when it is the end the
+        read starts from and holds ``want`` entries of the range, or when it
+        reaches past the far end of the range: a head of the oldest entries
+        past the range's high end (``until``; newest first, also a cursor's
+        key), a head of the newest to or below its low end (``since``; oldest
+        first, also a cursor's key). A miss fills the end the read starts from.
         """
         assert self.lists is not None
         # IDs are > 0: (since, 0) sorts before every entry at since.
@@ -861,21 +864,22 @@ class RelationService:
         stats = self.lists.stats
         if read.meta is not None:
             rows = decode_members(read.members)
-            last = None if read.last is None else decode_members([read.last])[0]
-            complete = read.complete
+            edge = None if read.last is None else decode_members([read.last])[0]
+            complete, newest = read.complete, read.newest
         else:
             stats.add(misses=1)
-            n, head = self._fill(h, relation, from_id, read.version, want)
-            complete = len(head) == n
-            last = head[-1] if head else None
+            n, head = self._fill(h, relation, from_id, read.version, want, newest=newest_first)
+            complete, newest = len(head) == n, newest_first
+            edge = (head[0] if newest else head[-1]) if head else None
             i = 0 if start is None else (bisect_right if start_open else bisect_left)(head, start)
             j = len(head) if end is None else bisect_left(head, end)
             picked = head[i:j]
             rows = picked[::-1][:want] if newest_first else picked[:want]
         covered = (
             complete
-            or (not newest_first and len(rows) >= want)
-            or (end is not None and last is not None and last >= end)
+            or (newest == newest_first and len(rows) >= want)
+            or (not newest and end is not None and edge is not None and edge >= end)
+            or (newest and start is not None and edge is not None and edge <= start)
         )
         if read.meta is not None and covered:
             stats.add(hits=1)
@@ -920,8 +924,10 @@ class RelationService:
         """Rows from the cache (filling it on a miss), or None if the database must answer.
 
         ``want`` is how many rows the caller needs, or, for ranks, the end of
-        the rank range. A cached head answers when the list is complete, or,
-        oldest first, when it holds every row asked for.
+        the rank range. A cached head answers when the list is complete, or
+        when it is the end the read starts from (`ListRead.newest`) and holds
+        every row asked for. A head of the other end is a miss that fills the
+        list again with this read's end (see `store.cache.lists`).
         """
         assert self.lists is not None
         read = self.lists.read(self.list_key(relation, from_id), op)
@@ -932,34 +938,45 @@ class RelationService:
             n, cached = read.meta
             complete = cached == n
             rows = decode_members(read.members)
-            if complete or (not newest_first and (len(rows) >= want if op[0] == "after" else want <= cached)):
+            if complete or (
+                read.newest == newest_first and (len(rows) >= want if op[0] == "after" else want <= cached)
+            ):
                 stats.add(hits=1)
                 return rows
             stats.add(misses=1)
-            return None  # beyond the cached head
-        stats.add(misses=1)
-        n, head = self._fill(h, relation, from_id, read.version, want)
+            if read.newest == newest_first:
+                return None  # beyond the cached head
+        else:
+            stats.add(misses=1)
+        n, head = self._fill(h, relation, from_id, read.version, want, newest=newest_first)
         complete = len(head) == n
         if op[0] == "rank":
             start, stop = int(op[1]), int(op[2])  # type: ignore[call-overload]
-            if not complete and (newest_first or stop + 1 > len(head)):
+            if not complete and stop + 1 > len(head):
                 return None
             ordered = head[::-1] if newest_first else head
             return ordered[start : stop + 1]
         assert after is not None
         if newest_first:
-            if not complete:
-                return None
             i = bisect_left(head, after)
-            return head[max(0, i - want) : i][::-1]
-        i = bisect_right(head, after)
-        rows = head[i : i + want]
+            rows = head[max(0, i - want) : i][::-1]
+        else:
+            i = bisect_right(head, after)
+            rows = head[i : i + want]
         return rows if complete or len(rows) >= want else None
 
     def _fill(
-        self, h: ShardHandle, relation: str, from_id: int, version: bytes | None, want: int
+        self,
+        h: ShardHandle,
+        relation: str,
+        from_id: int,
+        version: bytes | None,
+        want: int,
+        *,
+        newest: bool = False,
     ) -> tuple[int, list[tuple[int, int]]]:
-        """Read the head and the kept count from the database and cache them (if still current).
+        """Read the head (the newest entries if ``newest``) and the kept count from the database
+        and cache them (if still current).
 
         The head is ``2 * want`` entries, at least `MIN_FILL`, at most
         ``list_entries``; it and the count are one statement (`head_and_count`).
@@ -967,9 +984,9 @@ class RelationService:
         assert self.lists is not None
         size = fill_size(self.lists.entries, want)
         read_ms = self.lists.clock_ms()  # before the reads: the entry's age counts from here
-        n, head, packed, at = self.repo.head_and_count(h, relation, from_id, size)
+        n, head, packed, at = self.repo.head_and_count(h, relation, from_id, size, newest)
         key = self.list_key(relation, from_id)
-        self.lists.fill(key, version, n, head, read_ms, packed=packed, list_version=at)
+        self.lists.fill(key, version, n, head, read_ms, packed=packed, list_version=at, newest=newest)
         return n, head
 
 

@@ -392,18 +392,24 @@ class Store:
         wanted = pair_list(pairs, limit=self.config.max_ids)
         return self._live.run(lambda: self._reads.has_links_many(relation, wanted))
 
-    def pages_many(self, relation: str, from_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
-        """The first page of each list (oldest first, as `page` gives it), by from_id.
+    def pages_many(
+        self, relation: str, from_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
+    ) -> dict[int, Page]:
+        """The first page of each list (oldest first, or newest, as `page` gives it), by from_id.
 
         Cached lists come from one round trip to the list cache; the rest
         from one query per host (a keyset subquery per list, on the sequence
         index), hosts asked at once, and are cached. Each ``next_cursor``
-        works with `page`.
+        works with `page` (with the same ``newest_first``).
         """
         ids = id_list(from_ids, "from_ids", limit=self.config.max_ids)
-        return self._live.run(lambda: self._reads.pages_many(relation, ids, limit=limit))
+        return self._live.run(
+            lambda: self._reads.pages_many(relation, ids, limit=limit, newest_first=newest_first)
+        )
 
-    def board_pins_many(self, board_ids: Iterable[int], *, limit: int = 50) -> dict[int, Page]:
+    def board_pins_many(
+        self, board_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
+    ) -> dict[int, Page]:
         """`board_pins`' first page for each board, by board ID: ids, pin objects and cursor.
 
         The lists as `pages_many` reads them, then every page's pins in one
@@ -422,7 +428,9 @@ class Store:
             return self._objects.get_many(pins, type_name=pin_type, bounded=False)
 
         return self._live.run(
-            lambda: self._reads.first_pages_with_objects(relation, ids, limit=limit, load=load)
+            lambda: self._reads.first_pages_with_objects(
+                relation, ids, limit=limit, load=load, newest_first=newest_first
+            )
         )
 
     @_rerouted
@@ -431,24 +439,32 @@ class Store:
         return self._relations.count(relation, from_id)
 
     @_rerouted
-    def board_pins(self, board_id: int, *, limit: int = 50, cursor: str | None = None) -> Page:
+    def board_pins(
+        self, board_id: int, *, limit: int = 50, cursor: str | None = None, newest_first: bool = False
+    ) -> Page:
         """One page of a board's pins with the pin objects: one list read, one batched object read.
 
         Entries whose pin is gone are skipped and the page is filled from the
         entries after them (more reads only then), so a page is short only at
-        the end of the list.
+        the end of the list. ``newest_first`` pages from the newest pin (a
+        cursor goes on in the order it was made in).
         """
         relation = "board_has_pins"
         spec = self._router.relation(relation)
         pin_type = spec.to_type
         self._relations.check_limit(limit)
+        self._relations.check_order(newest_first)
         self._router.route(board_id, spec.from_type)
-        after = None if cursor is None else self._relations.decode_cursor(cursor, relation, board_id, False)
+        after = None
+        if cursor is not None:
+            after = self._relations.decode_cursor(cursor, relation, board_id, newest_first)
         ids: list[int] = []
         objects: list[dict[str, Any]] = []
         want = limit
         while True:
-            rows, more = self._relations.rows_after(relation, board_id, after, want)
+            rows, more = self._relations.rows_after(
+                relation, board_id, after, want, newest_first=newest_first
+            )
             # The service, not the public get_many: this call already runs through the live map.
             found = self._objects.get_many([t for _s, t in rows], type_name=pin_type, bounded=False)
             if len(found) == len(rows) and len(rows) <= limit - len(ids):
@@ -472,7 +488,7 @@ class Store:
             if len(ids) == limit or not more:
                 break
             want = min(self.config.max_page, 2 * want)  # gone pins: read further, in bigger steps
-        next_cursor = encode_cursor(relation, board_id, False, *after) if more and after else None
+        next_cursor = encode_cursor(relation, board_id, newest_first, *after) if more and after else None
         return Page(ids, next_cursor, objects)
 
     # -- lifecycle ------------------------------------------------------------------

@@ -202,8 +202,10 @@ def test_lists_longer_than_the_cached_head_fall_through(config: StoreConfig) -> 
         hits = store.stats()[store.admin_context().caches.lists.stats.name]["hits"]  # type: ignore[union-attr]
         assert store.links(BHP, board, limit=3, offset=2) == pins[2:5]  # inside the head
         assert store.links(BHP, board, limit=3, offset=4) == pins[4:7]  # beyond: the database
+        # The other end: a miss that fills the list again with its newest 5, which answer next.
         assert store.links(BHP, board, limit=3, newest_first=True) == pins[::-1][:3]
-        page = store.page(BHP, board, limit=4)
+        assert store.links(BHP, board, limit=3, offset=1, newest_first=True) == pins[::-1][1:4]
+        page = store.page(BHP, board, limit=4)  # oldest first again: the oldest end filled again
         page2 = store.page(BHP, board, limit=4, cursor=page.next_cursor)
         assert page.ids + page2.ids == pins[:8]
         assert store.count(BHP, board) == 12

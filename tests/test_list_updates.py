@@ -83,31 +83,46 @@ class Db:
 
 def cached(backend: ListBackend) -> tuple[int, list[tuple[int, int]], int] | None:
     """(n, the head, the list version it records) as the backend holds it, or None."""
+    got = cached_end(backend)
+    return None if got is None else got[:3]
+
+
+def cached_end(backend: ListBackend) -> tuple[int, list[tuple[int, int]], int, bool] | None:
+    """(n, the head, the list version it records, whether the head is the newest entries), or None."""
     if isinstance(backend, MemoryListBackend):
         entry = backend._lists.get(KEY)
         if entry is None:
             return None
-        (n, _c), members, _exp, _ms, at = entry
-        return n, decode_members(members), at
+        (n, _c), members, _exp, _ms, at, newest = entry
+        return n, decode_members(members), at, newest
     assert isinstance(backend, RedisListBackend)
     meta = backend.client.get(KEY + ":m")
     if meta is None:
         return None
     parts = meta.split(b":")
     head = backend.client.get(KEY) or b""
-    return int(parts[0]), decode_members([head]), int(parts[3]) if len(parts) > 3 else 0
+    at = int(parts[3]) if len(parts) > 3 else 0
+    return int(parts[0]), decode_members([head]), at, int(parts[1]) < 0
+
+
+def end_of(rows: list[tuple[int, int]], size: int, newest: bool) -> list[tuple[int, int]]:
+    """The list's first ``size`` entries, or its last if ``newest`` (in list order)."""
+    return rows[len(rows) - size :] if newest and size else rows[:size] if not newest else []
 
 
 def check_at_its_version(backend: ListBackend, db: Db) -> None:
-    got = cached(backend)
+    got = cached_end(backend)
     if got is None:
         return
-    n, head, at = got
+    n, head, at, newest = got
     if at == 0:
         return  # a fill that knew no version (checked at the end: any change drops it)
     rows = db.rows(at)
     assert n == len(rows), f"length {n} recorded at version {at}, the list then had {len(rows)}"
-    assert head == rows[: len(head)], f"the head is not the list's first entries at version {at}"
+    which = "last" if newest else "first"
+    assert head == end_of(rows, len(head), newest), (
+        f"the head is not the list's {which} entries at version {at}"
+    )
 
 
 step_st = st.one_of(
@@ -120,7 +135,7 @@ step_st = st.one_of(
     st.tuples(st.just("deliver"), st.integers(0, 10)),
     st.tuples(st.just("lose"), st.integers(0, 10)),
     st.tuples(st.just("settle")),
-    st.tuples(st.just("start_read"), st.integers(1, 8)),
+    st.tuples(st.just("start_read"), st.integers(1, 8), st.booleans()),
     st.tuples(st.just("fill"), st.integers(0, 10)),
     st.tuples(st.just("fill_unknown"), st.integers(0, 10)),
 )
@@ -132,7 +147,8 @@ def run_history(backend: ListBackend, steps: list[tuple[Any, ...]], cap: int) ->
     db = Db()
     pending: list[tuple[str, int, str, bytes, int]] = []
     lost: list[tuple[str, int]] = []
-    readers: list[tuple[bytes | None, int, int]] = []  # (cache version seen, list version read, size)
+    # (cache version seen, list version read, size, the newest end)
+    readers: list[tuple[bytes | None, int, int, bool]] = []
     kept = 0
     for step in steps:
         what = step[0]
@@ -152,27 +168,28 @@ def run_history(backend: ListBackend, steps: list[tuple[Any, ...]], cap: int) ->
         elif what == "start_read":
             read = backend.read(KEY, ("meta",))
             assert read is not None
-            readers.append((read.version, db.version, min(step[1], cap)))
+            newest = bool(step[2]) if len(step) > 2 else False
+            readers.append((read.version, db.version, min(step[1], cap), newest))
         elif what in ("fill", "fill_unknown") and readers:
-            seen, at, size = readers.pop(step[1] % len(readers))
+            seen, at, size, newest = readers.pop(step[1] % len(readers))
             rows = db.rows(at)
-            head = rows[:size]
+            head = end_of(rows, size, newest)
             packed = b"".join(encode_member(s, t) for s, t in head)
             version = at if what == "fill" else 0
-            backend.fill(KEY, seen, len(rows), packed, TTL_S, int(time.time() * 1000), version)
+            backend.fill(KEY, seen, len(rows), packed, TTL_S, int(time.time() * 1000), version, newest)
         check_at_its_version(backend, db)
     for change in pending:  # every change arrives in the end, or its log row is followed
         kept += backend.apply([change], TTL_S, cap)
         check_at_its_version(backend, db)
     if lost:
         backend.settle(lost, TTL_S)
-    got = cached(backend)
+    got = cached_end(backend)
     if got is not None:
-        n, head, at = got
+        n, head, at, newest = got
         rows = db.rows(db.version)
         assert at in (0, db.version), "a cached list behind the database after every change"
         assert n == len(rows)
-        assert head == rows[: len(head)]
+        assert head == end_of(rows, len(head), newest)
     return db, kept
 
 
@@ -206,11 +223,13 @@ def test_a_cached_list_meets_changes_in_every_order(
     data: st.DataObject,
     cap: int,
 ) -> None:
-    """A list cached at some version, then later changes delivered in any order, some lost and
-    followed from the log, and readers filling in between."""
+    """A list cached at some version (its oldest or its newest entries), then later changes
+    delivered in any order, some lost and followed from the log, and readers filling in between."""
+    newest = data.draw(st.booleans())
     steps: list[tuple[Any, ...]] = [s for w in before for s in (w, ("deliver", 0))]
-    steps += [("start_read", size), ("fill", 0), ("start_read", size), *after]
-    reads = [("start_read", size), ("fill", 0), ("fill_unknown", 0), ("pass",)]
+    steps += [("start_read", size, newest), ("fill", 0), ("start_read", size, newest), *after]
+    reads = [("start_read", size, newest), ("start_read", size, not newest)]
+    reads += [("fill", 0), ("fill_unknown", 0), ("pass",)]
     for _ in range(len(after)):
         steps.append(
             (data.draw(st.sampled_from(["deliver", "deliver", "lose"])), data.draw(st.integers(0, 10)))
@@ -263,15 +282,40 @@ def test_apply_change_keeps_the_head_a_prefix() -> None:
     assert apply_change(m, 3, "add", encode_member(0, 7), 7, 3) == ([encode_member(0, 7), *m[:2]], 4)  # cap
 
 
+def test_apply_change_keeps_a_head_of_the_newest_entries_a_suffix() -> None:
+    """The mirror: a head of the list's last entries takes a member after its first one (a new
+    pin, newest of all, goes in) and loses its oldest entry over the cap."""
+    m = [encode_member(s, t) for s, t in [(7, 7), (8, 8), (9, 9)]]
+    new = encode_member(10, 10)
+    assert apply_change(m, 5, "add", new, 10, 10, newest=True) == ([*m, new], 6)
+    assert apply_change(m, 5, "add", new, 10, 3, newest=True) == ([*m[1:], new], 6)  # cap: oldest goes
+    assert apply_change(m, 5, "add", encode_member(1, 1), 1, 10, newest=True) == (m, 6)  # before the head
+    assert apply_change(m, 3, "add", encode_member(1, 1), 1, 10, newest=True) == (
+        [encode_member(1, 1), *m],
+        4,
+    )
+    assert apply_change(m, 5, "remove", b"", 8, 10, newest=True) == ([m[0], m[2]], 4)
+    assert apply_change(m, 5, "remove", b"", 2, 10, newest=True) == (m, 4)  # removed before the head
+    assert apply_change(m, 5, "move", encode_member(0, 8), 8, 10, newest=True) == ([m[0], m[2]], 5)
+    assert apply_change(m, 5, "move", encode_member(20, 2), 2, 10, newest=True) == (
+        [*m, encode_member(20, 2)],
+        5,
+    )
+
+
 # -- the whole store ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("follow", [False, True], ids=["window", "follow"])
+@pytest.mark.parametrize(
+    ("follow", "entries"), [(False, 1000), (True, 1000), (False, 4)], ids=["window", "follow", "short-heads"]
+)
 def test_concurrent_writers_and_readers_leave_every_cached_list_equal_to_the_rows(
-    mariadb_ready: Any, memcached_pair: list[str], redis_ready: str, follow: bool
+    mariadb_ready: Any, memcached_pair: list[str], redis_ready: str, follow: bool, entries: int
 ) -> None:
+    """With ``short-heads``, lists are longer than their cached heads: readers page them from both
+    ends, so heads of the oldest and of the newest entries meet the writers' changes."""
     raw = cached_mariadb_config(memcached_pair, redis_ready)
-    raw["cache"] = {**raw["cache"], "follow": follow, "follow_poll_s": 0.1}
+    raw["cache"] = {**raw["cache"], "follow": follow, "follow_poll_s": 0.1, "list_entries": entries}
     if follow:
         init_shards(StoreConfig.from_dict(raw))  # makes the logs: the application account may not
     with Store.from_config(raw) as s, Store.from_config(raw) as other:
@@ -304,7 +348,8 @@ def test_concurrent_writers_and_readers_leave_every_cached_list_equal_to_the_row
             try:
                 while time.monotonic() < stop:
                     b = rng.choice(boards)
-                    store.page(BHP, b, limit=rng.choice([2, 5, 50]))
+                    store.page(BHP, b, limit=rng.choice([2, 5, 50]), newest_first=rng.random() < 0.5)
+                    store.links(BHP, b, limit=2, newest_first=True)
                     store.count(BHP, b)
                     store.links(POB, rng.choice(pins))
             except BaseException as exc:
@@ -330,9 +375,12 @@ def test_concurrent_writers_and_readers_leave_every_cached_list_equal_to_the_row
                         n, cached_n = (int(x) for x in meta.split(b":")[:2])
                         head = [t for _s, t in decode_members([client.get(key) or b""])]
                         assert n == len(rows), f"{relation} {f}: cached length {n}, rows {len(rows)}"
-                        assert head == rows[:cached_n], f"{relation} {f}: the cached head is not the rows'"
+                        want = rows[len(rows) + cached_n :] if cached_n < 0 else rows[:cached_n]
+                        assert head == want, f"{relation} {f}: the cached head is not the rows'"
                     for reader in (s, other):
                         assert reader.page(relation, f, limit=100).ids == rows
+                        newest = [reader.page(relation, f, limit=2, newest_first=True).ids for _ in range(2)]
+                        assert newest == [rows[::-1][:2]] * 2  # (a fill, then the cache)
                         assert reader.count(relation, f) == len(rows)
         finally:
             client.close()

@@ -67,20 +67,22 @@ def _ops(draw: st.DrawFn, members: list[bytes]) -> list[tuple[object, ...]]:
 
 
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[list[tuple[int, int]], int, list[tuple[object, ...]]]:
+def cases(draw: st.DrawFn) -> tuple[list[tuple[int, int]], int, list[tuple[object, ...]], bool]:
     rows = draw(rows_st)
     more = draw(st.sampled_from([0, 0, 5]))  # the list is longer than its cached head
-    return rows, len(rows) + more, _ops(draw, [encode_member(s, t) for s, t in rows])
+    newest = draw(st.booleans())  # the head is the list's newest entries (else its oldest)
+    return rows, len(rows) + more, _ops(draw, [encode_member(s, t) for s, t in rows]), newest
 
 
 def _same(got: ListRead | None, want: ListRead | None) -> None:
     assert got is not None
     assert want is not None
-    assert (got.meta, got.members, got.last, got.read_ms) == (
+    assert (got.meta, got.members, got.last, got.read_ms, got.newest) == (
         want.meta,
         want.members,
         want.last,
         want.read_ms,
+        want.newest,
     )
 
 
@@ -88,15 +90,15 @@ def _same(got: ListRead | None, want: ListRead | None) -> None:
 @given(case=cases())
 def test_every_read_matches_the_reference(
     backends: tuple[RedisListBackend, MemoryListBackend],
-    case: tuple[list[tuple[int, int]], int, list[tuple[object, ...]]],
+    case: tuple[list[tuple[int, int]], int, list[tuple[object, ...]], bool],
 ) -> None:
-    rows, n, ops = case
+    rows, n, ops, newest = case
     key = f"{PREFIX}l:case"
     for b in backends:
         b.invalidate([key], 60)
         version = b.read(key, ("meta",))
         assert version is not None
-        assert b.fill(key, version.version, n, encode_members(rows), 60, 1234)
+        assert b.fill(key, version.version, n, encode_members(rows), 60, 1234, 0, newest)
     red, ref = backends
     many = red.read_many([key] * len(ops), ops)
     for op, together in zip(ops, many, strict=True):

@@ -219,3 +219,83 @@ def test_many_lists_reads_are_one_query_per_host_without_a_cache(
         trips.reset()
         assert store.has_links("users_likes_pins", viewer, everything) == set(everything[::4])
         assert trips.database == {"MySQL001A": 1}  # the viewer's shard only
+
+
+def test_a_newest_first_page_of_a_long_list_is_served_warm_from_the_cache(
+    mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two boards of 5,000 pins each (50 real pins, the newest; 4,950 older rows written straight to
+    the table): every newest-first read, warm, takes no database round trip. Before, a list longer
+    than the cached head (cache.list_entries) was cached from its oldest end only, and every
+    newest-first page of it read MariaDB."""
+    from tests.conftest import cached_mariadb_config
+
+    older = 4950
+    with Store.from_config(cached_mariadb_config(memcached_pair, redis_ready)) as store:
+        ctx = store.admin_context()
+        boards = [store.create("board", {"b": i}, shard=i * 4) for i in range(2)]  # one on each host
+        newest: dict[int, list[int]] = {}
+        for i, board in enumerate(boards):
+            h = ctx.relations.handle(store.config.relations[BHP], board)
+            with h.connect() as conn:
+                cur = conn.cursor()
+                cur.executemany(
+                    f"INSERT INTO {h.table(BHP)} (from_id, to_id, sequence) VALUES (%s, %s, %s)",
+                    [(board, (1 << 50) + 10_000 * i + k, k) for k in range(older)],
+                )
+                conn.commit()
+            assert ctx.relations.repo.recount(h, BHP, board) == older
+            ctx.relations.invalidate([(BHP, board)])
+            pins = [store.create("pin", {"b": i, "k": k}, near=board) for k in range(50)]
+            for k, p in enumerate(pins):
+                store.link(BHP, board, p, sequence=older + k)
+            newest[board] = pins[::-1]
+            store.get_many(pins)  # the pin objects cached: only the lists are counted below
+        board = boards[0]
+        assert store.count(BHP, board) == older + 50
+        trips = Trips(monkeypatch)
+        cold = store.page(BHP, board, limit=50, newest_first=True)
+        assert cold.ids == newest[board]
+        assert trips.database == {"MySQL001A": 1}  # the newest end and the count, one statement
+        for call, want in (
+            (lambda: store.page(BHP, board, limit=50, newest_first=True).ids, newest[board]),
+            (lambda: store.page(BHP, board, limit=50, cursor=cold.next_cursor, newest_first=True).ids, None),
+            (lambda: store.links(BHP, board, limit=20, offset=10, newest_first=True), newest[board][10:30]),
+            (lambda: store.board_pins(board, limit=30, newest_first=True).ids, newest[board][:30]),
+        ):
+            trips.reset()
+            got = call()
+            assert trips.database == {}, call
+            assert trips.redis == 1
+            if want is not None:
+                assert got == want
+            else:  # the second page: the 4,950 older rows, newest first
+                assert got == [(1 << 50) + k for k in range(older - 1, older - 51, -1)]
+        # Many boards: the first one cached at its newest end, the second not yet (one query).
+        trips.reset()
+        pages = store.pages_many(BHP, boards, limit=25, newest_first=True)
+        assert {b: p.ids for b, p in pages.items()} == {b: newest[b][:25] for b in boards}
+        assert trips.database == {"MySQL002A": 1}
+        for call in (
+            lambda: store.pages_many(BHP, boards, limit=25, newest_first=True),
+            lambda: store.board_pins_many(boards, limit=25, newest_first=True),
+        ):
+            trips.reset()
+            many = call()
+            assert {b: p.ids for b, p in many.items()} == {b: newest[b][:25] for b in boards}
+            assert trips.database == {}
+            assert trips.redis == 1
+        # An oldest-first read of the same list: the other end, a miss that fills it (then warm).
+        trips.reset()
+        assert store.page(BHP, board, limit=3).ids == [(1 << 50) + k for k in range(3)]
+        assert trips.database == {"MySQL001A": 1}
+        trips.reset()
+        assert store.page(BHP, board, limit=3).ids == [(1 << 50) + k for k in range(3)]
+        assert trips.database == {}
+        # A new pin, the newest of all, updates a head of the newest entries in place.
+        store.page(BHP, board, limit=5, newest_first=True)
+        pin = store.create("pin", {"new": 1}, near=board)
+        store.link(BHP, board, pin, sequence=older + 1000)
+        trips.reset()
+        assert store.page(BHP, board, limit=3, newest_first=True).ids == [pin, *newest[board][:2]]
+        assert trips.database == {}

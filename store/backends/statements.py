@@ -157,12 +157,14 @@ class RelationStatements(Statements):
     - page_asc / page_desc (from, limit); page_asc_after / page_desc_after (from, seq, seq, to, limit);
     - page_asc_range / page_desc_range (from, low, high, limit): entries with low <= sequence <= high;
       page_asc_range_after / page_desc_range_after (from, low, high, seq, seq, to, limit);
-    - part_page_asc (from, limit), part_page_asc_after (from, seq, seq, to, limit), part_count
+    - part_page_asc / part_page_desc (from, limit), part_page_asc_after / part_page_desc_after
+      (from, seq, seq, to, limit), part_count
       (relation, from), part_head_fits (from, relation, from, fits, limit: the head, only if the
       list's count is <= fits), part_linked (from, tos...): rows labelled with a part number
       (`with_part`), for one UNION ALL query over many lists (`store.relation_reads`);
     - head_packed (relation, from, from, limit), MariaDB/MySQL only: "count:version" and the
-      first entries packed in one value (a list fill's read);
+      first entries packed in one value (a list fill's read); head_packed_desc: the same with
+      the last entries (still packed in list order);
     - linked (from, tos...): which to_ids are linked from one from_id; the IN list is made
       for n to_ids by `in_list`.
     """
@@ -269,6 +271,8 @@ class RelationStatements(Statements):
         for name, stmt, params in (
             ("part_page_asc", keyed.order_by(*asc).limit(lim).offset(_ZERO), ["f", "lim"]),
             ("part_page_asc_after", fwd, ["f", "s1", "s2", "tk", "lim"]),
+            ("part_page_desc", keyed.order_by(*desc).limit(lim).offset(_ZERO), ["f", "lim"]),
+            ("part_page_desc_after", back, ["f", "s1", "s2", "tk", "lim"]),
         ):
             q = stmt.subquery("q")
             self._add(name, select(label, q.c.sequence, q.c.to_id), params)
@@ -293,7 +297,6 @@ class RelationStatements(Statements):
                 "UNHEX(CONCAT(LPAD(HEX(CAST(sequence AS UNSIGNED) ^ 9223372036854775808), 16, '0'), "
                 "LPAD(HEX(to_id), 16, '0')))"
             ).label("m")
-            top = select(seq, to, packed).where(f == pf).order_by(*asc).limit(lim).offset(_ZERO).subquery("q")
             joined: ColumnClause[Any] = literal_column(
                 "GROUP_CONCAT(q.m ORDER BY q.sequence, q.to_id SEPARATOR '')"
             )
@@ -303,7 +306,11 @@ class RelationStatements(Statements):
                 .where(c.c.relation == rel, c.c.from_id == cf)
                 .scalar_subquery()
             )
-            self._add("head_packed", select(counted, joined).select_from(top), ["r", "cf", "f", "lim"])
+            # head_packed_desc: the newest entries (a newest-first read's fill), packed in list order.
+            for name, order in (("head_packed", asc), ("head_packed_desc", desc)):
+                top = select(seq, to, packed).where(f == pf).order_by(*order).limit(lim).offset(_ZERO)
+                q = top.subquery("q")
+                self._add(name, select(counted, joined).select_from(q), ["r", "cf", "f", "lim"])
         # Membership: which of the to_ids in `_IN` (n placeholders, see `in_list`) are linked.
         some = to.in_([literal_column(_IN)])
         self._add("linked", select(to).where(f == pf, some), ["f"])

@@ -93,16 +93,27 @@ def build_caches(config: CacheConfig, names: Names = DEFAULT_NAMES) -> Caches:
             MemoryLeaseStore(name="memory-objects"), ttl_s=config.ttl_s, max_stale_s=config.max_stale_s
         )
     if config.redis:
-        from store.cache.redis_lists import RedisListBackend
+        from store.cache.redis_lists import RedisListBackend, RedisListServers
 
-        backend: ListBackend = RedisListBackend(
-            config.redis,
-            prefix=prefix,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            failures_to_trip=config.failures_to_trip,
-            cooldown_s=config.cooldown_s,
-        )
+        backend: ListBackend
+        if len(config.redis) == 1:
+            backend = RedisListBackend(
+                config.redis[0],
+                prefix=prefix,
+                timeout_s=timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                failures_to_trip=config.failures_to_trip,
+                cooldown_s=config.cooldown_s,
+            )
+        else:
+            backend = RedisListServers(
+                config.redis,
+                prefix=prefix,
+                timeout_s=timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                failures_to_trip=config.failures_to_trip,
+                cooldown_s=config.cooldown_s,
+            )
         lists = ListCache(
             backend, entries=config.list_entries, ttl_s=config.ttl_s, max_stale_s=config.max_stale_s
         )

@@ -1,11 +1,20 @@
 """Caching the head of each relation list (and its count), guarded by a version.
 
-Each cached list holds its first ``list_entries`` entries (default 1,000) as
-members that sort like ``(sequence, to_id)`` (16 bytes, big-endian, the
-sequence offset so that negative ones sort first), plus a meta value
-``(n, cached)``: the list's length and how many entries are cached. A list
-with ``cached == n`` is complete and serves any read; otherwise only reads
-within the cached head are served and the rest fall through to the database.
+Each cached list holds up to ``list_entries`` entries (default 1,000) of one
+end of the list, its *head*, as members that sort like ``(sequence, to_id)``
+(16 bytes, big-endian, the sequence offset so that negative ones sort
+first), kept in that order, plus a meta value ``(n, cached)``: the list's
+length and how many entries are cached. A list with ``cached == n`` is
+complete and serves any read; otherwise only reads within the cached head are
+served and the rest fall through to the database.
+
+Which end: the one the read that filled the list asked for. An oldest-first
+read fills the oldest entries, a newest-first one (a feed, a board's newest
+pins) the newest (`ListRead.newest`); a read of the other end of a list longer
+than its head is a miss that fills the list again with its own end. So the
+end cached is the end the list's readers ask for, and a list read both ways
+pays a database read each time the end changes, what such a read cost before
+at every call (only oldest-first heads were cached). A complete list has no end.
 Many lists are read in one round trip with `ListCache.read_many` (on Redis,
 one pipeline of the read script), and filled in one with `ListCache.fill_many` (a pipeline of
 the fill script), by the same rules.
@@ -121,7 +130,9 @@ class ListRead:
     """One atomic read: the meta (None if the list is not cached), members and version.
 
     ``read_ms`` is when the database read that filled the list began (ms since the epoch).
-    ``last`` is the last member of the cached head (``lex`` reads only; None if empty).
+    ``last`` is the cached head's inner edge (``lex`` reads only; None if empty): its last
+    member if the head is the list's oldest entries, its first if it is the newest.
+    ``newest``: the head is the list's newest entries (else the oldest; a complete list, False).
     """
 
     meta: tuple[int, int] | None
@@ -129,6 +140,7 @@ class ListRead:
     version: bytes | None
     read_ms: int = 0
     last: bytes | None = None
+    newest: bool = False
 
     @property
     def complete(self) -> bool:
@@ -136,8 +148,9 @@ class ListRead:
         return self.meta is not None and self.meta[0] == self.meta[1]
 
 
-#: One list to fill: key, the version its reader saw, the list's length, the head, the read time.
-FillItem = tuple[str, bytes | None, int, Sequence[tuple[int, int]], int]
+#: One list to fill: key, the version its reader saw, the list's length, the head, the read time,
+#: and whether the head is the list's newest entries (else its oldest).
+FillItem = tuple[str, bytes | None, int, Sequence[tuple[int, int]], int, bool]
 
 #: How a write changed one cached list: key, the list's version the change made (0: unknown,
 #: drop the list), the kind ("add", "move" or "remove"), the member now in place (add, move;
@@ -164,8 +177,11 @@ class ListBackend(Protocol):
         ``("after", member, limit, desc)`` (members strictly after, in
         direction) or ``("meta",)``, or ``("lex", low, high, limit, desc)``
         (up to ``limit`` members between two `lex_bound` bounds, from the low
-        end or, ``desc``, the high end; the read also gives the head's last
-        member) or ``("all",)`` (every member, only if the list is complete).
+        end or, ``desc``, the high end; the read also gives the head's inner
+        edge) or ``("all",)`` (every member, only if the list is complete).
+        Ranks and cursors count within the cached head (from its first member,
+        or its last for ``desc``): the caller judges, by `ListRead.newest`,
+        whether the head holds what it asked for.
         """
         ...
 
@@ -182,19 +198,22 @@ class ListBackend(Protocol):
         ttl_s: int,
         read_ms: int,
         list_version: int = 0,
+        newest: bool = False,
     ) -> bool:
         """Replace the cached list if the version is still ``version``; True if filled.
 
         ``members`` is the head packed by `encode_members` (one bytes object,
-        not one per entry: a fill of 100 entries costs one argument to pack).
+        not one per entry: a fill of 100 entries costs one argument to pack),
+        the list's first entries, or its last if ``newest``.
         ``list_version`` is the database's version of the list the head was
         read at (0: unknown); a cached list of a later one, or a versioned
         list when this one is unknown, is dropped rather than replaced.
         """
         ...
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
-        """`fill` of each (key, version, n, packed members, read_ms), in one round trip; how many filled."""
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+        """`fill` of each (key, version, n, packed members, read_ms, newest), in one round trip; how many
+        filled."""
         ...
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
@@ -285,8 +304,10 @@ class ListCache:
         *,
         packed: bytes | None = None,
         list_version: int = 0,
+        newest: bool = False,
     ) -> None:
-        """Cache ``head`` (the first entries) and the length ``n``, unless invalidated meanwhile.
+        """Cache ``head`` (the first entries, or the last if ``newest``, in list order) and the
+        length ``n``, unless invalidated meanwhile.
 
         ``read_ms`` is when the database read began (`clock_ms` before it);
         ``packed`` is ``head`` already packed (`encode_members`), if the database gave it so;
@@ -295,7 +316,7 @@ class ListCache:
         if self.after_load is not None:
             self.after_load()
         members = encode_members(head) if packed is None else packed
-        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms, list_version):
+        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms, list_version, newest):
             self.stats.add(fills=1)
 
     def fill_many(self, items: Sequence[FillItem]) -> None:
@@ -304,7 +325,7 @@ class ListCache:
             return
         if self.after_load is not None:
             self.after_load()
-        batch = [(k, v, n, encode_members(head), ms) for k, v, n, head, ms in items]
+        batch = [(k, v, n, encode_members(head), ms, newest) for k, v, n, head, ms, newest in items]
         filled = self.backend.fill_many(batch, self._ttl_s)
         if filled:
             self.stats.add(fills=filled)
@@ -334,8 +355,8 @@ class MemoryListBackend:
         self.stats = CacheStats(name)
         self._lock = threading.Lock()
         self._clock = clock
-        #: key -> ((n, cached), members, expires at, read_ms, the database's list version).
-        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float, int, int]] = {}
+        #: key -> ((n, cached), members, expires at, read_ms, the database's list version, newest end).
+        self._lists: dict[str, tuple[tuple[int, int], list[bytes], float, int, int, bool]] = {}
         self._versions: dict[str, int] = {}
         at_fork(self, MemoryListBackend._after_fork)
 
@@ -357,11 +378,11 @@ class MemoryListBackend:
                 entry = None
             if entry is None:
                 return ListRead(None, [], vbytes)
-            meta, members, _exp, read_ms, _db = entry
+            meta, members, _exp, read_ms, _db, newest = entry
             if op[0] == "all" and meta[0] != meta[1]:
-                return ListRead(meta, [], vbytes, read_ms)
-            last = (members[-1] if members else None) if op[0] == "lex" else None
-            return ListRead(meta, _select(members, op), vbytes, read_ms, last)
+                return ListRead(meta, [], vbytes, read_ms, None, newest)
+            last = (members[0 if newest else -1] if members else None) if op[0] == "lex" else None
+            return ListRead(meta, _select(members, op), vbytes, read_ms, last, newest)
 
     def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
         """`read` of each key (each under the lock)."""
@@ -376,6 +397,7 @@ class MemoryListBackend:
         ttl_s: int,
         read_ms: int,
         list_version: int = 0,
+        newest: bool = False,
     ) -> bool:
         """Replace the list if its version is unchanged (and it holds no later list version)."""
         entries = split_members(members)
@@ -393,6 +415,7 @@ class MemoryListBackend:
                 self._clock() + ttl_s,
                 read_ms,
                 list_version,
+                newest and 0 < len(entries) < n,  # (as the Redis meta can tell)
             )
             return True
 
@@ -407,9 +430,9 @@ class MemoryListBackend:
         self._versions[key] = self._versions.get(key, 0) + 1
         self._lists.pop(key, None)
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
         """`fill` of each item; how many were filled."""
-        return sum(self.fill(k, v, n, members, ttl_s, ms) for k, v, n, members, ms in items)
+        return sum(self.fill(k, v, n, m, ttl_s, ms, 0, newest) for k, v, n, m, ms, newest in items)
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump versions and drop the lists."""
@@ -430,13 +453,14 @@ class MemoryListBackend:
                 if entry is None or not held or held != version - 1:
                     self._drop(key)
                     continue
-                (n, _cached), members, expires, read_ms, _db = entry
-                changed = apply_change(members, n, kind, member, to_id, cap)
+                (n, _cached), members, expires, read_ms, _db, newest = entry
+                changed = apply_change(members, n, kind, member, to_id, cap, newest=newest)
                 if changed is None:
                     self._drop(key)
                     continue
                 members, n = changed
-                self._lists[key] = ((n, len(members)), members, expires, read_ms, version)
+                newest = newest and 0 < len(members) < n
+                self._lists[key] = ((n, len(members)), members, expires, read_ms, version, newest)
                 kept += 1
         return kept
 
@@ -450,10 +474,11 @@ class MemoryListBackend:
 
 
 def apply_change(
-    members: list[bytes], n: int, kind: str, member: bytes, to_id: int, cap: int
+    members: list[bytes], n: int, kind: str, member: bytes, to_id: int, cap: int, *, newest: bool = False
 ) -> tuple[list[bytes], int] | None:
-    """A cached head (the list's first members, of ``n``) after one change, and the new ``n``;
-    None if the head cannot be the list's (then it is dropped). The rules of the Redis script."""
+    """A cached head (the list's first members of ``n``, or its last if ``newest``; in list order)
+    after one change, and the new ``n``; None if the head cannot be the list's (then it is
+    dropped). The rules of the Redis script."""
     if kind not in ("add", "move", "remove"):
         return None
     out = list(members)
@@ -469,14 +494,15 @@ def apply_change(
         return out, n - 1
     if kind == "add":
         n += 1
-    # The head is the first entries of the list without this pair: the member goes in if the
-    # head holds every other entry, or if it sorts before the head's last one.
+    # The head is the first entries of the list without this pair (the last, if newest): the
+    # member goes in if the head holds every other entry, or if it sorts before the head's last
+    # one (after its first one). A head over the cap loses entries at its inner edge.
     whole = len(out) == n - 1
     i = bisect_left(out, member)
-    if whole or i < len(out):
+    if whole or (i > 0 if newest else i < len(out)):
         out.insert(i, member)
     if len(out) > cap:
-        del out[cap:]
+        out = out[len(out) - cap :] if newest else out[:cap]
     return out, n
 
 

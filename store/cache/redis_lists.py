@@ -38,6 +38,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Sequence
+from hashlib import blake2b
 from typing import Any
 
 import redis
@@ -46,9 +47,10 @@ from redis.retry import Retry
 
 from store.cache.lists import ListChange, ListRead
 from store.cache.stats import Breaker, CacheStats
+from store.config import redis_server_name
 from store.forks import at_fork
 
-__all__ = ["RedisListBackend"]
+__all__ = ["RedisListBackend", "RedisListServers"]
 
 # Lua shared by the scripts: where member m falls among the n packed members of s. Members are
 # compared as four big-endian 32-bit words (struct), never with Lua's string "<", which follows
@@ -75,7 +77,10 @@ end
 
 # KEYS: list, meta, version. ARGV: version seen ("" for none), n, ttl, read ms, the members
 # packed end to end (16 bytes each, in order): stored as they come, one string; the
-# database's list version the head was read at (0: unknown); the versions' TTL. A fill never
+# database's list version the head was read at (0: unknown); the versions' TTL; 1 if the
+# members are the list's newest entries (else its oldest). The meta is "n:cached:read
+# ms:list version", cached negative for a head of the newest entries that is not the whole
+# list (a reader of an earlier layout reads that as no head: never as the oldest). A fill never
 # replaces a list held at a later list version, nor a versioned one when it knows no version:
 # it drops that list instead (the next reader fills it again), so a list whose version is
 # ahead of the database's (a shard restored from an older backup) cannot stay for good.
@@ -85,7 +90,7 @@ if (v or '') ~= ARGV[1] then return 0 end
 local want = tonumber(ARGV[6])
 local meta = redis.call('GET', KEYS[2])
 if meta then
-  local held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0')
+  local held = tonumber(string.match(meta, '^%d+:%-?%d+:%d+:(%d+)$') or '0')
   if held > want or (held > 0 and want == 0) then
     redis.call('INCR', KEYS[3])
     redis.call('EXPIRE', KEYS[3], tonumber(ARGV[7]))
@@ -101,7 +106,9 @@ if count > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
-redis.call('SET', KEYS[2], ARGV[2] .. ':' .. count .. ':' .. ARGV[4] .. ':' .. ARGV[6], 'EX', ttl)
+local cached = count
+if ARGV[8] == '1' and count > 0 and count < tonumber(ARGV[2]) then cached = '-' .. count end
+redis.call('SET', KEYS[2], ARGV[2] .. ':' .. cached .. ':' .. ARGV[4] .. ':' .. ARGV[6], 'EX', ttl)
 return 1
 """
 
@@ -151,7 +158,7 @@ end
 local function one(k, version, kind, member, tail)  -- true: the list is current
   local meta = redis.call('GET', KEYS[k + 1])
   if not meta then return false end
-  local total, cached, rms, held = string.match(meta, '^(%d+):(%d+):(%d+):(%d+)$')
+  local total, cached, rms, held = string.match(meta, '^(%d+):(%-?%d+):(%d+):(%d+)$')
   held = tonumber(held or '0')
   if held > 0 and version > 0 and held >= version then return true end
   if held == 0 or version == 0 or held ~= version - 1 then return false end
@@ -160,7 +167,9 @@ local function one(k, version, kind, member, tail)  -- true: the list is current
   s = s or ''
   local n = math.floor(#s / 16)
   total = tonumber(total)
-  if tonumber(cached) ~= n or #s % 16 ~= 0 then return false end
+  cached = tonumber(cached)
+  local newest = cached < 0  -- the head is the list's newest entries
+  if math.abs(cached) ~= n or #s % 16 ~= 0 then return false end
   local at = find(s, tail)
   if at then
     if kind == 'add' then return false end
@@ -174,19 +183,23 @@ local function one(k, version, kind, member, tail)  -- true: the list is current
   else
     if kind == 'add' then total = total + 1 end
     local j = cut(s, n, member)
-    if n == total - 1 or j < n then
+    local inside = j < n
+    if newest then inside = j > 0 end
+    if n == total - 1 or inside then
       s = string.sub(s, 1, 16 * j) .. member .. string.sub(s, 16 * j + 1)
       n = n + 1
     end
     if n > cap then
-      s = string.sub(s, 1, 16 * cap)
+      if newest then s = string.sub(s, 16 * (n - cap) + 1) else s = string.sub(s, 1, 16 * cap) end
       n = cap
     end
   end
+  local shown = n
+  if newest and n > 0 and n < total then shown = '-' .. n end
   local ttl = redis.call('PTTL', KEYS[k + 1])
   if ttl <= 0 then return false end
   if n > 0 then redis.call('SET', KEYS[k], s, 'PX', ttl) else redis.call('DEL', KEYS[k]) end
-  redis.call('SET', KEYS[k + 1], total .. ':' .. n .. ':' .. rms .. ':' .. version, 'PX', ttl)
+  redis.call('SET', KEYS[k + 1], total .. ':' .. shown .. ':' .. rms .. ':' .. version, 'PX', ttl)
   return true
 end
 local kept = 0
@@ -212,7 +225,7 @@ for i = 0, #KEYS / 3 - 1 do
   local k, want = 3 * i + 1, tonumber(ARGV[i + 2])
   local meta = redis.call('GET', KEYS[k + 1])
   local held = 0
-  if meta then held = tonumber(string.match(meta, '^%d+:%d+:%d+:(%d+)$') or '0') end
+  if meta then held = tonumber(string.match(meta, '^%d+:%-?%d+:%d+:(%d+)$') or '0') end
   if not (held > 0 and want > 0 and held >= want) then
     redis.call('INCR', KEYS[k + 2])
     redis.call('EXPIRE', KEYS[k + 2], vttl)
@@ -224,7 +237,10 @@ return 1
 
 
 class RedisListBackend:
-    """Relation lists in one Redis database, keys under ``prefix``."""
+    """Relation lists in one Redis database, keys under ``prefix``.
+
+    ``stats`` may be shared with other servers' backends (`RedisListServers`).
+    """
 
     def __init__(
         self,
@@ -235,8 +251,11 @@ class RedisListBackend:
         connect_timeout_s: float = 0.05,
         failures_to_trip: int = 3,
         cooldown_s: float = 5.0,
+        stats: CacheStats | None = None,
     ) -> None:
-        self.stats = CacheStats("redis")
+        self.stats = stats or CacheStats("redis")
+        #: ``host:port/db``: the server's name in errors and metrics, and its seed in placement.
+        self.address = redis_server_name(url)
         self.breaker = Breaker(failures_to_trip=failures_to_trip, cooldown_s=cooldown_s)
         self.prefix = prefix
         self.client = redis.Redis.from_url(
@@ -293,7 +312,7 @@ class RedisListBackend:
             self.breaker.trip()  # a hung server already cost a whole timeout
         else:
             self.breaker.failure()
-        self.stats.error("redis", exc)
+        self.stats.error(f"redis {self.address}", exc)
 
     def _script(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """``EVALSHA`` of ``script`` on a connection of this backend's own, its raw reply (`_pipelined`).
@@ -325,13 +344,13 @@ class RedisListBackend:
         self.breaker.success()
         return [_list_read(r, op) for r, op in zip(replies, ops, strict=True)]
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int]], ttl_s: int) -> int:
-        """`fill` of each (key, version, n, members, read_ms): one pipeline; how many were filled."""
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+        """`fill` of each (key, version, n, members, read_ms, newest): one pipeline; how many were filled."""
         if not items or not self._guard():
             return 0
         calls = [
-            (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S])
-            for key, version, n, members, read_ms in items
+            (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S, int(newest)])
+            for key, version, n, members, read_ms, newest in items
         ]
         try:
             done = self._pipelined(self._fill, calls)
@@ -398,6 +417,7 @@ class RedisListBackend:
         ttl_s: int,
         read_ms: int,
         list_version: int = 0,
+        newest: bool = False,
     ) -> bool:
         """Replace the list if the version is unchanged and it holds no later list version (one Lua call)."""
         if not self._guard():
@@ -411,6 +431,7 @@ class RedisListBackend:
                 members,
                 list_version,
                 VERSION_TTL_S,
+                int(newest),
             ]
             done = self._script(self._fill, self._keys(key), args)
         except redis.RedisError as exc:
@@ -526,21 +547,26 @@ def _list_read(reply: Any, op: tuple[object, ...]) -> ListRead:
     if meta_raw is None:
         return ListRead(None, [], version)
     parts = meta_raw.split(b":")
-    meta = (int(parts[0]), int(parts[1]))
+    cached = int(parts[1])
+    newest = cached < 0  # the head is the list's newest entries
+    meta = (int(parts[0]), -cached if newest else cached)
     read_ms = int(parts[2]) if len(parts) > 2 else 0  # no time: an entry from before, too old
     if op[0] == "meta":
-        return ListRead(meta, [], version, read_ms)
+        return ListRead(meta, [], version, read_ms, None, newest)
     s: bytes = head or b""
     n, odd = divmod(len(s), 16)
     if meta[1] != n or odd:
         return ListRead(None, [], version)
-    members, last = _pick(s, n, meta[0], op)
-    return ListRead(meta, members, version, read_ms, last)
+    members, last = _pick(s, n, meta[0], op, newest)
+    return ListRead(meta, members, version, read_ms, last, newest)
 
 
-def _pick(s: bytes, n: int, total: int, op: tuple[object, ...]) -> tuple[list[bytes], bytes | None]:
+def _pick(
+    s: bytes, n: int, total: int, op: tuple[object, ...], newest: bool = False
+) -> tuple[list[bytes], bytes | None]:
     """The members of the packed head ``s`` (``n`` of the list's ``total``) that ``op`` selects
-    (see `store.cache.lists.ListBackend.read`), and for a ``lex`` read the head's last member."""
+    (see `store.cache.lists.ListBackend.read`), and for a ``lex`` read the head's inner edge (its
+    last member, or its first if ``newest``)."""
 
     def span(i: int, j: int) -> list[bytes]:  # members i .. j - 1, in order
         return [s[k : k + 16] for k in range(16 * i, 16 * j, 16)]
@@ -576,7 +602,9 @@ def _pick(s: bytes, n: int, total: int, op: tuple[object, ...]) -> tuple[list[by
     assert isinstance(limit, int)
     i, j = _bound(s, n, low, low=True), _bound(s, n, high, low=False)
     picked = back(max(i, j - limit), j) if desc else span(i, min(j, i + limit))
-    return picked, (s[16 * n - 16 : 16 * n] if n else None)
+    if not n:
+        return picked, None
+    return picked, (s[:16] if newest else s[16 * n - 16 : 16 * n])
 
 
 def _cut(s: bytes, n: int, m: bytes, *, strict: bool) -> int:
@@ -602,3 +630,122 @@ def _bound(s: bytes, n: int, bound: bytes, *, low: bool) -> int:
         return n
     inclusive = bound[:1] == b"["
     return _cut(s, n, bound[1:], strict=not inclusive if low else inclusive)
+
+
+class RedisListServers:
+    """Relation lists over several Redis servers: each list, all its keys, on one of them.
+
+    The server of a list is chosen by rendezvous (highest random weight)
+    hashing of the list's key over *all* configured servers, as objects are
+    on memcached (`store.cache.memcached.MemcachedLeaseStore.server_for`):
+    a function of the list and the configured servers only. A server that
+    is down is never replaced by another: its lists are misses (reads go to
+    the database, writes' changes to them are skipped and mark that server
+    dirty), and no survivor ever holds a copy of them that an invalidation
+    sent while the server was down would have had to reach. Each server is
+    a `RedisListBackend` with its own breaker, connections and cleaning
+    (a server whose invalidation was lost is emptied of lists before it is
+    trusted again); the counters are shared. A batch goes to each server
+    it touches as one pipeline, server after server.
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        prefix: str = "s:",
+        timeout_s: float = 0.05,
+        connect_timeout_s: float = 0.05,
+        failures_to_trip: int = 3,
+        cooldown_s: float = 5.0,
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one Redis URL is needed")
+        self.stats = CacheStats("redis")
+        self.prefix = prefix
+        self.servers = [
+            RedisListBackend(
+                url,
+                prefix=prefix,
+                timeout_s=timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                failures_to_trip=failures_to_trip,
+                cooldown_s=cooldown_s,
+                stats=self.stats,
+            )
+            for url in urls
+        ]
+        self._salts = [s.address.encode() + b"\n" for s in self.servers]
+
+    def index_for(self, key: str) -> int:
+        """The index (in the configured order) of the server that holds the list ``key``.
+
+        Each server's weight is a BLAKE2b digest of its name and the key (CRC-32
+        seeded by the server's name, as memcached's placement has it, is affine in
+        its seed: with three servers one of them drew half the lists).
+        """
+        k = key.encode()
+        return max(range(len(self._salts)), key=lambda i: blake2b(self._salts[i] + k, digest_size=8).digest())
+
+    def server_for(self, key: str) -> RedisListBackend:
+        """The one server that holds the list ``key`` (and its meta and version keys)."""
+        return self.servers[self.index_for(key)]
+
+    def _group(self, keys: Sequence[str]) -> dict[int, list[int]]:
+        """Positions of ``keys`` by the index of their server."""
+        groups: dict[int, list[int]] = {}
+        for pos, key in enumerate(keys):
+            groups.setdefault(self.index_for(key), []).append(pos)
+        return groups
+
+    def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
+        """`RedisListBackend.read` on the list's server."""
+        return self.server_for(key).read(key, op)
+
+    def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
+        """`RedisListBackend.read_many`, one pipeline per server; None for each list of a failed server."""
+        out: list[ListRead | None] = [None] * len(keys)
+        for i, positions in self._group(keys).items():
+            got = self.servers[i].read_many([keys[p] for p in positions], [ops[p] for p in positions])
+            for p, read in zip(positions, got, strict=True):
+                out[p] = read
+        return out
+
+    def fill(
+        self,
+        key: str,
+        version: bytes | None,
+        n: int,
+        members: bytes,
+        ttl_s: int,
+        read_ms: int,
+        list_version: int = 0,
+        newest: bool = False,
+    ) -> bool:
+        """`RedisListBackend.fill` on the list's server."""
+        return self.server_for(key).fill(key, version, n, members, ttl_s, read_ms, list_version, newest)
+
+    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+        """`RedisListBackend.fill_many`, one pipeline per server; how many were filled."""
+        groups = self._group([item[0] for item in items])
+        return sum(self.servers[i].fill_many([items[p] for p in ps], ttl_s) for i, ps in groups.items())
+
+    def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
+        """`RedisListBackend.invalidate` on each server (a server that misses one is marked dirty)."""
+        for i, positions in self._group(keys).items():
+            self.servers[i].invalidate([keys[p] for p in positions], ttl_s)
+
+    def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
+        """`RedisListBackend.apply` on each server, each list's changes in their order; how many kept."""
+        groups = self._group([c[0] for c in changes])
+        return sum(self.servers[i].apply([changes[p] for p in ps], ttl_s, cap) for i, ps in groups.items())
+
+    def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
+        """`RedisListBackend.settle` on each server."""
+        for i, positions in self._group([key for key, _v in entries]).items():
+            self.servers[i].settle([entries[p] for p in positions], ttl_s)
+
+    def close(self) -> None:
+        """Close every server's connections."""
+        for server in self.servers:
+            server.close()

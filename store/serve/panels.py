@@ -20,7 +20,7 @@ from typing import Any
 
 from store.admin.check import load_report
 from store.exceptions import StoreError
-from store.metrics import cache_breakers, read_move_progress, redis_address
+from store.metrics import cache_breakers, read_move_progress, redis_address, redis_servers
 from store.store import Store
 
 __all__ = ["PALETTE", "Panels", "host_colour"]
@@ -179,12 +179,11 @@ class Panels:
                     row["error"] = type(exc).__name__
                 row["breaker"] = "open" if breakers.get(("memcached", address)) else "closed"
                 out.append(row)
-        if caches.lists is not None and getattr(caches.lists.backend, "client", None) is not None:
-            backend = caches.lists.backend
+        for backend in [] if caches.lists is None else redis_servers(caches.lists.backend):
             address = redis_address(backend)
             row = {"kind": "redis", "server": address, "hits": None, "misses": None}
             try:
-                info = backend.client.info("stats")  # type: ignore[attr-defined]
+                info = backend.client.info("stats")
                 row["hits"] = int(info.get("keyspace_hits", 0))
                 row["misses"] = int(info.get("keyspace_misses", 0))
                 row["up"] = True

@@ -36,11 +36,12 @@ from store import Store, StoreConfig
 from store.admin import check_store, init_shards, repair_relations
 from store.admin.move import Mover
 from store.config import TicketsConfig
+from store.metrics import cache_breakers
 from store.tickets import TicketAllocator, TicketError
 from tests.conftest import base_config
 from tests.faults.history import History, ScenarioResult
 from tests.faults.proxy import FaultProxy
-from tests.faults.workload import DEFINITE, Owned, Workload, final_state, prepare, seed_history, verdict
+from tests.faults.workload import BHP, DEFINITE, Owned, Workload, final_state, prepare, seed_history, verdict
 from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
 
 #: The staleness bound every scenario's caches keep (cache.max_stale_s), and the checker checks.
@@ -404,6 +405,98 @@ def test_redis_restarted_under_load(mariadb: MariaDBServer, caches: Caches, faul
         seed_history(history, owned)
         run(Workload(store, owned, history), [(1.5, nothing), (3.5, caches.restart_redis)])
     result = settle(raw, owned, history, "Redis killed and restarted (its versions gone)")
+    record(fault_report, result)
+
+
+def test_one_of_three_redis_servers_killed_and_restarted_under_load(
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any
+) -> None:
+    """Lists over three Redis servers; the one holding the most of the workload's lists is SIGKILLed
+    mid-run, then started again. Every answer is checked against the history; a probe counts
+    that the dead server's lists are misses (the database answers) while the others' stay cached,
+    and that its lists are cached again once it is back."""
+    ports = [free_port() for _ in range(3)]
+    servers = [start_redis(port) for port in ports]
+    urls = [f"redis://127.0.0.1:{port}/0" for port in ports]
+    raw = raw_config({"A": mariadb.url}, cache={**caches.direct(), "redis": urls})
+    init_shards(StoreConfig.from_dict(raw))
+    history = History()
+    try:
+        with Store.from_config(raw) as store, Store.from_config(raw) as probe:
+            owned = prepare(store, 4, shards=range(SHARDS))
+            seed_history(history, owned)
+            ring = probe.admin_context().caches.lists
+            assert ring is not None
+            backend: Any = ring.backend
+            boards = sorted({m.board for m in owned} | {b for m in owned for b, _p in m.pairs})
+            keys = {b: f"{raw['cache'].get('prefix', 's:')}l:{BHP}:{b}" for b in boards}
+            where = {b: backend.index_for(keys[b]) for b in boards}
+            victim = max(range(3), key=lambda i: sum(1 for b in boards if where[b] == i))
+            lost = [b for b in boards if where[b] == victim]
+            kept = [b for b in boards if where[b] != victim]
+            assert lost, where
+            assert kept, where
+
+            def hits(board: int) -> int:
+                """Cache hits of three newest-first reads of the board's list (the probe's thread only)."""
+                before = probe.stats()["redis"]["hits"]
+                for _ in range(3):
+                    probe.links(BHP, board, limit=1, newest_first=True)
+                return probe.stats()["redis"]["hits"] - before
+
+            counted: dict[str, dict[str, int]] = {}
+
+            def count(phase: str) -> None:
+                counted[phase] = {
+                    "lost": sum(hits(b) > 0 for b in lost),
+                    "kept": sum(hits(b) > 0 for b in kept),
+                }
+
+            def kill() -> None:
+                servers[victim].kill()  # SIGKILL
+                servers[victim].wait()
+
+            def down() -> None:
+                for b in lost:  # trip the probe's breaker on the dead server
+                    probe.links(BHP, b, limit=1)
+                count("down")
+                assert cache_breakers(probe)[("redis", f"127.0.0.1:{ports[victim]}/0")]  # open
+
+            def back() -> None:
+                servers[victim] = start_redis(ports[victim])
+
+            def after() -> None:
+                time.sleep(1.2)  # the breaker's cool-down (cache.cooldown_s: 1)
+                count("back")
+
+            run(
+                Workload(store, owned, history, readers=4),
+                [
+                    (1.0, nothing),
+                    (0.5, lambda: count("before")),
+                    (0.2, kill),
+                    (2.0, down),
+                    (0.5, back),
+                    (1.5, after),
+                ],
+            )
+            stats = store.stats()["redis"]
+    finally:
+        for proc in servers:
+            proc.kill()
+            proc.wait()
+    assert counted["before"] == {"lost": len(lost), "kept": len(kept)}, counted
+    assert counted["down"] == {"lost": 0, "kept": len(kept)}, counted  # misses, and only those
+    assert counted["back"] == {"lost": len(lost), "kept": len(kept)}, counted
+    result = settle(
+        raw,
+        owned,
+        history,
+        "one of three Redis servers SIGKILLed under load, then restarted",
+        notes=f"{len(lost)} of {len(boards)} lists on it: cached before, "
+        f"{counted['down']['lost']} cached while down (others: {counted['down']['kept']} of {len(kept)}), "
+        f"{counted['back']['lost']} after; Redis errors or skips: {stats['errors'] + stats['skipped']}",
+    )
     record(fault_report, result)
 
 

@@ -116,7 +116,7 @@ def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
     if config.cache.redis:
         import redis
 
-        r = redis.Redis.from_url(config.cache.redis)
+        r = redis.Redis.from_url(config.cache.redis[0])
         out["redis"] = str(r.info("server").get("redis_version"))
         r.close()
     if config.cache.memcached:
@@ -190,7 +190,7 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
         from store.tools.mix.floor import Floor
 
         floor = PgFloor if pg else Floor
-        return floor(schema, memcached=list(config.cache.memcached), redis_url=str(config.cache.redis))
+        return floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
     if name == "horizontal_shard":
         from store.tools.mix.peer import ShardedPeer
         from store.tools.mix.peer_pg import PgShardedPeer

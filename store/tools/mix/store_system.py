@@ -77,8 +77,8 @@ class StoreSystem:
     def flush(self) -> None:
         """Drop the store's Redis lists (memcached is flushed by the runner)."""
         c = self.store.config.cache
-        if c.redis:
-            flush_redis(c.redis, c.prefix)
+        for url in c.redis:
+            flush_redis(url, c.prefix)
 
     def close(self) -> None:
         """`Store.close`."""
