@@ -12,23 +12,35 @@ wait_for() {  # name port
   echo "services: $1 did not come up on 127.0.0.1:$2" >&2; return 1
 }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+# Servers started here outlive this script: they get no descriptor of the
+# caller's but stdio, or a lock the caller holds around a test run (flock)
+# would stay held by the server for as long as it runs.
+detached() {
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    exec "$@"
+  )
+}
 
 if ! up 3306; then
   echo "services: starting MariaDB"
   as_root install -d -o mysql -g mysql /run/mysqld
-  as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+  detached as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
   wait_for MariaDB 3306
 fi
 
 if ! up 6379; then
   echo "services: starting Redis"
-  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+  detached redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
   wait_for Redis 6379
 fi
 
 if ! up 5432; then
   echo "services: starting PostgreSQL"
-  as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  detached as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
   wait_for PostgreSQL 5432
 fi
 
@@ -47,7 +59,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 if ! up 11211; then
   echo "services: starting memcached"
-  as_root memcached -d -u memcache -l 127.0.0.1 -p 11211 -m 256
+  detached as_root memcached -d -u memcache -l 127.0.0.1 -p 11211 -m 256
   wait_for memcached 11211
 fi
 # The default of 151 connections is too few for `store bench mix` at 16 threads

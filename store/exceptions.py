@@ -239,8 +239,10 @@ class BackendError(StoreError):
 class ConnectionLostError(BackendError):
     """The server could not be reached or the connection broke mid-call.
 
-    A read that hits this is retried once on a new connection; a write is not
-    (it may or may not have committed), so the caller decides.
+    A read that finds its pooled connection dead is retried once on a new
+    connection; a read that cannot connect is not (one ``connect_timeout_s`` per
+    failed call). A write is never retried (it may or may not have committed),
+    so the caller decides.
     """
 
 
