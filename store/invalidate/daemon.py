@@ -204,7 +204,7 @@ class Daemon:
             "host": url.host or "127.0.0.1",
             "port": int(url.port or 3306),
             "user": url.username or "root",
-            "passwd": url.password or "",
+            "password": url.password or "",
         }
         saved_at = [0.0]
         connect = _connector(url)

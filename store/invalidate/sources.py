@@ -117,6 +117,16 @@ class BinlogKeys:
         return log_entries(objects=sorted(set(objects)), lists=lists)
 
 
+def _pymysql_connect(**settings: Any) -> Any:
+    """pymysql.connect, for mysql-replication: it names the control connection's schema ``db``,
+    which PyMySQL deprecates (a warning at each connect)."""
+    import pymysql
+
+    if "db" in settings:
+        settings["database"] = settings.pop("db")
+    return pymysql.connect(**settings)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
 
@@ -252,19 +262,29 @@ class BinlogSource:
 
     def _follow(self) -> None:
         from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
+        from pymysqlreplication.event import (
+            HeartbeatLogEvent,
+            MariadbGtidEvent,
+            QueryEvent,
+            RotateEvent,
+            XidEvent,
+        )
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         try:
             stream = self._stream = BinLogStreamReader(
                 connection_settings=self._settings,
+                pymysql_wrapper=_pymysql_connect,
                 server_id=self._server_id,
                 blocking=True,
                 is_mariadb=True,
                 auto_position=self.position.gtid,
                 freeze_schema=True,
                 slave_heartbeat=0.25,
+                # The server's heartbeats carry its position while the binlog is idle: without
+                # them an idle stream never reaches the target and no heartbeat is published.
                 only_events=[
+                    HeartbeatLogEvent,
                     MariadbGtidEvent,
                     QueryEvent,
                     XidEvent,
