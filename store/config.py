@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,24 @@ class CacheConfig:
     follow: bool = False
     #: How often the follower reads the logs (must be well under ``max_stale_s``).
     follow_poll_s: float = 0.5
+    #: How lost invalidations are caught, per host (`store.invalidate`): ``window`` (entries are
+    #: trusted for ``max_stale_s``, or the per-process follower if ``follow``), ``log`` (writes
+    #: log their keys; one `store invalidate` daemon per host reads the log) or ``binlog`` (no
+    #: log rows; the daemon reads the server's ROW binlog). (host name, mode) pairs; hosts not
+    #: named take ``invalidation``.
+    invalidation: str = "window"
+    invalidation_hosts: tuple[tuple[str, str], ...] = ()
+
+    def invalidation_of(self, host: str) -> str:
+        """How ``host``'s lost invalidations are caught: ``window``, ``log`` or ``binlog``."""
+        for name, mode in self.invalidation_hosts:
+            if name == host:
+                return mode
+        return self.invalidation
+
+    def daemon_hosts(self, hosts: Iterable[str]) -> list[str]:
+        """Those of ``hosts`` whose invalidations a `store invalidate` daemon catches."""
+        return [h for h in hosts if self.invalidation_of(h) != "window"]
 
     def __post_init__(self) -> None:
         # ``redis`` was one URL (or None) before it took several: keep both spellings working.
@@ -339,6 +357,8 @@ class StoreConfig:
         insta = raw.get("instagram") or {}
         if not isinstance(insta, Mapping) or set(insta) - {"epoch_ms"}:
             raise ConfigError("instagram must be a mapping with one key, epoch_ms")
+        cache = _cache(raw.get("cache"))
+        _check_invalidation(cache, hosts)
         return cls(
             ids=ids,
             shard_map=shard_map,
@@ -348,7 +368,7 @@ class StoreConfig:
             types=types,
             relations=relations,
             open_shards=open_shards,
-            cache=_cache(raw.get("cache")),
+            cache=cache,
             max_object_bytes=_int(
                 limits, "max_object_bytes", DEFAULT_MAX_OBJECT_BYTES, 2, MAX_OBJECT_BYTES_CEILING
             ),
@@ -645,6 +665,24 @@ def _check_backends(ids: str, hosts: Mapping[str, URL]) -> None:
             )
 
 
+def _check_invalidation(cache: CacheConfig, hosts: Mapping[str, URL]) -> None:
+    """Each host named in ``cache.invalidation`` exists, and a host the daemon follows can be followed."""
+    for name, _mode in cache.invalidation_hosts:
+        if name not in hosts:
+            raise ConfigError(
+                f"cache.invalidation names host {brief(name)}, which is not under hosts "
+                f"({', '.join(sorted(hosts))}; `default` sets the others)"
+            )
+    for name, url in hosts.items():
+        mode = cache.invalidation_of(name)
+        if mode != "window" and backend_for(url).name != "mysql":
+            raise ConfigError(
+                f"cache.invalidation is {mode} for hosts.{name}, a {backend_for(url).name} host: only "
+                "MariaDB/MySQL hosts have an invalidation log or a binlog the daemon reads; "
+                f"set it to window for {name} (e.g. {{default: {mode}, {name}: window}})"
+            )
+
+
 def _mariadb(url: URL) -> bool:
     """True if ``url`` names a server that can hold the map table and ticket counters (MariaDB)."""
     try:
@@ -885,10 +923,34 @@ def redis_server_name(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{port}/{path or 0}"
 
 
+INVALIDATION_MODES = ("window", "log", "binlog")
+
+
+def _invalidation(raw: object) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``cache.invalidation``: one mode for every host, or a mapping of host name (or ``default``) to mode."""
+    usage = (
+        "cache.invalidation must be window, log or binlog, or a mapping of host names (and default) to "
+        "one of them, e.g. {default: binlog, pg1: log}"
+    )
+    if isinstance(raw, str):
+        if raw not in INVALIDATION_MODES:
+            raise ConfigError(f"{usage}; got {brief(raw)}")
+        return raw, ()
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and v in INVALIDATION_MODES for k, v in raw.items()
+    ):
+        raise ConfigError(f"{usage}; got {brief(raw)}")
+    default = str(raw.get("default", "window"))
+    return default, tuple(sorted((str(k), str(v)) for k, v in raw.items() if k != "default"))
+
+
 def _cache(raw: object) -> CacheConfig:
     if raw is None:
         return CacheConfig()
-    known = {"memcached", "redis", "memory", "prefix", "max_stale_s", "follow", "follow_poll_s", *_CACHE_INTS}
+    known = {
+        "memcached", "redis", "memory", "prefix", "max_stale_s", "follow", "follow_poll_s", "invalidation",
+        *_CACHE_INTS,
+    }  # fmt: skip
     if not isinstance(raw, Mapping) or set(raw) - known:
         bad = sorted(map(brief, set(raw) - known)) if isinstance(raw, Mapping) else raw
         raise ConfigError(
@@ -930,7 +992,20 @@ def _cache(raw: object) -> CacheConfig:
             f"cache.follow_poll_s must be seconds in [0.05, max_stale_s / 2 = {max_stale / 2:g}], "
             f"got {brief(poll)}: how often the invalidation logs are read"
         )
+    mode, per_host = _invalidation(raw.get("invalidation", "window"))
+    if (mode != "window" or per_host) and follow:
+        raise ConfigError(
+            "cache.follow (every process follows the logs) and cache.invalidation (one `store invalidate` "
+            "daemon per host) are two ways of catching lost invalidations: set only one"
+        )
+    if (mode != "window" or any(m != "window" for _h, m in per_host)) and not (mc or redis):
+        raise ConfigError(
+            "cache.invalidation other than window needs shared caches (cache.memcached and/or cache.redis): "
+            "the daemon deletes keys there"
+        )
     return CacheConfig(
+        invalidation=mode,
+        invalidation_hosts=per_host,
         memcached=tuple(mc),
         redis=redis,
         memory=memory,

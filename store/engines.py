@@ -673,8 +673,14 @@ class Engines:
         self._handles: dict[tuple[str, int], ShardHandle] = {}
         self._backends = {name: backend_for(url, config.names) for name, url in config.hosts.items()}
         c = config.cache
-        #: Writes are logged for the followers (`store.cache.follower`) where caches are shared.
-        self.logging = c.follow and bool(c.memcached or c.redis)
+        shared = bool(c.memcached or c.redis)
+        #: The hosts whose writes are logged (`store.cache.follower`): all with ``cache.follow``,
+        #: else those whose ``cache.invalidation`` is ``log`` (where caches are shared).
+        self.logged_hosts = frozenset(
+            name for name in config.hosts if shared and (c.follow or c.invalidation_of(name) == "log")
+        )
+        #: Writes are logged on some host.
+        self.logging = bool(self.logged_hosts)
         self._logs: dict[str, str] = {}
         self._observe: Callable[[str], None] | None = None
         at_fork(self, Engines._after_fork)
@@ -708,7 +714,8 @@ class Engines:
                                     raise
                                 raise ConfigError(
                                     f"host {h.host} has no invalidation log ({h.backend.change_log}) and "
-                                    "this account may not create it: run `store init` (cache.follow is on)"
+                                    "this account may not create it: run `store init` "
+                                    "(cache.follow is on, or cache.invalidation is log)"
                                 ) from None
                         cur.close()
                     self._logs[h.host] = h.backend.change_log_insert()
@@ -735,7 +742,7 @@ class Engines:
             if pool is None:
                 pool = self._make_pool(host, shard, backend)
                 self._pools[key] = pool
-            log = self._log_sql if self.logging and backend.change_log else None
+            log = self._log_sql if host in self.logged_hosts and backend.change_log else None
             handle = self._handles[(host, shard)] = ShardHandle(
                 shard, host, pool, backend, log, self._observe
             )

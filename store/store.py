@@ -547,9 +547,26 @@ def _settle(lists: ListCache) -> Callable[[list[str]], None]:
     return settle
 
 
+def _trust_heartbeats(config: StoreConfig, router: Router, caches: Caches) -> None:
+    """Where `store invalidate` daemons follow the hosts, trust entries past the window by their
+    heartbeats (`store.invalidate`), read from memcached at most once per interval."""
+    objects = caches.objects
+    peek = getattr(objects.store, "peek_many", None) if objects is not None else None
+    if peek is None or not config.cache.daemon_hosts(config.hosts):
+        return
+    from store.invalidate.heartbeat import HeartbeatTrust
+
+    assert objects is not None
+    trust = HeartbeatTrust(objects.store, caches.prefix, lambda: {r.master for r in router.shard_map})
+    for cache in (caches.objects, caches.lists):
+        if cache is not None:
+            cache.follower = trust
+
+
 def _start_follower(config: StoreConfig, engines: Engines, router: Router, caches: Caches) -> Follower | None:
     """Follow every master's invalidation log (`store.cache.follower`), where writes are logged."""
-    if not engines.logging or not (caches.objects or caches.lists):
+    if not config.cache.follow or not engines.logging or not (caches.objects or caches.lists):
+        _trust_heartbeats(config, router, caches)
         return None
 
     def hosts() -> list[tuple[str, Callable[[], Any], str]]:

@@ -13,6 +13,10 @@ compares with the live map:
 * every table of the config exists in every live shard;
 * relation counts agree with the rows, and inverse rows with primary rows,
   on a sample of each relation on each shard (``full=True``: all of them);
+* where a `store invalidate` daemon catches lost invalidations
+  (``cache.invalidation`` log or binlog), every such host has a heartbeat
+  in memcached newer than ``max_stale_s``: without one, cache entries are
+  trusted for the window only and lost deletes are caught by no one;
 * with unique keys (config ``unique:``), every key row names a live object
   that holds its value, and every value a live object holds has its row
   (a writer killed between its steps leaves either; repair fixes both).
@@ -170,6 +174,7 @@ def check_store(
             on_shard(shard)
     if config.unique:
         _unique_keys(store, report)
+    _heartbeats(ctx, report)
     for ident, shards in absent_where.items():
         for low, high in _spans(shards):
             span = f"shards {low}-{high}" if high > low else f"shard {low}"
@@ -192,6 +197,42 @@ def check_store(
         },
     )
     return report
+
+
+def _heartbeats(ctx: AdminContext, report: CheckReport) -> None:
+    """Each host a `store invalidate` daemon should follow has a heartbeat within ``max_stale_s``."""
+    from store.cache.leases import wall_ms
+    from store.invalidate.heartbeat import decode_heartbeat, heartbeat_key
+
+    config = ctx.config
+    hosts = config.cache.daemon_hosts(sorted(config.hosts))
+    if not hosts:
+        return
+    objects = ctx.caches.objects
+    peek = getattr(objects.store, "peek_many", None) if objects is not None else None
+    where = ", ".join(hosts)
+    if peek is None:
+        why = "cache.invalidation needs memcached for its heartbeats: entries are trusted for the window only"
+        report.note("no heartbeats", None, where, why, "add cache.memcached")
+        return
+    keys = {host: heartbeat_key(ctx.caches.prefix, host) for host in hosts}
+    try:
+        got = peek(list(keys.values()))
+    except Exception as exc:  # memcached down: the readers fall back to the window too
+        report.problem("stale heartbeat", None, where, f"memcached did not answer: {exc}")
+        return
+    now_ms = wall_ms()
+    limit_s = config.cache.max_stale_s
+    fix = "run `store invalidate` for it (one leads, others stand by)"
+    for host, key in keys.items():
+        beat = decode_heartbeat(got.get(key))
+        mode = config.cache.invalidation_of(host)
+        if beat is None:
+            report.problem("stale heartbeat", None, host, f"no heartbeat ({mode}): no invalidator runs", fix)
+        elif beat.covered_ms < now_ms - limit_s * 1000:
+            age = (now_ms - beat.covered_ms) / 1000
+            detail = f"heartbeat {age:.1f} s old (max_stale_s {limit_s:g}, {mode}): its invalidator is down"
+            report.problem("stale heartbeat", None, host, detail, fix)
 
 
 def _unique_keys(store: Store, report: CheckReport) -> None:

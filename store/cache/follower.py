@@ -179,6 +179,10 @@ class Follower:
         """When the last complete pass began (ms since the epoch; 0: none yet)."""
         return self._covered_ms
 
+    def started_ms(self) -> int:
+        """When the first complete pass began (ms since the epoch; 0: none yet)."""
+        return self._started_ms
+
     def trusted_since_ms(self, now_ms: int, window_ms: int) -> int | None:
         """Entries read at or after this time may be trusted at any age; None: only the window holds.
 

@@ -375,6 +375,16 @@ class MemcachedLeaseStore:
                 # stale value. Empty it before it is trusted again.
                 server.breaker.dirty = True
 
+    def set_many(self, items: Mapping[str, bytes], ttl_s: int) -> bool:
+        """``ms key <len> T<ttl>`` per item, unconditionally (heartbeats); True if every server took
+        its items."""
+        ok = True
+        for server, group in self._group(list(items)).items():
+            commands = [b"ms %s %d T%d\r\n%s" % (k.encode(), len(items[k]), ttl_s, items[k]) for k in group]
+            got = server.pipeline(commands, _replies)
+            ok = ok and got is not None and all(line.startswith(b"HD") for line, _v in got)
+        return ok
+
     def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """``mg key v`` per key: what each holds (no lease taken)."""
         out: dict[str, bytes] = {}

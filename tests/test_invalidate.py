@@ -1,0 +1,386 @@
+"""`store invalidate`: one daemon per server deletes what each commit changed; heartbeats extend trust.
+
+On a MariaDB of the tests' own with a ROW binlog, a memcached and a Redis of
+their own: writers whose own deletes are all lost are seen by readers within
+a few ticks (log table and binlog); a standby takes over within 2 s of the
+leader's SIGKILL; two daemons for one server delete each key once; a writer
+SIGKILLed after its commit still has its key deleted; idle store processes
+cost the server nothing more, where per-process followers cost 2 queries a
+second per host each.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, generate_latest
+
+from store import Store, StoreConfig
+from store.admin import check_store, init_shards
+from store.invalidate import Daemon
+from store.invalidate.metrics import DaemonCollector
+from tests.conftest import base_config
+from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Any]]:
+    """A MariaDB with a ROW binlog, a memcached and a Redis, all the module's own."""
+    db = MariaDBServer(free_port(), log_bin=True, server_id=7)
+    db.start()
+    mc_port, redis_port = free_port(), free_port()
+    mc = start_memcached(mc_port)
+    rd = start_redis(redis_port)
+    try:
+        yield {"db": db, "memcached": f"127.0.0.1:{mc_port}", "redis": f"redis://127.0.0.1:{redis_port}/0"}
+    finally:
+        for proc in (mc, rd):
+            proc.kill()
+            proc.wait()
+        db.remove()
+
+
+def _raw(servers: dict[str, Any], mode: str, **cache: Any) -> dict[str, Any]:
+    raw = base_config(
+        shards=8,
+        hosts={"A": servers["db"].url},
+        map=[{"range": [0, 7], "master": "A"}],
+    )
+    raw["cache"] = {
+        "memcached": [servers["memcached"]],
+        "redis": servers["redis"],
+        "prefix": f"i{time.monotonic_ns() % 10**6}:",
+        "max_stale_s": 30,
+        **({"follow": True, "follow_poll_s": 0.5} if mode == "follow" else {"invalidation": mode}),
+        **cache,
+    }
+    init_shards(StoreConfig.from_dict(raw))
+    return raw
+
+
+def _sql(servers: dict[str, Any], query: str) -> list[tuple[Any, ...]]:
+    conn = pymysql.connect(host="127.0.0.1", port=servers["db"].port, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(query)
+            return list(cur.fetchall())
+    finally:
+        conn.close()
+
+
+def _lose_deletes(store: Store) -> None:
+    caches = store.admin_context().caches
+    assert caches.objects is not None
+    assert caches.lists is not None
+    caches.objects.invalidate = lambda keys: None  # type: ignore[method-assign]
+    caches.lists.invalidate = lambda keys: None  # type: ignore[method-assign]
+
+
+def _wait_for(check: Any, *, within_s: float) -> float:
+    began = time.monotonic()
+    while not check():
+        assert time.monotonic() - began < within_s, f"not seen within {within_s} s"
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+def _mc_stat(servers: dict[str, Any], name: str) -> int:
+    import socket
+
+    host, port = servers["memcached"].split(":")
+    with socket.create_connection((host, int(port)), timeout=2) as sock:
+        sock.sendall(b"stats\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            data += sock.recv(65536)
+    for line in data.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == name:
+            return int(parts[2])
+    raise KeyError(name)
+
+
+def _deletes(servers: dict[str, Any]) -> int:
+    return _mc_stat(servers, "delete_hits") + _mc_stat(servers, "delete_misses")
+
+
+def _lock_holder(servers: dict[str, Any]) -> int | None:
+    got = _sql(servers, "SELECT IS_USED_LOCK('store_invalidate')")[0][0]
+    return None if got is None else int(got)
+
+
+@pytest.mark.parametrize("mode", ["binlog", "log"])
+def test_daemon_deletes_what_writers_lost(servers: dict[str, Any], mode: str) -> None:
+    raw = _raw(servers, mode)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
+            _lose_deletes(writer)
+            board = writer.create("board", {"n": 0})
+            pin = writer.create("pin", {"n": 0}, near=board)
+            writer.link("board_has_pins", board, pin)
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=5)
+            assert reader.get(pin) == {"n": 0}  # cached now
+            assert reader.links("board_has_pins", board) == [pin]
+            pin2 = writer.create("pin", {"n": 9}, near=board)
+            writer.update(pin, {"n": 1})
+            writer.link("board_has_pins", board, pin2)
+            # The window is 30 s: only the daemon's deletes can make the reader see these.
+            took = _wait_for(lambda: reader.get(pin) == {"n": 1}, within_s=5)
+            _wait_for(lambda: set(reader.links("board_has_pins", board)) == {pin, pin2}, within_s=5)
+            logged = _sql(
+                servers, "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = 'cache_log'"
+            )
+            if mode == "binlog":
+                rows = _sql(servers, "SELECT COUNT(*) FROM store_log.cache_log")[0][0] if logged[0][0] else 0
+                assert rows == 0, "binlog hosts write no log rows"
+            status = daemon.status()[0]
+            assert status["role"] == "leader"
+            assert status["keys_deleted"] >= 2
+            registry = CollectorRegistry()
+            registry.register(DaemonCollector(daemon))
+            scraped = generate_latest(registry).decode()
+            assert 'store_invalidator_role{host="A",role="leader"} 1.0' in scraped
+            assert 'store_invalidator_heartbeat_age_seconds{host="A"}' in scraped
+            print(f"{mode}: the reader saw the lost update after {took:.2f} s")
+    finally:
+        daemon.stop()
+
+
+def test_heartbeats_extend_trust_and_the_window_comes_back(servers: dict[str, Any]) -> None:
+    raw = _raw(servers, "binlog", max_stale_s=1)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as s:
+            pin = s.create("pin", {"n": 0})
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=5)
+            time.sleep(0.6)  # past the heartbeat's S: entries filled from now on are vouched for
+            assert s.get(pin) == {"n": 0}
+            time.sleep(1.6)  # older than the 1 s window
+            expired = s.stats()["memcached"]["expired"]
+            assert s.get(pin) == {"n": 0}
+            assert s.stats()["memcached"]["expired"] == expired, "trusted past the window"
+            assert _stale_heartbeats(s) == []
+            daemon.stop()
+            time.sleep(1.6)  # the heartbeat grows older than the window
+            assert s.get(pin) == {"n": 0}
+            assert s.stats()["memcached"]["expired"] == expired + 1, "back to the window"
+            assert _stale_heartbeats(s) == ["A"], "store check reports the host"
+    finally:
+        daemon.stop()
+
+
+def _stale_heartbeats(store: Store) -> list[str]:
+    report = check_store(store, sample=5)
+    return [f.server for f in report.problems if f.kind == "stale heartbeat"]
+
+
+def _config_file(tmp_path: Path, raw: dict[str, Any]) -> Path:
+    path = tmp_path / "store.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _daemon_process(config: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "store.cli", "invalidate", "--config", str(config)],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_standby_takes_over_within_2s_of_the_leaders_sigkill(servers: dict[str, Any], tmp_path: Path) -> None:
+    raw = _raw(servers, "binlog")
+    config = _config_file(tmp_path, raw)
+    first = _daemon_process(config)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _wait_for(lambda: _lock_holder(servers) is not None, within_s=15)
+        leader = _lock_holder(servers)
+        second = _daemon_process(config)
+        time.sleep(3)  # the second is up and waiting
+        assert _lock_holder(servers) == leader
+        first.kill()
+        killed = time.monotonic()
+        _wait_for(lambda: _lock_holder(servers) not in (None, leader), within_s=2)
+        print(f"standby took the lock {time.monotonic() - killed:.2f} s after the leader's SIGKILL")
+        with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
+            _lose_deletes(writer)
+            pin = writer.create("pin", {"n": 0})
+            assert reader.get(pin) == {"n": 0}
+            writer.update(pin, {"n": 1})
+            _wait_for(lambda: reader.get(pin) == {"n": 1}, within_s=5)
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def test_two_daemons_for_one_server_delete_each_key_once(servers: dict[str, Any], tmp_path: Path) -> None:
+    raw = _raw(servers, "binlog")
+    config = _config_file(tmp_path, raw)
+    procs = [_daemon_process(config), _daemon_process(config)]
+    try:
+        _wait_for(lambda: _lock_holder(servers) is not None, within_s=15)
+        time.sleep(3)  # both up: one leads, one waits
+        with Store.from_config(raw) as writer:
+            _lose_deletes(writer)
+            pins = [writer.create("pin", {"n": 0}) for _ in range(20)]
+            time.sleep(2)  # the creates' deletes are done
+            before = _deletes(servers)
+            for pin in pins:
+                writer.update(pin, {"n": 1})
+            _wait_for(lambda: _deletes(servers) - before >= len(pins), within_s=5)
+            time.sleep(1.5)  # a second deleter would show by now
+            assert _deletes(servers) - before == len(pins)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_writer_killed_after_its_commit_still_has_its_key_deleted(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    raw = _raw(servers, "binlog")
+    config = _config_file(tmp_path, raw)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as reader:
+            pin = reader.create("pin", {"n": 0})
+            assert reader.get(pin) == {"n": 0}
+            script = textwrap.dedent(f"""
+                import os, signal
+                from store import Store
+                s = Store.from_config({str(config)!r})
+                caches = s.admin_context().caches
+                # Killed between the commit and the cache delete.
+                caches.objects.invalidate = lambda keys: os.kill(os.getpid(), signal.SIGKILL)
+                s.update({pin}, {{"n": 1}})
+            """)
+            done = subprocess.run(
+                [sys.executable, "-c", script],
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                timeout=60,
+            )
+            assert done.returncode == -signal.SIGKILL
+            _wait_for(lambda: reader.get(pin) == {"n": 1}, within_s=5)
+    finally:
+        daemon.stop()
+
+
+_IDLE = """
+import sys, time
+from store import Store
+s = Store.from_config(sys.argv[1])
+for pin in sys.argv[2:]:
+    s.get(int(pin))
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture(scope="module")
+def second_db() -> Iterator[MariaDBServer]:
+    """A second MariaDB with a ROW binlog, for the two-host figures."""
+    db = MariaDBServer(free_port(), log_bin=True, server_id=8)
+    db.start()
+    try:
+        yield db
+    finally:
+        db.remove()
+
+
+def _questions(port: int) -> int:
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Questions'")
+            return int(cur.fetchone()[1])
+    finally:
+        conn.close()
+
+
+def _query_rate(ports: list[int], seconds: float) -> float:
+    """Queries a second on the servers (less the one SHOW STATUS each that asks)."""
+    q0, t0 = sum(_questions(p) for p in ports), time.monotonic()
+    time.sleep(seconds)
+    q1, t1 = sum(_questions(p) for p in ports), time.monotonic()
+    return (q1 - q0 - len(ports)) / (t1 - t0)
+
+
+def test_idle_processes_cost_the_server_nothing_with_the_daemon(
+    servers: dict[str, Any], second_db: MariaDBServer, tmp_path: Path
+) -> None:
+    """Two hosts; 0, 1, 4 and 16 idle store processes: the servers' queries a second, and the cache
+    deletes per write (the writer's own and the followers' or the daemon's)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    ports = [servers["db"].port, second_db.port]
+    rates: dict[str, list[float]] = {}
+    deletes: dict[str, float] = {}
+    for mode in ("binlog", "follow"):
+        raw = _raw(servers, mode)
+        raw["hosts"]["B"] = second_db.url
+        raw["map"] = [{"range": [0, 3], "master": "A"}, {"range": [4, 7], "master": "B"}]
+        init_shards(StoreConfig.from_dict(raw))
+        config = _config_file(tmp_path, raw)
+        daemon = Daemon(StoreConfig.from_dict(raw)) if mode == "binlog" else None
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            if daemon is not None:
+                daemon.start()
+            with Store.from_config(raw) as writer:
+                pins = [writer.create("pin", {"n": 0}, shard=shard) for shard in (0, 4) * 5]
+                time.sleep(1)
+                rates[mode] = [round(_query_rate(ports, 2.5), 1)]
+                for count in (1, 4, 16):
+                    started = [
+                        subprocess.Popen(
+                            [sys.executable, "-c", _IDLE, str(config), *map(str, pins)],
+                            env=env,
+                            stdout=subprocess.PIPE,
+                        )
+                        for _ in range(count - len(procs))
+                    ]
+                    procs += started
+                    for proc in started:
+                        assert proc.stdout is not None
+                        assert proc.stdout.readline().strip() == b"ready"
+                    time.sleep(1)
+                    rates[mode].append(round(_query_rate(ports, 2.5), 1))
+                before = _deletes(servers)
+                for pin in pins:  # ten keys: a follower's pass deletes each key once, however often written
+                    writer.update(pin, {"n": 1})
+                time.sleep(1.5)  # the daemon's or every follower's deletes land
+                deletes[mode] = (_deletes(servers) - before) / 10
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
+            if daemon is not None:
+                daemon.stop()
+    print(f"queries a second on 2 hosts with 0/1/4/16 idle processes: {rates}; deletes a write: {deletes}")
+    # The daemon's ticks (2 a second a host) and our own SHOW STATUS connections, whatever the processes.
+    assert max(rates["binlog"]) <= 8, rates
+    assert max(rates["binlog"]) - min(rates["binlog"]) <= 1.5, rates
+    assert rates["follow"][3] > 16 * 2, rates  # each process reads each host's log twice a second
+    assert deletes["binlog"] == 2, deletes  # the writer's and the daemon's
+    assert deletes["follow"] >= 16, deletes  # the writer's, then every process's follower's
