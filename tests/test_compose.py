@@ -148,8 +148,8 @@ def test_the_caches_are_the_services_published_ports() -> None:
     for name in CONFIGS:
         cache = config(name).cache
         assert cache.memcached == (f"127.0.0.1:{published(services['memcached'])[11211]}",)
-        assert cache.redis is not None
-        assert cache.redis.startswith(f"redis://127.0.0.1:{published(services['redis'])[6379]}/")
+        assert len(cache.redis) == 1
+        assert cache.redis[0].startswith(f"redis://127.0.0.1:{published(services['redis'])[6379]}/")
     # Two stores on the same cache servers must not read each other's entries.
     a, b = (config(n).cache for n in CONFIGS)
     assert (a.redis, a.prefix) != (b.redis, b.prefix)

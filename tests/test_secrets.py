@@ -267,6 +267,7 @@ def test_no_command_prints_or_writes_a_password(
     run("unlink", "board_has_pins", board, pin)
     run("delete", user, "--yes")
     run("ids", "decode", pin)
+    run("invalidate", ok=False)  # no host set to log or binlog: the error names no password
     run("ids", "encode", "--shard", "1", "--type", "1", "--local", "1")
 
     # The same commands with a wrong password, and with a host that does not answer.
