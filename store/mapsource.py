@@ -14,7 +14,7 @@ it was based on: a write based on a stale version is refused with
   on the version makes the compare-and-set atomic.
 * `ZooKeeperMapSource`: a znode, as Pinterest kept it: a watch tells every
   store at once, and the znode's own version makes the write a
-  compare-and-set (needs ``pip install store[zookeeper]``).
+  compare-and-set (needs ``pip install 'shardstore[zookeeper]'``).
 """
 
 from __future__ import annotations

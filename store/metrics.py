@@ -1,4 +1,4 @@
-"""Prometheus metrics for a running store (optional: ``pip install 'store[metrics]'``).
+"""Prometheus metrics for a running store (optional: ``pip install 'shardstore[metrics]'``).
 
 Nothing here is imported unless metrics are asked for, and a store without
 metrics runs exactly as before. With them (``Store(metrics=Metrics())`` or

@@ -109,7 +109,7 @@ class AdminContext:
 class Store:
     """Objects sharded over many hosts, addressed by 64-bit IDs that carry their shard.
 
-    ``metrics``: a `store.metrics.Metrics` (pip install 'store[metrics]') that
+    ``metrics``: a `store.metrics.Metrics` (pip install 'shardstore[metrics]') that
     times every call by operation and host for Prometheus; None costs nothing.
     """
 

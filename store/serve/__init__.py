@@ -1,6 +1,6 @@
 """`store serve`: the operator page (live map, hosts, caches, a running move, the last check).
 
-Needs the ``serve`` extra (Starlette and Uvicorn): ``pip install 'store[serve]'``.
+Needs the ``serve`` extra (Starlette and Uvicorn): ``pip install 'shardstore[serve]'``.
 Binds 127.0.0.1 unless told otherwise; any other address needs a token.
 """
 

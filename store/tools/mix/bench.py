@@ -387,7 +387,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     try:
         doc["charts"] = [str(p) for p in charts(phases, options.out)]
     except ImportError:
-        say("charts: matplotlib is not installed (pip install 'store[bench]'); tables and JSON only")
+        say("charts: matplotlib is not installed (pip install 'shardstore[bench]'); tables and JSON only")
         doc["charts"] = []
     return doc
 
