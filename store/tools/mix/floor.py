@@ -35,6 +35,8 @@ class Floor:
     name = "floor"
     #: A page is the first ``limit`` rows with the gone pins left out (it is not filled up).
     fills_pages = False
+    #: Opens a connection to a host's URL (the driver's own, outside the store).
+    _connect = staticmethod(raw_connection)
 
     def __init__(
         self, schema: MixSchema, *, memcached: list[str], redis_url: str, prefix: str = "mixfloor:"
@@ -78,7 +80,7 @@ class Floor:
         host = self._schema.masters[shard]
         cur = curs.get(host)
         if cur is None:
-            conn = raw_connection(self._schema.hosts[host])
+            conn = self._connect(self._schema.hosts[host])
             with self._all_lock:
                 self._all.append(conn)
             cur = curs[host] = conn.cursor()

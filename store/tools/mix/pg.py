@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import threading
 from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
-import redis
-from pymemcache.client.base import Client
-from pymemcache.client.hash import HashClient
 from sqlalchemy.engine import make_url
 
 from store.defaults import EMBEDDED
 from store.ids import INSTAGRAM_EPOCH_MS
 from store.tools.mix.dataset_db import Copy
-from store.tools.mix.system import MixSchema, PageRows, flush_redis
+from store.tools.mix.floor import Floor
+from store.tools.mix.system import MixSchema
 from store.tools.mix.workload import PAGE, DataSet
 
 __all__ = [
@@ -262,74 +259,20 @@ class PgTruth:
         return out
 
 
-class PgFloor:
-    """The hand-written floor on psycopg (see the module docstring)."""
+class PgFloor(Floor):
+    """The hand-written floor on psycopg (see the module docstring); its connection and cache
+    plumbing, pages and the link writes that send the same statements are `Floor`'s."""
 
-    name = "floor"
-    #: A page is the first ``limit`` rows with the gone pins left out (it is not filled up).
-    fills_pages = False
+    _connect = staticmethod(pg_connection)
 
     def __init__(
         self, schema: MixSchema, *, memcached: list[str], redis_url: str, prefix: str = "mixpgfloor:"
     ) -> None:
-        self._schema = schema
-        self._servers = memcached
-        self._redis = redis.Redis.from_url(redis_url)
-        self._redis_url = redis_url
-        self._p = prefix
-        self._local = threading.local()
-        self._tables = {name: tb for name, (_t, tb) in schema.types.items()}
-        self._pins = self._tables[schema.relations["board_has_pins"][1]]
-        self._inverse = {r: inv for r, (_f, _t, inv) in schema.relations.items()}
-        self._sql: dict[tuple[str, int, str], str] = {}
-        self._ttl = 3600
-        self._all: list[Any] = []
-        self._owned: dict[int | None, dict[str, Any]] = {}
-        self._all_lock = threading.Lock()
+        super().__init__(schema, memcached=memcached, redis_url=redis_url, prefix=prefix)
+        self._by_name = {name: tb for name, (_t, tb) in schema.types.items()}
+        self._pins = self._by_name[schema.relations["board_has_pins"][1]]
 
     # -- connections and SQL -----------------------------------------------------
-
-    def _mine(self) -> dict[str, Any]:
-        """This thread's connections: a set of its own, adopted from a thread that has ended if any."""
-        mine: dict[str, Any] | None = getattr(self._local, "mine", None)
-        if mine is None:
-            with self._all_lock:
-                alive = {t.ident for t in threading.enumerate()}
-                for ident in list(self._owned):
-                    if ident not in alive:
-                        mine = self._owned.pop(ident)
-                        break
-                else:
-                    mine = {}
-                self._owned[threading.get_ident()] = mine
-            self._local.mine = mine
-        return mine
-
-    def _cur(self, shard: int) -> Any:
-        curs: dict[str, Any] = self._mine().setdefault("curs", {})
-        host = self._schema.masters[shard]
-        cur = curs.get(host)
-        if cur is None:
-            conn = pg_connection(self._schema.hosts[host])
-            with self._all_lock:
-                self._all.append(conn)
-            cur = curs[host] = conn.cursor()
-        return cur
-
-    def _mc(self) -> Any:
-        mine = self._mine()
-        mc = mine.get("mc")
-        if mc is None:
-            if len(self._servers) == 1:
-                host, port = self._servers[0].rsplit(":", 1)
-                mc = Client((host, int(port)), connect_timeout=1, timeout=1, no_delay=True)
-            else:
-                hosts = [(h, int(p)) for h, p in (s.rsplit(":", 1) for s in self._servers)]
-                mc = HashClient(hosts, connect_timeout=1, timeout=1, no_delay=True)
-            mine["mc"] = mc
-            with self._all_lock:
-                self._all.append(mc)
-        return mc
 
     def _q(self, what: str, shard: int, name: str) -> str:
         key = (what, shard, name)
@@ -365,7 +308,7 @@ class PgFloor:
             return dict(orjson.loads(v))
         shard = shard_of(id_)
         cur = self._cur(shard)
-        cur.execute(self._q("get", shard, self._tables[type_name or "pin"]), (id_,))
+        cur.execute(self._q("get", shard, self._by_name[type_name or "pin"]), (id_,))
         row = cur.fetchone()
         if row is None:
             return None
@@ -404,13 +347,13 @@ class PgFloor:
         """One INSERT ... RETURNING id on ``near``'s shard."""
         shard = shard_of(near)
         cur = self._cur(shard)
-        cur.execute(self._q("insert", shard, self._tables[type_name]), (orjson.dumps(data).decode(),))
+        cur.execute(self._q("insert", shard, self._by_name[type_name]), (orjson.dumps(data).decode(),))
         return int(cur.fetchone()[0])
 
     def update_node(self, id_: int, changes: dict[str, Any], type_name: str | None = None) -> None:
         """Read-modify-write under FOR UPDATE, then delete the cache entry."""
         shard = shard_of(id_)
-        table = self._tables[type_name or "pin"]
+        table = self._by_name[type_name or "pin"]
         cur = self._cur(shard)
         cur.execute("BEGIN")
         try:
@@ -429,7 +372,7 @@ class PgFloor:
         """Mark inactive, delete the cache entry."""
         shard = shard_of(id_)
         cur = self._cur(shard)
-        cur.execute(self._q("kill", shard, self._tables[type_name or "pin"]), (id_,))
+        cur.execute(self._q("kill", shard, self._by_name[type_name or "pin"]), (id_,))
         self._mc().delete(f"{self._p}o:{id_}", noreply=False)
 
     # -- lists -------------------------------------------------------------------
@@ -448,16 +391,6 @@ class PgFloor:
         if limit == PAGE:
             self._redis.set(key, array("q", ids).tobytes(), ex=self._ttl)
         return ids
-
-    def board_page(self, board_id: int, limit: int) -> PageRows:
-        """Redis for the ids, memcached (one batch) for the pins."""
-        ids = self._ids("board_has_pins", board_id, limit)
-        objs = self._get_many(ids)
-        return [(i, objs[i]) for i in ids if i in objs]
-
-    def link_ids(self, relation: str, from_id: int, limit: int) -> list[int]:
-        """The first page's ids, cached in Redis."""
-        return self._ids(relation, from_id, limit)
 
     def count_links(self, relation: str, from_id: int) -> int:
         """COUNT(*), cached in Redis."""
@@ -489,14 +422,6 @@ class PgFloor:
         """Two INSERT ... ON CONFLICT DO NOTHING, one Redis DEL."""
         self._both("add", relation, from_id, to_id, sequence)
 
-    def update_link(self, relation: str, from_id: int, to_id: int, sequence: int) -> None:
-        """Two upserts, one Redis DEL."""
-        self._both("upsert", relation, from_id, to_id, sequence)
-
-    def delete_link(self, relation: str, from_id: int, to_id: int) -> None:
-        """Two DELETEs, one Redis DEL."""
-        self._both("remove", relation, from_id, to_id)
-
     def has_link(self, relation: str, from_id: int, to_id: int) -> bool:
         """One primary-key read."""
         shard = shard_of(from_id)
@@ -505,16 +430,3 @@ class PgFloor:
         return cur.fetchone() is not None
 
     # -- lifecycle ---------------------------------------------------------------
-
-    def flush(self) -> None:
-        """Drop the floor's Redis keys (memcached is flushed by the runner)."""
-        flush_redis(self._redis_url, self._p)
-
-    def close(self) -> None:
-        """Close every connection the threads opened."""
-        with self._all_lock:
-            for c in self._all:
-                with contextlib.suppress(Exception):
-                    c.close()
-            self._all.clear()
-        self._redis.close()
