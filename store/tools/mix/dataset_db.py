@@ -27,6 +27,7 @@ from store.tools.mix.workload import DataSet
 __all__ = [
     "Copy",
     "Truth",
+    "connections",
     "default_config",
     "load_copy",
     "mix_schema",
@@ -100,15 +101,17 @@ def raw_connection(url: str) -> Any:
 
 
 @contextlib.contextmanager
-def _connections(schema: MixSchema) -> Iterator[Callable[[int], Any]]:
-    """A cursor per host name, for the shard's master; closed after."""
+def connections(
+    schema: MixSchema, connect: Callable[[str], Any] = raw_connection
+) -> Iterator[Callable[[int], Any]]:
+    """A cursor per host name, for the shard's master (``connect`` opens one); closed after."""
     conns: dict[str, Any] = {}
     curs: dict[str, Any] = {}
 
     def cursor(shard: int) -> Any:
         host = schema.masters[shard]
         if host not in curs:
-            conns[host] = raw_connection(schema.hosts[host])
+            conns[host] = connect(schema.hosts[host])
             curs[host] = conns[host].cursor()
         return curs[host]
 
@@ -144,7 +147,7 @@ def load_copy(
     board_shard = [user_shard[data.board_owner[b]] for b in range(s.boards)]
     pin_shard = [board_shard[data.pin_board[p]] for p in range(s.pins)]
     copy = Copy([], [], [])
-    with _connections(schema) as cursor:
+    with connections(schema) as cursor:
         # Local ids: consecutive per (shard, table), above what is there.
         nxt: dict[tuple[int, str], int] = {}
         for shard in shards:
@@ -229,7 +232,7 @@ def remove_copy(schema: MixSchema, copy: Copy) -> None:
     spans += [
         (i >> 46, by_type[(i >> 36) & 0x3FF], i & ((1 << 36) - 1), i & ((1 << 36) - 1)) for i in copy.created
     ]
-    with _connections(schema) as cursor:
+    with connections(schema) as cursor:
         for shard, table, lo, hi in spans:
             cur = cursor(shard)
             db = MixSchema.database(shard)
@@ -252,7 +255,7 @@ class Truth:
     def __init__(self, schema: MixSchema) -> None:
         self._schema = schema
         self._stack = contextlib.ExitStack()
-        self._cursor = self._stack.enter_context(_connections(schema))
+        self._cursor = self._stack.enter_context(connections(schema))
         self._tables = {t: tb for t, (_id, tb) in schema.types.items()}
         self._type_of = {t: name for name, (t, _tb) in schema.types.items()}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from store.defaults import EMBEDDED
 from store.ids import INSTAGRAM_EPOCH_MS
-from store.tools.mix.dataset_db import Copy
+from store.tools.mix.dataset_db import Copy, connections
 from store.tools.mix.floor import Floor
 from store.tools.mix.system import MixSchema
 from store.tools.mix.workload import PAGE, DataSet
@@ -96,26 +96,6 @@ def _t(shard: int, table: str) -> str:
     return f'"{MixSchema.schema(shard)}"."{table}"'
 
 
-@contextlib.contextmanager
-def _connections(schema: MixSchema) -> Iterator[Callable[[int], Any]]:
-    """A cursor per host name, for the shard's master; closed after."""
-    conns: dict[str, Any] = {}
-    curs: dict[str, Any] = {}
-
-    def cursor(shard: int) -> Any:
-        host = schema.masters[shard]
-        if host not in curs:
-            conns[host] = pg_connection(schema.hosts[host])
-            curs[host] = conns[host].cursor()
-        return curs[host]
-
-    try:
-        yield cursor
-    finally:
-        for c in conns.values():
-            c.close()
-
-
 def load_copy_pg(
     schema: MixSchema, data: DataSet, shards: list[int], progress: Callable[[int], None] | None = None
 ) -> Copy:
@@ -127,7 +107,7 @@ def load_copy_pg(
     board_shard = [user_shard[data.board_owner[b]] for b in range(s.boards)]
     pin_shard = [board_shard[data.pin_board[p]] for p in range(s.pins)]
     out = Copy([], [], [])
-    with _connections(schema) as cursor:
+    with connections(schema, pg_connection) as cursor:
 
         def load(name: str, where: list[int], objects: Callable[[int], dict[str, Any]]) -> list[int]:
             by_shard: dict[int, list[int]] = {}
@@ -197,7 +177,7 @@ def load_copy_pg(
 def remove_copy_pg(schema: MixSchema, copy: Copy) -> None:
     """Delete every row of the copy and the pins its run created, with their lists and counts."""
     by_type = {"user": copy.users, "board": copy.boards, "pin": copy.pins + copy.created}
-    with _connections(schema) as cursor:
+    with connections(schema, pg_connection) as cursor:
         for name, ids in by_type.items():
             table = schema.types[name][1]
             by_shard: dict[int, list[int]] = {}
@@ -225,7 +205,7 @@ class PgTruth:
     def __init__(self, schema: MixSchema) -> None:
         self._schema = schema
         self._stack = contextlib.ExitStack()
-        self._cursor = self._stack.enter_context(_connections(schema))
+        self._cursor = self._stack.enter_context(connections(schema, pg_connection))
 
     def close(self) -> None:
         """Close the connections."""
