@@ -32,6 +32,7 @@ from store.invalidate import Daemon
 from store.invalidate.metrics import DaemonCollector
 from tests.conftest import base_config
 from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
+from tests.test_follower import _lose_deletes, _wait_for
 
 
 @pytest.fixture(scope="module")
@@ -77,22 +78,6 @@ def _sql(servers: dict[str, Any], query: str) -> list[tuple[Any, ...]]:
             return list(cur.fetchall())
     finally:
         conn.close()
-
-
-def _lose_deletes(store: Store) -> None:
-    caches = store.admin_context().caches
-    assert caches.objects is not None
-    assert caches.lists is not None
-    caches.objects.invalidate = lambda keys: None  # type: ignore[method-assign]
-    caches.lists.invalidate = lambda keys: None  # type: ignore[method-assign]
-
-
-def _wait_for(check: Any, *, within_s: float) -> float:
-    began = time.monotonic()
-    while not check():
-        assert time.monotonic() - began < within_s, f"not seen within {within_s} s"
-        time.sleep(0.05)
-    return time.monotonic() - began
 
 
 def _mc_stat(servers: dict[str, Any], name: str) -> int:
