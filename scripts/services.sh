@@ -21,7 +21,7 @@ detached() {
       fd=${fd##*/}
       if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
     done
-    exec "$@"
+    "$@"  # not exec: the command may be a function of this script (as_root)
   )
 }
 
