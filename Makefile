@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test faults moves deploy browser check lint typecheck services bench clean
+.PHONY: invalidate demo test faults moves deploy browser check lint typecheck services bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ browser: $(STAMP) services
 
 services:
 	bash scripts/services.sh
+
+## invalidate: the cache invalidation daemon for config/local.yaml (one per server leads; Ctrl-C stops it)
+invalidate: $(STAMP) services
+	$(BIN)/store init --config config/local.yaml --shards 0-15
+	$(BIN)/store invalidate --config config/local.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -96,7 +96,7 @@ def memcached_script() -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(IMAGE_TOOLS))
 def test_every_healthcheck_runs_only_what_its_image_holds(name: str) -> None:
-    services = {s["image"]: s for s in compose().values()}
+    services = {s["image"]: s for s in compose().values() if "image" in s}
     assert set(services) == set(IMAGE_TOOLS), "a new image: list what it holds in IMAGE_TOOLS"
     service = services[name]
     ran, script = healthcheck_programs(service["healthcheck"]["test"])
@@ -187,3 +187,34 @@ def test_the_readme_names_the_configs_that_match_compose() -> None:
     for name in CONFIGS:
         assert f"config/{name}" in readme
         assert (ROOT / "config" / name).exists()
+
+
+def test_the_invalidation_daemon_runs_the_cli_on_a_config_whose_servers_keep_row_binlogs() -> None:
+    from click.testing import CliRunner
+
+    from store.cli import main
+
+    services = compose()
+    daemon = services["invalidate"]
+    assert daemon["build"] == ".", "the daemon's image is the project's Dockerfile"
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert 'ENTRYPOINT ["store"]' in dockerfile
+    assert set(daemon["depends_on"]) <= set(services)
+    (mount,) = daemon["volumes"]
+    local, inside, _mode = mount.split(":")
+    command = list(daemon["command"])
+    assert command[0] == "invalidate"
+    assert command[command.index("--config") + 1] == inside
+    # The host's network: the config's loopback URLs are the servers' published ports.
+    assert daemon["network_mode"] == "host"
+    cfg = StoreConfig.from_file(ROOT / local)
+    assert cfg.cache.daemon_hosts(sorted(cfg.hosts)) == sorted(cfg.hosts)
+    assert {cfg.cache.invalidation_of(h) for h in cfg.hosts} == {"binlog"}
+    for name, service in services.items():
+        if str(service.get("image", "")).startswith("mariadb"):
+            flags = service["command"]
+            assert "--log-bin" in flags and "--binlog-format=ROW" in flags, f"{name}: no ROW binlog"
+    # The options exist as the command spells them (--help parses them and runs nothing).
+    got = CliRunner().invoke(main, [*command, "--help"])
+    assert got.exit_code == 0, got.output
+    assert "--metrics-port" in got.output
