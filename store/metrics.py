@@ -318,6 +318,7 @@ class Metrics:
             errors.add_metric([op, kind], n)
         yield errors
         yield from self._store_families(CounterMetricFamily, GaugeMetricFamily)
+        yield from self._invalidator_families(GaugeMetricFamily)
         yield from self._move_families(GaugeMetricFamily)
 
     def _store_families(self, counter: Any, gauge: Any) -> Iterator[Any]:
@@ -383,6 +384,46 @@ class Metrics:
             version_age.add_metric([], min(c for _a, c, _e in ages))
             check_errors.add_metric([], sum(e for _a, _c, e in ages))
             yield from (age, version_age, check_errors)
+
+    def _invalidator_families(self, gauge: Any) -> Iterator[Any]:
+        """Each server's invalidation daemon as it publishes itself in the caches (if configured)."""
+        from store.invalidate.view import invalidators
+
+        rows: dict[str, dict[str, Any]] = {}
+        for store in list(self._stores):
+            for row in invalidators(store):
+                rows.setdefault(row["server"], row)
+        if not rows:
+            return
+        age = gauge(
+            "store_invalidation_heartbeat_age_seconds",
+            "Age of the host's invalidation heartbeat in the caches (absent: none)",
+            labels=["host"],
+        )
+        leader = gauge(
+            "store_invalidation_leader", "1 while a daemon leads the server's invalidation", labels=["server"]
+        )
+        standby = gauge("store_invalidation_standby", "1 while a standby daemon waits", labels=["server"])
+        lag = gauge(
+            "store_invalidation_lag_seconds",
+            "How far the leader's binlog stream is behind",
+            labels=["server"],
+        )
+        deleted = gauge(
+            "store_invalidation_keys_deleted", "Cache keys the leading daemon deleted", labels=["server"]
+        )
+        for server, row in sorted(rows.items()):
+            for host, seconds in sorted(row["heartbeat_age_s"].items()):
+                if seconds is not None:
+                    age.add_metric([host], float(seconds))
+            lead = row["leader"]
+            leader.add_metric([server], 0.0 if lead is None else 1.0)
+            standby.add_metric([server], 0.0 if row["standby"] is None else 1.0)
+            if lead is not None and lead.get("lag_s") is not None:
+                lag.add_metric([server], float(lead["lag_s"]))
+            if lead is not None and isinstance(lead.get("keys_deleted"), int):
+                deleted.add_metric([server], float(lead["keys_deleted"]))
+        yield from (age, leader, standby, lag, deleted)
 
     def _move_families(self, gauge: Any) -> Iterator[Any]:
         if self.move_journal is None:

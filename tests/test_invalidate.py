@@ -12,6 +12,7 @@ second per host each.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,10 @@ from store import Store, StoreConfig
 from store.admin import check_store, init_shards
 from store.invalidate import Daemon
 from store.invalidate.metrics import DaemonCollector
+from store.invalidate.view import invalidators
+from store.metrics import Metrics, instrument
+from store.serve.app import render_panels
+from store.serve.panels import Panels
 from tests.conftest import base_config
 from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
 from tests.test_follower import _lose_deletes, _wait_for
@@ -173,6 +178,15 @@ def _stale_heartbeats(store: Store) -> list[str]:
     return [f.server for f in report.problems if f.kind == "stale heartbeat"]
 
 
+def _roles_seen(store: Store) -> tuple[int | None, int | None]:
+    """The processes the view shows as the one server's leader and standby."""
+    (row,) = invalidators(store)
+    return tuple(  # type: ignore[return-value]
+        None if row[role] is None else int(str(row[role]["instance"]).rsplit(":", 1)[1])
+        for role in ("leader", "standby")
+    )
+
+
 def _config_file(tmp_path: Path, raw: dict[str, Any]) -> Path:
     path = tmp_path / "store.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -199,10 +213,30 @@ def test_standby_takes_over_within_2s_of_the_leaders_sigkill(servers: dict[str, 
         second = _daemon_process(config)
         time.sleep(3)  # the second is up and waiting
         assert _lock_holder(servers) == leader
+        with Store.from_config(raw) as operator:
+            # What `store serve` and its /metrics show: the leader and the standby, by process.
+            _wait_for(lambda: _roles_seen(operator) == (first.pid, second.pid), within_s=5)
+            (row,) = invalidators(operator)
+            assert row["mode"] == "binlog"
+            assert row["hosts"] == ["A"]
+            assert row["leader"]["position"]
+            assert row["leader"]["lag_s"] is not None
+            assert not row["stale"]
+            assert row["heartbeat_age_s"]["A"] < 2
+            html = render_panels(Panels(operator, journal=None, check_file=None))
+            assert 'id="invalidators-panel"' in html
+            assert f":{first.pid}" in html
+            metrics = instrument(operator, Metrics())
+            text = generate_latest(metrics.registry).decode()
+            assert re.search(r'store_invalidation_leader\{server="mysql://[^"]+"\} 1\.0', text)
+            assert re.search(r'store_invalidation_standby\{server="mysql://[^"]+"\} 1\.0', text)
+            assert 'store_invalidation_heartbeat_age_seconds{host="A"}' in text
         first.kill()
         killed = time.monotonic()
         _wait_for(lambda: _lock_holder(servers) not in (None, leader), within_s=2)
         print(f"standby took the lock {time.monotonic() - killed:.2f} s after the leader's SIGKILL")
+        with Store.from_config(raw) as operator:
+            _wait_for(lambda: _roles_seen(operator)[0] == second.pid, within_s=5)
         with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
             _lose_deletes(writer)
             pin = writer.create("pin", {"n": 0})

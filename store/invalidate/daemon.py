@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from store.invalidate.heartbeat import (
 )
 from store.invalidate.leader import Leadership, close_quietly, lock_name
 from store.invalidate.sources import POSITION_TABLE, BinlogKeys, BinlogSource, LogTableSource, Position
+from store.invalidate.view import STATUS_TTL_S, encode_status, servers_of, status_key
 from store.naming import Names
 
 __all__ = ["CacheDeleteError", "Daemon", "HostInvalidator", "position_key"]
@@ -59,6 +61,7 @@ class HostInvalidator:
         source: LogTableSource | BinlogSource,
         publish: Callable[[Sequence[str], Heartbeat], bool],
         tick_s: float = HEARTBEAT_EVERY_S,
+        announce: Callable[[HostInvalidator], None] | None = None,
     ) -> None:
         self.server = server
         self.hosts = list(hosts)
@@ -67,6 +70,7 @@ class HostInvalidator:
         self.source = source
         self._publish = publish
         self._tick_s = tick_s
+        self._announce = announce
         #: "standby", "leader" or "stopped".
         self.role = "standby"
         self.heartbeat: Heartbeat | None = None
@@ -78,7 +82,7 @@ class HostInvalidator:
         """Wait for the lock, lead until the connection or the source fails, and again, until ``stop``."""
         while not stop.is_set():
             self.role = "standby"
-            conn = self._leadership.acquire(stop)
+            conn = self._leadership.acquire(stop, self._announced)
             if conn is None:
                 break
             self.role = "leader"
@@ -92,6 +96,7 @@ class HostInvalidator:
                     if beat is not None:
                         self.heartbeat = beat
                         self._publish(self.hosts, beat)
+                    self._announced()
                     stop.wait(max(0.0, self._tick_s - (wall_ms() - began) / 1000))
             except Exception as exc:  # the server or the stream lost: step down, take the lock again
                 self.errors += 1
@@ -102,6 +107,14 @@ class HostInvalidator:
                 self.source.stop()
                 close_quietly(conn)
         self.role = "stopped"
+
+    def _announced(self) -> None:
+        """Publish this invalidator's status for operators (`store.invalidate.view`); never raises."""
+        if self._announce is not None:
+            try:
+                self._announce(self)
+            except Exception as exc:  # the caches down: the status shows as absent, nothing else
+                log.debug("status of %s not published: %s", self.server, exc)
 
     def status(self) -> dict[str, Any]:
         """What an operator sees: role, position, lag, heartbeat age, keys deleted."""
@@ -163,12 +176,11 @@ class Daemon:
             return ctx.relations.list_key(relation, from_id) if relation in admin.relations else None
 
         keys = BinlogKeys(object_key=object_key, list_key=list_key, names=admin.names)
-        by_server: dict[str, list[str]] = {}
-        for name in chosen:
-            backend = ctx.engines.backend(name)
-            by_server.setdefault(backend.server_identity(admin.hosts[name]), []).append(name)
+        by_server = servers_of(chosen, lambda h: ctx.engines.backend(h).server_identity(admin.hosts[h]))
+        #: Who runs this daemon, as operators see it (`store serve`): machine and process.
+        self.instance = f"{socket.gethostname()}:{os.getpid()}"
         self.invalidators: list[HostInvalidator] = []
-        for server, names in sorted(by_server.items()):
+        for server, names in by_server.items():
             modes = {admin.cache.invalidation_of(n) for n in names}
             if len(modes) > 1:
                 raise ConfigError(
@@ -186,6 +198,7 @@ class Daemon:
                     source=self._source(server, names[0], mode, url, keys),
                     publish=self._publish,
                     tick_s=tick_s,
+                    announce=self._announce,
                 )
             )
         self._stop = threading.Event()
@@ -265,6 +278,14 @@ class Daemon:
         value = encode_heartbeat(beat)
         ok: bool = setter({heartbeat_key(self._caches.prefix, h): value for h in hosts}, HEARTBEAT_TTL_S)
         return ok
+
+    def _announce(self, inv: HostInvalidator) -> None:
+        objects = self._caches.objects
+        setter = getattr(objects.store, "set_many", None) if objects is not None else None
+        if setter is None or inv.role not in ("leader", "standby"):
+            return
+        status = {**inv.status(), "keys_deleted": self.deleted, "instance": self.instance, "at_ms": wall_ms()}
+        setter({status_key(self._caches.prefix, inv.server, inv.role): encode_status(status)}, STATUS_TTL_S)
 
     def start(self) -> None:
         """Run every invalidator in a thread of its own."""

@@ -45,11 +45,13 @@ class Leadership:
         #: Why the last attempt failed ("" if none did).
         self.last_error = ""
 
-    def acquire(self, stop: threading.Event) -> Any | None:
+    def acquire(self, stop: threading.Event, on_wait: Callable[[], None] | None = None) -> Any | None:
         """A connection that holds the lock (the caller closes it to give the lock up); None once
-        ``stop`` is set."""
+        ``stop`` is set. ``on_wait`` runs after each wait that did not get it (a standby's status)."""
         conn: Any = None
         while not stop.is_set():
+            if on_wait is not None and conn is not None:
+                on_wait()
             try:
                 if conn is None:
                     conn = self._connect()

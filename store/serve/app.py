@@ -169,6 +169,42 @@ def _caches_panel(caches: list[dict[str, Any]]) -> str:
     )
 
 
+def _invalidators_panel(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return (
+            '<section id="invalidators-panel"><h2>Invalidators</h2><p class="muted">no '
+            "invalidation daemon configured (cache.invalidation: window)</p></section>"
+        )
+    out = []
+    for r in rows:
+        lead, standby = r.get("leader"), r.get("standby")
+        if lead is None:
+            leader = '<span class="bad">none</span>'
+            position = lag = deleted = "-"
+        else:
+            leader = f'<span class="ok">{escape(str(lead.get("instance", "?")))}</span>'
+            position = escape(str(lead.get("position") or "-"))
+            lag = "-" if lead.get("lag_s") is None else f"{float(lead['lag_s']):.2f} s"
+            deleted = _num(lead.get("keys_deleted"))
+        waiting = "none" if standby is None else escape(str(standby.get("instance", "?")))
+        ages = "; ".join(
+            f"{escape(h)}: " + ("none" if a is None else f"{float(a):.2f} s")
+            for h, a in r["heartbeat_age_s"].items()
+        )
+        cls = "bad" if r["stale"] else "ok"
+        out.append(
+            f'<tr class="invalidator"><td>{escape(r["server"])}<br><span class="muted">'
+            f"{escape(', '.join(r['hosts']))} ({escape(r['mode'])})</span></td><td>{leader}</td>"
+            f'<td>{waiting}</td><td>{position}</td><td>{lag}</td><td class="{cls}">{ages}</td>'
+            f"<td>{deleted}</td></tr>"
+        )
+    return (
+        '<section id="invalidators-panel"><h2>Invalidators</h2><table><tr><th>server</th><th>leader</th>'
+        "<th>standby</th><th>position</th><th>lag</th><th>heartbeat age</th><th>keys deleted</th></tr>"
+        f"{''.join(out)}</table></section>"
+    )
+
+
 def _move_panel(mv: dict[str, Any]) -> str:
     if not mv.get("present"):
         return '<section id="move-panel"><h2>Move</h2><p class="muted">no move journaled</p></section>'
@@ -226,6 +262,7 @@ def render_panels(panels: Panels) -> str:
             _move_panel(panels.move()),
             _hosts_panel(panels.hosts()),
             _caches_panel(panels.caches()),
+            _invalidators_panel(panels.invalidators()),
             _check_panel(panels.check()),
         )
     )
@@ -277,6 +314,7 @@ def build_app(
             "map": panels.map(),
             "hosts": panels.hosts(),
             "caches": panels.caches(),
+            "invalidators": panels.invalidators(),
             "move": panels.move(),
             "check": panels.check(),
         }
@@ -287,6 +325,7 @@ def build_app(
         Route("/api/map", api(panels.map)),
         Route("/api/hosts", api(panels.hosts)),
         Route("/api/caches", api(panels.caches)),
+        Route("/api/invalidators", api(panels.invalidators)),
         Route("/api/move", api(panels.move)),
         Route("/api/check", api(panels.check)),
         Route("/api/all", api(everything)),

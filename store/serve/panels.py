@@ -6,7 +6,8 @@ cannot be read), each host's shards, rows and bytes from
 ``information_schema``, its ping (a ``SELECT 1`` on a pooled connection) and
 the replication connections it runs, each cache server's own hit counters
 and this process's breaker on it, the progress file of a running
-`store move`, and the last `store check` result kept with ``--result-file``.
+`store move`, and the last `store check` result kept with ``--result-file``, and each
+server's invalidation daemon as it publishes itself in the caches.
 No URL is ever shown with its password.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from store.admin.check import load_report
 from store.exceptions import StoreError
+from store.invalidate.view import invalidators
 from store.metrics import cache_breakers, read_move_progress, redis_address, redis_servers
 from store.store import Store
 
@@ -197,6 +199,13 @@ class Panels:
             total = (hits or 0) + (misses or 0)
             row["hit_ratio"] = None if not total else round((hits or 0) / total, 4)
         return out
+
+    # -- invalidators -------------------------------------------------------------
+
+    def invalidators(self) -> list[dict[str, Any]]:
+        """Per server a `store invalidate` daemon follows: leader, standby, position, lag, heartbeat
+        ages, keys deleted, as the daemons publish them in the caches (empty: no daemon configured)."""
+        return invalidators(self.store)
 
     # -- the move and the check --------------------------------------------------
 
