@@ -675,11 +675,14 @@ def _check_invalidation(cache: CacheConfig, hosts: Mapping[str, URL]) -> None:
             )
     for name, url in hosts.items():
         mode = cache.invalidation_of(name)
-        if mode != "window" and backend_for(url).name != "mysql":
+        backend = backend_for(url)
+        if mode != "window" and mode not in backend.invalidation_modes:
+            can = " or ".join(backend.invalidation_modes)
             raise ConfigError(
-                f"cache.invalidation is {mode} for hosts.{name}, a {backend_for(url).name} host: only "
-                "MariaDB/MySQL hosts have an invalidation log or a binlog the daemon reads; "
-                f"set it to window for {name} (e.g. {{default: {mode}, {name}: window}})"
+                f"cache.invalidation is {mode} for hosts.{name}, a {backend.name} host, which "
+                + (f"a daemon can follow by {can} only" if can else "no daemon can follow")
+                + f": set it to {can or 'window'} for {name} (e.g. {{default: {mode}, {name}: "
+                f"{backend.invalidation_modes[0] if can else 'window'}}})"
             )
 
 

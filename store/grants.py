@@ -93,7 +93,8 @@ def grant_plan(config: StoreConfig, app_user: str, app_host: str = "%") -> list[
     shard map table's database where it lives on that server. PostgreSQL:
     CONNECT on the database, USAGE and row privileges on each shard schema
     (``shard0000`` ...), its sequences and ``next_id()``, and the same for
-    tables an admin makes there later. SQLite has no accounts: none.
+    tables an admin makes there later; where its writes are logged, SELECT,
+    INSERT and DELETE on the invalidation log (schema ``store_log``). SQLite has no accounts: none.
 
     Every database and schema is named, those of the config's namespace
     only (``NAME_db00000``, ``NAME_store_log``, ...): no pattern, so an
@@ -127,6 +128,15 @@ def grant_plan(config: StoreConfig, app_user: str, app_host: str = "%") -> list[
         if g.kind == "postgresql":
             assert g.admin_url is not None
             stmts = _postgres(config.shards, app_user, str(g.admin_url.database), names)
+            c = config.cache
+            shared = bool(c.memcached or c.redis)
+            if shared and any(c.follow or c.invalidation_of(h) == "log" for h in g.hosts):
+                # The log schema exists by then: `store init` makes it where writes are logged.
+                log = f'"{names.log_database}"'
+                stmts += [
+                    f'GRANT USAGE ON SCHEMA {log} TO "{app_user}"',
+                    f'GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {log} TO "{app_user}"',
+                ]
         else:
             stmts = _mysql(config.shards if g.kind != "mysql-meta" else 0, app_user, app_host, names)
             if key == meta_key:

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
-from store.cache.follower import Follower, build_follower, list_version
+from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
 from store.cache.lists import ListCache
 from store.config import StoreConfig
 from store.cursors import encode_cursor
@@ -569,8 +569,8 @@ def _start_follower(config: StoreConfig, engines: Engines, router: Router, cache
         _trust_heartbeats(config, router, caches)
         return None
 
-    def hosts() -> list[tuple[str, Callable[[], Any], str]]:
-        out: list[tuple[str, Callable[[], Any], str]] = []
+    def hosts() -> list[tuple[str, Callable[[], Any], str, str | None, str]]:
+        out: list[tuple[str, Callable[[], Any], str, str | None, str]] = []
         seen: set[str] = set()
         shard_map = router.shard_map
         for r in shard_map:
@@ -589,7 +589,8 @@ def _start_follower(config: StoreConfig, engines: Engines, router: Router, cache
                 h.log_sql()  # makes the log, once
                 return h.connect()
 
-            out.append((url, connect, table))
+            b = h.backend
+            out.append((url, connect, table, b.change_log_step_sql, b.change_log_clean(CLEAN_BATCH)))
         return out
 
     follower = build_follower(

@@ -176,6 +176,20 @@ class Backend:
         """Idempotent statements that make the server's invalidation log (none where there is none)."""
         return []
 
+    #: How a `store invalidate` daemon can follow this backend's hosts (`cache.invalidation`).
+    invalidation_modes: ClassVar[tuple[str, ...]] = ()
+    #: The query of the log's id step (`None`: ids step by 1).
+    change_log_step_sql: ClassVar[str | None] = None
+
+    def change_log_clean(self, batch: int) -> str:
+        """``DELETE`` of at most ``batch`` log rows with ids up to the parameter (oldest first)."""
+        raise NotImplementedError
+
+    def wait_for_lock(self, cur: Any, name: str, wait_s: int) -> bool:
+        """Take the server-wide lock ``name`` on ``cur``'s session, waiting up to ``wait_s``: True if
+        this session holds it now (it goes with the session: `store.invalidate.leader`)."""
+        raise NotImplementedError
+
     def change_log_insert(self) -> str:
         """``INSERT`` of one log row: (at_ms, entries)."""
         raise NotImplementedError

@@ -202,6 +202,19 @@ class MySQLBackend(Backend):
     list_versions = True
     conditional_writes = True
 
+    invalidation_modes = ("log", "binlog")
+    change_log_step_sql = "SELECT @@auto_increment_increment"
+
+    def change_log_clean(self, batch: int) -> str:
+        """``DELETE ... LIMIT``: at most ``batch`` rows."""
+        return f"DELETE FROM {self.change_log} WHERE id <= %s LIMIT {int(batch)}"
+
+    def wait_for_lock(self, cur: Any, name: str, wait_s: int) -> bool:
+        """``GET_LOCK``: a named lock of the connection's, freed when the connection goes."""
+        cur.execute("SELECT GET_LOCK(%s, %s)", (name, wait_s))
+        got = cur.fetchone()
+        return got is not None and got[0] == 1
+
     @property
     def change_log(self) -> str:
         """The invalidation log, ``store_log.cache_log`` (``NAME_store_log`` in a namespace), quoted."""

@@ -127,6 +127,10 @@ class LogSource:
     checkpoints: list[tuple[float, int]] = field(default_factory=list)  # (monotonic, last)
     cleaned: float = 0.0
     clean_upto: int | None = None  # rows up to this id are being deleted, a batch a pass
+    #: The server's id step query (None: ids step by 1) and its DELETE of a batch of old rows
+    #: (`Backend.change_log_step_sql`, `Backend.change_log_clean`; None: MariaDB's).
+    step_sql: str | None = "SELECT @@auto_increment_increment"
+    clean_sql: str | None = None
 
 
 class Follower:
@@ -257,8 +261,9 @@ class Follower:
                 if s.last < 0:
                     # Start near the end: the rows of writes in flight now are read
                     # (or kept as gaps) like any others.
-                    cur.execute("SELECT @@auto_increment_increment")
-                    s.step = max(1, int(cur.fetchone()[0]))
+                    if s.step_sql is not None:
+                        cur.execute(s.step_sql)
+                        s.step = max(1, int(cur.fetchone()[0]))
                     cur.execute(f"SELECT COALESCE(MAX(id), 0) FROM {s.table}")
                     s.last = max(0, int(cur.fetchone()[0]) - START_BACK * s.step)
                     s.checkpoints.append((now, s.last))
@@ -303,7 +308,8 @@ class Follower:
                 return
             s.clean_upto = old[-1][1]
             s.checkpoints = [c for c in s.checkpoints if now - c[0] < KEEP_S]
-        cur.execute(f"DELETE FROM {s.table} WHERE id <= %s LIMIT {CLEAN_BATCH}", (s.clean_upto,))
+        clean = s.clean_sql or f"DELETE FROM {s.table} WHERE id <= %s LIMIT {CLEAN_BATCH}"
+        cur.execute(clean, (s.clean_upto,))
         if cur.rowcount < CLEAN_BATCH:
             s.clean_upto = None  # done, until the next checkpoint is old enough
 
@@ -312,13 +318,14 @@ _getpid = os.getpid
 
 
 def build_follower(
-    hosts: Callable[[], Sequence[tuple[str, Callable[[], Any], str]]],
+    hosts: Callable[[], Sequence[tuple[str, Callable[[], Any], str, str | None, str]]],
     objects: Callable[[list[str]], None] | None,
     lists: Callable[[list[str]], None] | None,
     *,
     poll_s: float,
 ) -> Follower:
-    """A follower of the logs ``hosts()`` names, as (name, connect, table), deleting through the caches."""
+    """A follower of the logs ``hosts()`` names, as (name, connect, table, id step query, DELETE of
+    old rows: `LogSource`), deleting through the caches."""
 
     def apply(object_keys: list[str], list_keys: list[str]) -> None:
         if objects is not None and object_keys:
@@ -327,6 +334,9 @@ def build_follower(
             lists(sorted(set(list_keys)))
 
     def discover() -> list[LogSource]:
-        return [LogSource(name, connect, table) for name, connect, table in hosts()]
+        return [
+            LogSource(name, connect, table, step_sql=step, clean_sql=clean)
+            for name, connect, table, step, clean in hosts()
+        ]
 
     return Follower(discover, apply, poll_s=poll_s)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from store.cache.follower import parse_entries
+from store.cache.follower import CLEAN_BATCH, parse_entries
 from store.cache.leases import wall_ms
 from store.config import StoreConfig
 from store.exceptions import ConfigError, StoreError
@@ -189,12 +189,17 @@ class Daemon:
                 )
             mode = modes.pop()
             url = admin.hosts[names[0]]
+            backend = ctx.engines.backend(names[0])
             self.invalidators.append(
                 HostInvalidator(
                     server=server,
                     hosts=names,
                     mode=mode,
-                    leadership=Leadership(_connector(url), name=lock_name(admin.names)),
+                    leadership=Leadership(
+                        _connector(backend, url),
+                        name=lock_name(admin.names),
+                        wait_for_lock=backend.wait_for_lock,
+                    ),
                     source=self._source(server, names[0], mode, url, keys),
                     publish=self._publish,
                     tick_s=tick_s,
@@ -213,7 +218,14 @@ class Daemon:
             if table is None:
                 raise ConfigError(f"host {host} keeps no invalidation log")
             ctx.engines.shard(0, host).log_sql()  # makes the log where it is missing
-            return LogTableSource(server, table, self._apply)
+            backend = ctx.engines.backend(host)
+            return LogTableSource(
+                server,
+                table,
+                self._apply,
+                step_sql=backend.change_log_step_sql,
+                clean_sql=backend.change_log_clean(CLEAN_BATCH),
+            )
         settings = {
             "host": url.host or "127.0.0.1",
             "port": int(url.port or 3306),
@@ -221,7 +233,7 @@ class Daemon:
             "password": url.password or "",
         }
         saved_at = [0.0]
-        connect = _connector(url)
+        connect = _connector(ctx.engines.backend(host), url)
 
         def load() -> Position | None:
             objects = self._caches.objects
@@ -324,10 +336,10 @@ def _failures(caches: Any) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _connector(url: Any) -> Callable[[], Any]:
-    from store.backends.mysql import mysql_connector
-
-    return mysql_connector(url, connect_timeout_s=2.0, query_timeout_s=10.0)
+def _connector(backend: Any, url: Any) -> Callable[[], Any]:
+    """The daemon's own connections to a server: short connect timeout, autocommit."""
+    connect: Callable[[], Any] = backend.connector(url, shard=0, connect_timeout_s=2.0, query_timeout_s=10.0)
+    return connect
 
 
 def _position_table(names: Names) -> str:

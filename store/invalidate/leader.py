@@ -1,6 +1,7 @@
 """Leadership: one active invalidator per database server, by a lock held on the daemon's own session.
 
-MariaDB's named lock (``GET_LOCK``) belongs to the connection that took it:
+MariaDB's named lock (``GET_LOCK``), like PostgreSQL's session advisory lock
+(`store.backends.Backend.wait_for_lock`), belongs to the connection that took it:
 when the daemon dies, the server closes its connection and the lock is free
 at once, so a standby waiting in ``GET_LOCK`` takes over within its wait.
 The leader runs every query of its work on that same connection, so if the
@@ -38,8 +39,17 @@ WAIT_S = 1
 class Leadership:
     """Takes the server's lock on a connection of its own, waiting as a standby until it is free."""
 
-    def __init__(self, connect: Callable[[], Any], *, name: str = LOCK_NAME, wait_s: int = WAIT_S) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        *,
+        name: str = LOCK_NAME,
+        wait_s: int = WAIT_S,
+        wait_for_lock: Callable[[Any, str, int], bool] | None = None,
+    ) -> None:
         self._connect = connect
+        #: How the server's lock is taken (`Backend.wait_for_lock`; MariaDB's GET_LOCK by default).
+        self._wait_for_lock = wait_for_lock or _get_lock
         self._name = name
         self._wait_s = wait_s
         #: Why the last attempt failed ("" if none did).
@@ -56,10 +66,9 @@ class Leadership:
                 if conn is None:
                     conn = self._connect()
                 cur = conn.cursor()
-                cur.execute("SELECT GET_LOCK(%s, %s)", (self._name, self._wait_s))
-                got = cur.fetchone()
+                got = self._wait_for_lock(cur, self._name, self._wait_s)
                 cur.close()
-                if got is not None and got[0] == 1:
+                if got:
                     return conn
             except Exception as exc:  # the server down: wait and try again on a new connection
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -69,6 +78,12 @@ class Leadership:
                 stop.wait(0.5)
         close_quietly(conn)
         return None
+
+
+def _get_lock(cur: Any, name: str, wait_s: int) -> bool:
+    cur.execute("SELECT GET_LOCK(%s, %s)", (name, wait_s))
+    got = cur.fetchone()
+    return got is not None and got[0] == 1
 
 
 def close_quietly(conn: Any) -> None:

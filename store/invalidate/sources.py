@@ -33,10 +33,22 @@ POSITION_TABLE = "invalidator"
 class LogTableSource:
     """The server's ``store_log.cache_log``, read by the leader only, on its lock connection."""
 
-    def __init__(self, name: str, table: str, apply: Callable[[list[str]], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        table: str,
+        apply: Callable[[list[str]], None],
+        *,
+        step_sql: str | None = "SELECT @@auto_increment_increment",
+        clean_sql: str | None = None,
+    ) -> None:
         self.name = name
         self._table = table
         self._apply = apply
+        #: The server's id step query and its DELETE of old rows (`Backend.change_log_step_sql`,
+        #: `Backend.change_log_clean`).
+        self._step_sql = step_sql
+        self._clean_sql = clean_sql
         self._conn: Any = None
         self._follower: Follower | None = None
 
@@ -51,7 +63,9 @@ class LogTableSource:
         def apply(objects: list[str], lists: list[str]) -> None:
             self._apply([log_entries(objects=objects, lists=lists)])
 
-        source = LogSource(self.name, connect, self._table)
+        source = LogSource(
+            self.name, connect, self._table, step_sql=self._step_sql, clean_sql=self._clean_sql
+        )
         self._follower = Follower(lambda: [source], apply)
 
     def tick(self) -> Heartbeat | None:
