@@ -1213,7 +1213,17 @@ def _thread_counts(text: str) -> list[int]:
     show_default=True,
     help="Which systems to run, in order: floor, horizontal_shard, store, store-mysqldb (see --mysqldb), "
     "or the store with cache settings changed, store:KEY=VALUE[,...] "
-    "(store:follow=true: with the invalidation log).",
+    "(store:follow=true: with the invalidation log followed by every process; store:invalidation=log or "
+    "store:invalidation=binlog: with a `store invalidate` daemon of its own, started for the run).",
+)
+@click.option(
+    "--idle-seconds",
+    "idle_s",
+    type=click.FloatRange(0, 60),
+    default=4.0,
+    show_default=True,
+    help="After the run, hold each system open this long with no calls and report the database queries a "
+    "second its background work costs (followers, daemons, map checks); 0: skip.",
 )
 @click.option(
     "--mysqldb",
@@ -1241,6 +1251,7 @@ def bench_mix(
     shards: int,
     users: int,
     systems: str,
+    idle_s: float,
     mysqldb_url: str | None,
     quick: bool,
     out: Path,
@@ -1276,6 +1287,7 @@ def bench_mix(
         out=out,
         keep=keep,
         processes=processes,
+        idle_s=1.0 if quick and idle_s == 4.0 else idle_s,
     )
     click.echo(f"data set: {data_set_summary(make_data_set(shape))}", err=True)
     doc = run_mix(options, say=lambda msg: click.echo(msg, err=True))

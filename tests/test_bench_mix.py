@@ -160,19 +160,29 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
         shape=bench.QUICK_SHAPE,
         threads=[1],
         seconds=2.0,
-        systems=("floor", "store"),
+        systems=("floor", "store:invalidation=log"),
         trips=50,
         out=out,
         processes=2,
+        idle_s=2.0,
     )
     doc = bench.run_mix(options, say=lambda _msg: None)
     assert doc["processes"] == 2
+    daemon = "store:invalidation=log"
     assert {(p["system"], p["temperature"]) for p in doc["phases"]} == {
         ("floor", "cold"),
         ("floor", "warm"),
-        ("store", "cold"),
-        ("store", "warm"),
+        (daemon, "cold"),
+        (daemon, "warm"),
     }
+    # The store ran with a daemon of its own: each write's keys deleted (by the writer, and again by
+    # the daemon), and its background work measured at rest beside the floor's (which has none).
+    for p in doc["phases"]:
+        assert p["cache_deletes_per_write"] is not None
+        assert p["cache_deletes_per_write"] > 0
+    assert set(doc["queries_per_s_at_rest"]) == {"floor", daemon}
+    assert doc["queries_per_s_at_rest"][daemon] > 0.5, "the daemon reads the log table twice a second"
+    assert "invalidation: cache deletes per write" in doc["report"]
     for p in doc["phases"]:
         assert (p["threads"], p["processes"]) == (1, 2)
         assert len(p["process_calls"]) == 2
@@ -185,7 +195,7 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
         assert check["checked"] > 100
         assert check["mismatches"] == [], check
     assert "1 thread(s) x 2 process(es), cold" in doc["report"]
-    assert "| 1 x 2 | warm | store |" in (out / "mix.md").read_text()
+    assert "| 1 x 2 | warm | store:invalidation=log |" in (out / "mix.md").read_text()
     saved = json.loads((out / "mix.json").read_text())
     assert saved["phases"][0]["process_calls"] == doc["phases"][0]["process_calls"]
 

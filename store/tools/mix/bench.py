@@ -26,6 +26,7 @@ from store.tools.mix.dataset_db import (
     remove_copy,
     truth,
 )
+from store.tools.mix.invalidation import DaemonProcess, cache_deletes, daemon_config, idle_queries_per_s
 from store.tools.mix.pg import (
     PgFloor,
     PgTruth,
@@ -74,6 +75,8 @@ class MixOptions:
     keep: bool = False
     #: Worker processes each phase runs in (each with the phase's threads); 1: in this process.
     processes: int = 1
+    #: Seconds each system is held open idle after the run, its database queries counted (0: not).
+    idle_s: float = 4.0
 
 
 def _config(options: MixOptions) -> StoreConfig:
@@ -146,6 +149,8 @@ _CACHE_KNOBS: dict[str, Callable[[str], Any]] = {
     "ttl_s": int,
     "follow": lambda text: {"true": True, "false": False}[text.lower()],
     "follow_poll_s": float,
+    # A `store invalidate` daemon for the system's hosts (the run starts one per system).
+    "invalidation": lambda text: {"window": "window", "log": "log", "binlog": "binlog"}[text.lower()],
 }
 
 
@@ -183,20 +188,11 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int, proces
         )
 
 
-def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
-    pool = max(options.threads)
-    pg = config.ids == "instagram"
-    if name == "floor":
-        from store.tools.mix.floor import Floor
-
-        floor = PgFloor if pg else Floor
-        return floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
-    if name == "horizontal_shard":
-        from store.tools.mix.peer import ShardedPeer
-        from store.tools.mix.peer_pg import PgShardedPeer
-
-        peer = PgShardedPeer if pg else ShardedPeer
-        return peer(schema, pool_size=pool)
+def _system_config(name: str, config: StoreConfig, options: MixOptions) -> StoreConfig | None:
+    """The config a store system ``name`` runs on (its cache knobs applied); None for the floor and
+    the peer, which are not the store."""
+    if name.partition(":")[0] in ("floor", "horizontal_shard"):
+        return None
     base, _, knobs = name.partition(":")
     if base == "store":
         cfg = config
@@ -220,11 +216,35 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
                 changes[key] = _CACHE_KNOBS[key](value)
             except (KeyError, ValueError):
                 raise ConfigError(f"system {name!r}: {value!r} is not a value of {key}") from None
+        if "invalidation" in changes:
+            changes["invalidation_hosts"] = ()
         cfg = replace(cfg, cache=replace(cfg.cache, **changes))
+        if cfg.cache.follow and cfg.cache.daemon_hosts(sorted(cfg.hosts)):
+            raise ConfigError(f"system {name!r}: follow and invalidation are two ways of one thing: give one")
+    return cfg
+
+
+def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
+    pool = max(options.threads)
+    pg = config.ids == "instagram"
+    if name == "floor":
+        from store.tools.mix.floor import Floor
+
+        floor = PgFloor if pg else Floor
+        return floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
+    if name == "horizontal_shard":
+        from store.tools.mix.peer import ShardedPeer
+        from store.tools.mix.peer_pg import PgShardedPeer
+
+        peer = PgShardedPeer if pg else ShardedPeer
+        return peer(schema, pool_size=pool)
+    cfg = _system_config(name, config, options)
+    assert cfg is not None
     return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name=name)
 
 
 def _timed(
+    config: StoreConfig,
     system: System,
     data: DataSet,
     copy: Copy,
@@ -261,11 +281,14 @@ def _timed(
             "tick": tick,
         }
         before = server_cpu_s()
+        deleted = cache_deletes(config)
         if workers is not None:
             phase = workers.run_phase(copy, **common)
         else:
             phase = run_phase(system, data, copy, **common)
         phase.server_cpu_s = since(before, server_cpu_s())
+        after = cache_deletes(config)
+        phase.cache_deletes = {k: after[k] - deleted[k] for k in after if k in deleted}
         return phase
 
 
@@ -292,7 +315,8 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     if options.mysqldb_url and not any(n.partition(":")[0] == "store-mysqldb" for n in names):
         names.append("store-mysqldb")
     _check_connections(schema, names, max(options.threads), max(1, options.processes))
-    systems = {n: _system(n, config, schema, options) for n in names}
+    systems: dict[str, System] = {}
+    daemons: dict[str, DaemonProcess] = {}
     copies: dict[str, Copy] = {}
     pools: dict[str, Workers] = {}
     rows = (
@@ -305,6 +329,12 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     checks: list[Check] = []
     trips: dict[str, dict[str, float]] = {}
     try:
+        for n in names:
+            systems[n] = _system(n, config, schema, options)
+            own = _system_config(n, config, options)
+            if own is not None and daemon_config(own) is not None:
+                say(f"invalidation: {n} runs a `store invalidate` daemon of its own")
+                daemons[n] = DaemonProcess(own)
         for n in names:
             with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
                 copies[n] = load(schema, data, shards, progress=bar.update)
@@ -322,6 +352,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                 _flush_memcached(config.cache.memcached)
                 phases.append(
                     _timed(
+                        config,
                         systems[n],
                         data,
                         copies[n],
@@ -338,6 +369,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             for r in range(rounds):
                 for n in names[r % len(names) :] + names[: r % len(names)]:
                     part = _timed(
+                        config,
                         systems[n],
                         data,
                         copies[n],
@@ -369,6 +401,24 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             system.close()
             if n in copies and not options.keep:
                 remove(schema, copies[n])
+        for daemon in daemons.values():
+            daemon.close()
+    idle: dict[str, float] = {}
+    if options.idle_s > 0:
+        connect = pg_connection if pg else raw_connection
+        for n in names:
+            say(
+                f"at rest: {n}'s database queries a second, {max(1, options.processes)} process(es), no calls"
+            )
+            idle[n] = idle_queries_per_s(
+                n,
+                config,
+                schema,
+                options,
+                connect,
+                processes=max(1, options.processes),
+                seconds=options.idle_s,
+            )
     meta = {
         "machine": machine(_versions(schema, config)),
         "shape": data.shape.__dict__,
@@ -380,7 +430,8 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         "requests_per_thread": options.requests,
     }
     doc = as_json(phases, checks, trips, meta)
-    doc["report"] = tables(phases, checks, trips)
+    doc["queries_per_s_at_rest"] = idle
+    doc["report"] = tables(phases, checks, trips, idle=idle)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "mix.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (options.out / "mix.md").write_text(markdown(doc))

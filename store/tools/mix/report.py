@@ -57,7 +57,19 @@ def summary(phase: Phase) -> dict[str, Any]:
         "process_cpu_us_per_call": 1e6 * phase.cpu_s / calls,
         # The machine's database and cache servers (`store.tools.mix.servers_cpu`), per call.
         "server_cpu_us_per_call": {name: round(1e6 * s / calls, 1) for name, s in phase.server_cpu_s.items()},
+        # Every delete the caches counted in the phase, over its writes (None: not measured).
+        "cache_deletes_per_write": deletes_per_write(phase),
     }
+
+
+def deletes_per_write(phase: Phase) -> float | None:
+    """The caches' deletes during ``phase`` over its writes; None where not measured or no write."""
+    from store.tools.mix.invalidation import WRITES
+
+    writes = sum(len(phase.ops[op].wall_ns) for op in WRITES if op in phase.ops)
+    if not phase.cache_deletes or not writes:
+        return None
+    return round(sum(phase.cache_deletes.values()) / writes, 2)
 
 
 def _server_total(s: dict[str, Any]) -> str:
@@ -123,7 +135,11 @@ def machine(servers: dict[str, str]) -> dict[str, Any]:
 
 
 def tables(
-    phases: list[Phase], checks: list[Check], trips: dict[str, dict[str, float]], floor: str = "floor"
+    phases: list[Phase],
+    checks: list[Check],
+    trips: dict[str, dict[str, float]],
+    floor: str = "floor",
+    idle: dict[str, float] | None = None,
 ) -> str:
     """The report for the terminal: throughput per phase with ratios, then per operation."""
     lines: list[str] = []
@@ -180,6 +196,18 @@ def tables(
             if p is not None and p.server_cpu_s:
                 per = summary(p)["server_cpu_us_per_call"]
                 lines.append(f"  {name:<20}" + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per.items())))
+    if any(p.cache_deletes for p in phases) or idle:
+        lines.append(
+            "\ninvalidation: cache deletes per write (every deleter), database queries a second at rest"
+        )
+        for name in systems:
+            per = [
+                f"{p.threads}t {p.temperature} {d:.2f}"
+                for p in phases
+                if p.system == name and (d := deletes_per_write(p)) is not None
+            ]
+            rest = "-" if not idle or name not in idle else f"{idle[name]:.1f}"
+            lines.append(f"  {name:<20} deletes/write: {', '.join(per) or '-'}; queries/s at rest: {rest}")
     lines.append("")
     for c in checks:
         verdict = "all answers match the database" if not c.mismatches else f"{len(c.mismatches)} MISMATCHES"
@@ -334,6 +362,24 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
                 rts = "-" if rt is None else f"{rt:.1f}"
                 cells.append(f"{o['p50_ms']:.2f} / {o['p99_ms']:.1f} / {o['cpu_p50_us']:.0f} / {rts}")
             out.append(f"| {op} | " + " | ".join(cells) + " |")
+    rest = doc.get("queries_per_s_at_rest") or {}
+    if rest or any(p.get("cache_deletes_per_write") is not None for p in phases):
+        out += [
+            "",
+            "Invalidation: cache deletes per write (every deleter), database queries a second at rest",
+            "",
+        ]
+        out.append(
+            "| system | " + " | ".join(f"{t}{_procs(processes)} {temp}" for t, temp in keys) + " | at rest |"
+        )
+        out.append("|---|" + "---:|" * (len(keys) + 1))
+        for name in systems:
+            cells = []
+            for threads, temp in keys:
+                d = by.get((name, threads, temp), {}).get("cache_deletes_per_write")
+                cells.append("-" if d is None else f"{d:.2f}")
+            q = rest.get(name)
+            out.append(f"| {name} | " + " | ".join(cells) + f" | {'-' if q is None else f'{q:.1f}'} |")
     out.append("")
     for c in doc.get("checks", []):
         verdict = "all match the database" if not c["mismatches"] else f"{len(c['mismatches'])} mismatches"

@@ -65,6 +65,9 @@ class Phase:
     #: CPU seconds the machine's server processes used during the phase, by program
     #: (`store.tools.mix.servers_cpu`; empty where it cannot be read).
     server_cpu_s: dict[str, float] = field(default_factory=dict)
+    #: Deletes the cache servers counted during the phase, by cache (every deleter:
+    #: `store.tools.mix.invalidation`; empty where they cannot be read).
+    cache_deletes: dict[str, int] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -109,6 +112,10 @@ def merge(parts: list[Phase]) -> Phase:
     if all(p.server_cpu_s for p in parts):
         merged.server_cpu_s = {
             name: sum(p.server_cpu_s.get(name, 0.0) for p in parts) for name in first.server_cpu_s
+        }
+    if all(p.cache_deletes for p in parts):
+        merged.cache_deletes = {
+            name: sum(p.cache_deletes.get(name, 0) for p in parts) for name in first.cache_deletes
         }
     return merged
 
