@@ -2,5 +2,5 @@
 # (and any other `store` command run beside the compose servers).
 FROM python:3.11-slim
 COPY . /src
-RUN pip install --no-cache-dir "/src[metrics]" && rm -rf /src
+RUN pip install --no-cache-dir "/src[metrics,postgres]" && rm -rf /src
 ENTRYPOINT ["store"]

@@ -160,7 +160,7 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
         shape=bench.QUICK_SHAPE,
         threads=[1],
         seconds=2.0,
-        systems=("floor", "store:invalidation=log"),
+        systems=("floor", "floor:promised", "store:invalidation=log"),
         trips=50,
         out=out,
         processes=2,
@@ -170,17 +170,16 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
     assert doc["processes"] == 2
     daemon = "store:invalidation=log"
     assert {(p["system"], p["temperature"]) for p in doc["phases"]} == {
-        ("floor", "cold"),
-        ("floor", "warm"),
-        (daemon, "cold"),
-        (daemon, "warm"),
+        (system, temperature)
+        for system in ("floor", "floor:promised", daemon)
+        for temperature in ("cold", "warm")
     }
     # The store ran with a daemon of its own: each write's keys deleted (by the writer, and again by
     # the daemon), and its background work measured at rest beside the floor's (which has none).
     for p in doc["phases"]:
         assert p["cache_deletes_per_write"] is not None
         assert p["cache_deletes_per_write"] > 0
-    assert set(doc["queries_per_s_at_rest"]) == {"floor", daemon}
+    assert set(doc["queries_per_s_at_rest"]) == {"floor", "floor:promised", daemon}
     assert doc["queries_per_s_at_rest"][daemon] > 0.5, "the daemon reads the log table twice a second"
     assert "invalidation: cache deletes per write" in doc["report"]
     for p in doc["phases"]:
@@ -200,7 +199,7 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
     assert saved["phases"][0]["process_calls"] == doc["phases"][0]["process_calls"]
 
     # The objects the workers created came back to the parent and were removed with the copies.
-    assert len(removed) == 2
+    assert len(removed) == 3
     for schema, copy in removed:
         assert copy.created, "the workers' add_node IDs did not reach the parent"
         tables = {t: table for _name, (t, table) in schema.types.items()}
@@ -327,6 +326,12 @@ def test_system_names_are_checked_before_anything_runs() -> None:
         ("postgres", "unknown system 'postgres'"),
         ("store:colour=red", "give store:KEY=VALUE with KEY one of max_stale_s"),
         ("store:follow=maybe", "'maybe' is not a value of follow"),
+        (
+            "floor:cheap",
+            "unknown system 'floor:cheap'; choose from floor, horizontal_shard, store, floor:promised",
+        ),
+        ("store:invalidation=often", "'often' is not a value of invalidation"),
+        ("store:follow=true,invalidation=log", "follow and invalidation are two ways of one thing"),
         ("store-mysqldb:follow=true", "--mysqldb URL runs on the mix's own config"),
     ):
         with pytest.raises(ConfigError, match=re.escape(said)):

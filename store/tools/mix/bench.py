@@ -48,6 +48,8 @@ __all__ = ["DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
 #: ``--quick``: a data set small enough that the whole run takes well under a minute.
 QUICK_SHAPE = Shape(users=200, boards_per_user=2, pins=3000, likes_per_user=5)
 SYSTEMS = ("floor", "horizontal_shard", "store")
+#: Systems that run when named: the floor with the store's write promises, by hand.
+OTHER_SYSTEMS = ("floor:promised", "store-mysqldb")
 #: What `store bench mix` runs unless told: the peers, and the store with its defaults and with the
 #: invalidation log (its faster setting: entries trusted at any age while the log is followed).
 DEFAULT_SYSTEMS = (*SYSTEMS, "store:follow=true")
@@ -191,7 +193,7 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int, proces
 def _system_config(name: str, config: StoreConfig, options: MixOptions) -> StoreConfig | None:
     """The config a store system ``name`` runs on (its cache knobs applied); None for the floor and
     the peer, which are not the store."""
-    if name.partition(":")[0] in ("floor", "horizontal_shard"):
+    if name in ("floor", "floor:promised", "horizontal_shard"):
         return None
     base, _, knobs = name.partition(":")
     if base == "store":
@@ -202,7 +204,7 @@ def _system_config(name: str, config: StoreConfig, options: MixOptions) -> Store
         url = options.mysqldb_url
         cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
     else:
-        raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, 'store-mysqldb'))}")
+        raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, *OTHER_SYSTEMS))}")
     if knobs:
         # A variant of the store's cache settings, e.g. store:max_stale_s=3600 (named as given).
         changes: dict[str, Any] = {}
@@ -232,6 +234,12 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
 
         floor = PgFloor if pg else Floor
         return floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
+    if name == "floor:promised":
+        from store.tools.mix.promised import PromisedFloor
+
+        if pg:
+            raise ConfigError("floor:promised is written for MariaDB/MySQL (Pinterest IDs) only so far")
+        return PromisedFloor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
     if name == "horizontal_shard":
         from store.tools.mix.peer import ShardedPeer
         from store.tools.mix.peer_pg import PgShardedPeer
