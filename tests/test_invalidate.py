@@ -31,6 +31,7 @@ from store import Store, StoreConfig
 from store.admin import check_store, init_shards
 from store.invalidate import Daemon
 from store.invalidate.metrics import DaemonCollector
+from store.invalidate.sources import BinlogSource
 from store.invalidate.view import invalidators
 from store.metrics import Metrics, instrument
 from store.serve.app import render_panels
@@ -169,6 +170,41 @@ def test_heartbeats_extend_trust_and_the_window_comes_back(servers: dict[str, An
             assert s.get(pin) == {"n": 0}
             assert s.stats()["memcached"]["expired"] == expired + 1, "back to the window"
             assert _stale_heartbeats(s) == ["A"], "store check reports the host"
+    finally:
+        daemon.stop()
+
+
+def test_a_lost_stream_resumes_from_the_saved_position_not_the_terms_start(servers: dict[str, Any]) -> None:
+    """mysql-replication reconnects a lost stream by itself, from where the reader began: the
+    source refuses that, steps down and resumes from its saved position, vouching without a break."""
+    raw = _raw(servers, "binlog")
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    inv = daemon.invalidators[0]
+    try:
+        with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
+            _lose_deletes(writer)
+            pin = writer.create("pin", {"n": 0})
+            _wait_for(lambda: inv.heartbeat is not None, within_s=5)
+            assert inv.heartbeat is not None
+            since = inv.heartbeat.since_ms
+            assert reader.get(pin) == {"n": 0}
+            writer.update(pin, {"n": 1})
+            _wait_for(lambda: reader.get(pin) == {"n": 1}, within_s=5)
+            dumps = _sql(
+                servers, "SELECT id FROM information_schema.processlist WHERE command = 'Binlog Dump'"
+            )
+            assert len(dumps) == 1, dumps
+            _sql(servers, f"KILL CONNECTION {dumps[0][0]}")
+            writer.update(pin, {"n": 2})
+            _wait_for(lambda: reader.get(pin) == {"n": 2}, within_s=5)
+            assert inv.errors >= 1, inv.status()
+            assert "stream" in inv.last_error, inv.status()
+            assert inv.terms >= 2, inv.status()
+            assert inv.role == "leader", inv.status()
+            assert isinstance(inv.source, BinlogSource)
+            assert inv.source.restarts == 0
+            _wait_for(lambda: inv.heartbeat is not None and inv.heartbeat.since_ms == since, within_s=5)
     finally:
         daemon.stop()
 

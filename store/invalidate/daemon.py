@@ -35,6 +35,9 @@ __all__ = ["CacheDeleteError", "Daemon", "HostInvalidator", "position_key"]
 
 log = logging.getLogger(__name__)
 
+#: How long the binlog stream may go without a byte (the server sends a heartbeat every 0.25 s).
+STREAM_TIMEOUT_S = 2.0
+
 #: How often the binlog source's position is written to its server (it is in the caches every tick).
 SAVE_ON_HOST_EVERY_S = 30.0
 
@@ -231,6 +234,10 @@ class Daemon:
             "port": int(url.port or 3306),
             "user": url.username or "root",
             "password": url.password or "",
+            # The server's heartbeats come every 0.25 s: a stream silent for longer is cut off
+            # (a hung server or network) and fails, rather than wait for ever with its target unmet.
+            "connect_timeout": STREAM_TIMEOUT_S,
+            "read_timeout": STREAM_TIMEOUT_S,
         }
         saved_at = [0.0]
         connect = _connector(ctx.engines.backend(host), url)

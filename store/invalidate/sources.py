@@ -143,6 +143,35 @@ def _pymysql_connect(**settings: Any) -> Any:
     return pymysql.connect(**settings)
 
 
+class StreamLostError(RuntimeError):
+    """The binlog stream's connection was lost: the source steps down and resumes from its saved position."""
+
+
+def _one_stream_connection() -> Callable[..., Any]:
+    """A ``pymysql_wrapper`` that opens the stream's connection once and refuses to open it again.
+
+    On a lost connection mysql-replication reconnects by itself, from the
+    position the reader was made with (for MariaDB, ``auto_position``), not
+    from where it had got to: the stream would go back to the start of the
+    leader's term and read it again, behind the queued transactions, so a
+    tick could confirm a re-read transaction and drop a newer one's keys
+    with it. Refused, the reconnect fails the stream; the leader steps down
+    and starts again from the position it saved after its last confirmed
+    tick, which nothing after is missing from.
+    """
+    opened = 0
+
+    def connect(**settings: Any) -> Any:
+        nonlocal opened
+        if "db" not in settings and "database" not in settings:  # the control connection names a schema
+            opened += 1
+            if opened > 1:
+                raise StreamLostError("the binlog stream's connection was lost")
+        return _pymysql_connect(**settings)
+
+    return connect
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
 
@@ -250,9 +279,7 @@ class BinlogSource:
                 self.restarts += 1
                 saved = None
             if saved is None or not saved.gtid:
-                cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
-                gtid = str(cur.fetchone()[0] or "")
-                saved = Position(gtid=gtid, since_ms=wall_ms())
+                saved = self._current(cur)
         finally:
             cur.close()
         self.position = saved
@@ -260,6 +287,31 @@ class BinlogSource:
         self._done = ("", 0)
         self._thread = threading.Thread(target=self._follow, name=f"store-binlog-{self.name}", daemon=True)
         self._thread.start()
+
+    def _current(self, cur: Any) -> Position:
+        """Where to start with nothing saved (or the saved position purged), and since when it vouches.
+
+        Every transaction before the start must have had its engine commit
+        before "since". A transaction is in the binlog before its commit is
+        visible, so ``@@gtid_binlog_pos`` read at t may name one whose commit
+        comes after t: an entry filled after t could miss it, the stream
+        (which starts after it) would never delete its keys, and the entry
+        would be trusted as filled after "since". A consistent snapshot's
+        binlog position (``binlog_snapshot_file`` and ``_position``) matches
+        exactly the commits the snapshot sees, all made before it returned.
+        """
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        try:
+            cur.execute("SHOW SESSION STATUS LIKE 'binlog_snapshot_%'")
+            status = {_text(k).lower(): _text(v) for k, v in cur.fetchall()}
+        finally:
+            cur.execute("COMMIT")
+        since = wall_ms()
+        file, pos = status["binlog_snapshot_file"], int(status["binlog_snapshot_position"])
+        cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (file, pos))
+        row = cur.fetchone()
+        gtid = _text(row[0]) if row is not None and row[0] is not None else ""
+        return Position(gtid=gtid, file=file, pos=pos, since_ms=since)
 
     def _purged(self, cur: Any, saved: Position) -> bool:
         """True if the binlog no longer holds ``saved`` (older than the first file's GTID state)."""
@@ -290,7 +342,7 @@ class BinlogSource:
         try:
             stream = self._stream = BinLogStreamReader(
                 connection_settings=self._settings,
-                pymysql_wrapper=_pymysql_connect,
+                pymysql_wrapper=_one_stream_connection(),
                 server_id=self._server_id,
                 blocking=True,
                 is_mariadb=True,
