@@ -253,7 +253,15 @@ def test_every_panel_has_json(client: Any) -> None:
     assert move["phase"] == "catch_up"
     assert move["progress"] == 0.7
     assert client.get("/api/check" + q).json()["ok"] is True
-    assert set(client.get("/api/all" + q).json()) == {"map", "hosts", "caches", "move", "check"}
+    assert client.get("/api/invalidators" + q).json() == []  # no daemon configured
+    assert set(client.get("/api/all" + q).json()) == {
+        "map",
+        "hosts",
+        "caches",
+        "invalidators",
+        "move",
+        "check",
+    }
     assert "store_map_version" in client.get("/metrics" + q).text
     page = client.get("/" + q).text
     assert page.count('class="bar"') == 2

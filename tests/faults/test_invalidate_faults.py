@@ -322,7 +322,8 @@ def test_the_daemon_cut_off_from_the_caches_then_back(fault_report: Any) -> None
             history,
             "store invalidate (binlog): the daemon cut off from memcached and Redis for 3 s, then back",
             notes=f"store check reported the stale heartbeat; fresh again within 3 s of the restore; "
-            f"the lead kept ({inv.cache_errors} ticks' deletes sent again); readers re-read {expired} entries older than {MAX_STALE_S:g} s",
+            f"the lead kept ({inv.cache_errors} ticks' deletes sent again); "
+            f"readers re-read {expired} entries older than {MAX_STALE_S:g} s",
         )
         record(fault_report, result)
     finally:
