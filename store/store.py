@@ -32,6 +32,7 @@ from store.objects import ObjectRepository, ObjectService, Updater, Versioned
 from store.relation_reads import RelationReads, id_list, pair_list
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import Location, Router
+from store.scan import Scan
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
 from store.steps import Steps
@@ -312,6 +313,39 @@ class Store:
     def cache_key(self, id: int, *, type_name: str | None = None) -> str:  # noqa: A002
         """The key under which the object cache keeps ``id``'s object (for tools that look at the cache)."""
         return self._objects.key(id, self._router.route(id, type_name)[1])
+
+    def scan(
+        self,
+        type_name: str,
+        *,
+        shards: Iterable[int] | None = None,
+        batch: int = 1000,
+        include_deleted: bool = False,
+        resume: str | None = None,
+    ) -> Scan:
+        """Every object of ``type_name`` as ``(id, data)``, in shard and key (``local_id``) order.
+
+        Keyset pages of ``batch`` rows per shard, each its own read (no
+        transaction stays open between pages), on the master the live map
+        names when the page is read: a shard that moves during the scan is
+        read on from the same position on its new host, no object missed or
+        returned twice. ``shards``: only these shard numbers (a range, a
+        list). ``include_deleted``: soft-deleted objects too. The iterator's
+        ``resume_token`` (a str) is the position after the last object it
+        returned; ``resume=token`` goes on from there. Bad arguments raise
+        before any read.
+        """
+        return Scan(
+            config=self.config,
+            engines=self._engines,
+            live=self._live,
+            spec=self._router.type(type_name),
+            decode=self._objects.repo.decode,
+            shards=shards,
+            batch=batch,
+            include_deleted=include_deleted,
+            resume=resume,
+        )
 
     # -- relations -----------------------------------------------------------------
 
