@@ -33,7 +33,7 @@ from store.ids import encode_pinterest
 from store.livemap import LiveMap
 from store.specs import TypeSpec
 
-__all__ = ["MAX_SCAN_BATCH", "Scan", "ScanRow", "scan_shards"]
+__all__ = ["MAX_SCAN_BATCH", "Scan", "ScanRow", "scan_shards", "scan_token"]
 
 #: The largest page a scan reads at once.
 MAX_SCAN_BATCH = 100_000
@@ -70,7 +70,8 @@ def scan_shards(config: StoreConfig, shards: Iterable[int] | None) -> list[int]:
     return sorted(out)
 
 
-def _encode_token(type_name: str, include_deleted: bool, shard: int, key: int) -> str:
+def scan_token(type_name: str, include_deleted: bool, shard: int, key: int) -> str:
+    """The resume token of a scan of ``type_name`` positioned after row key ``key`` of ``shard``."""
     raw = orjson.dumps([_TOKEN_VERSION, type_name, int(include_deleted), shard, key])
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -97,8 +98,9 @@ def _decode_token(token: object, type_name: str, include_deleted: bool) -> tuple
     _v, made_type, made_deleted, shard, key = fields
     if (made_type, bool(made_deleted)) != (type_name, include_deleted):
         raise CursorError(
-            f"resume token was made by a scan of {brief(made_type)} with include_deleted={bool(made_deleted)}, "
-            f"not of {brief(type_name)} with include_deleted={include_deleted}: resume the same scan"
+            f"resume token was made by a scan of {brief(made_type)} with "
+            f"include_deleted={bool(made_deleted)}, not of {brief(type_name)} with "
+            f"include_deleted={include_deleted}: resume the same scan"
         )
     return shard, key
 
@@ -141,7 +143,7 @@ class Scan(Iterator[tuple[int, dict[str, Any]]]):
             self._start = _decode_token(resume, spec.name, include_deleted)
         first = self._shards[0] if self._shards else 0
         start_shard, start_key = self._start if self._start is not None else (first, 0)
-        self.resume_token: str = _encode_token(spec.name, include_deleted, start_shard, start_key)
+        self.resume_token: str = scan_token(spec.name, include_deleted, start_shard, start_key)
         self._rows = self._walk()
 
     def __iter__(self) -> Scan:
@@ -149,13 +151,13 @@ class Scan(Iterator[tuple[int, dict[str, Any]]]):
 
     def __next__(self) -> tuple[int, dict[str, Any]]:
         row = next(self._rows)
-        self.resume_token = _encode_token(self._spec.name, self._include_deleted, row.shard, row.key)
+        self.resume_token = scan_token(self._spec.name, self._include_deleted, row.shard, row.key)
         return row.id, self._decode(row.data)
 
     def rows(self) -> Iterator[ScanRow]:
         """The rows themselves (text, version, liveness), moving ``resume_token`` as `__next__` does."""
         for row in self._rows:
-            self.resume_token = _encode_token(self._spec.name, self._include_deleted, row.shard, row.key)
+            self.resume_token = scan_token(self._spec.name, self._include_deleted, row.shard, row.key)
             yield row
 
     def _walk(self) -> Iterator[ScanRow]:

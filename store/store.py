@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
 from store.cache.follower import Follower, build_follower, list_version
@@ -26,6 +26,7 @@ from store.cursors import encode_cursor
 from store.defaults import embedded_config
 from store.engines import Engines, ShardHandle
 from store.exceptions import ConfigError, NotFound, StoreError, brief
+from store.exchange import ExportReport, ImportReport, export_records, import_records
 from store.livemap import LiveMap
 from store.mapsource import MapSource
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
@@ -346,6 +347,37 @@ class Store:
             include_deleted=include_deleted,
             resume=resume,
         )
+
+    def export(
+        self,
+        out: str | os.PathLike[str] | IO[str],
+        *,
+        shards: Iterable[int] | None = None,
+        resume: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ExportReport:
+        """Write every object (deleted ones marked) and relation entry as NDJSON (`store.exchange`).
+
+        ``out``: a path or a text stream. An existing path is refused unless
+        ``resume``, which goes on after its last complete line.
+        ``progress(done, total)`` hears each shard of each type and relation.
+        """
+        return export_records(self, out, shards=shards, resume=resume, progress=progress)
+
+    def import_records(
+        self,
+        lines: Iterable[str | bytes],
+        *,
+        batch: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> ImportReport:
+        """Write what an export's ``lines`` hold and the store lacks, with the same IDs (`store.exchange`).
+
+        Idempotent: run again, it adds nothing. Each batch of ``batch`` lines
+        is checked whole first; a bad line raises `BadRecordError` with every
+        bad line's number, nothing of its batch written.
+        """
+        return import_records(self, lines, batch=batch, progress=progress)
 
     # -- relations -----------------------------------------------------------------
 
