@@ -173,3 +173,109 @@ def test_the_cli_exports_and_imports(tmp_path: Path) -> None:
     )
     assert bad.exit_code == 1
     assert "line 1" in bad.stderr
+
+
+# -- MariaDB (Pinterest IDs) and PostgreSQL (Instagram IDs): export, drop, init, import ---------
+
+MARIADB_NS = "xchgtest"
+PG_NS = "xchgpgtest"
+
+
+def _drop_mariadb(ns: str) -> None:
+    from tests.conftest import root_sql
+
+    for (name,) in root_sql(f"SHOW DATABASES LIKE '{ns}\\_%'"):
+        root_sql(f"DROP DATABASE `{name}`")
+
+
+def _drop_pg(ns: str) -> None:
+    import psycopg
+
+    from tests.conftest import PG_TEST_DB
+
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={PG_TEST_DB}", autocommit=True) as conn:
+        names = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (f"{ns}\\_%",)
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+def _mariadb_raw() -> dict[str, Any]:
+    from tests.conftest import MARIADB_URL, base_config, require_port
+
+    require_port("MariaDB", 3306)
+    return base_config(
+        namespace=MARIADB_NS,
+        shards=4,
+        hosts={"A": MARIADB_URL, "B": MARIADB_URL},
+        map=[{"range": [0, 1], "master": "A"}, {"range": [2, 3], "master": "B"}],
+    )
+
+
+def _pg_raw() -> dict[str, Any]:
+    from tests.conftest import PG_URL, base_config
+
+    return base_config(
+        ids="instagram",
+        namespace=PG_NS,
+        shards=4,
+        hosts={"P": PG_URL, "Q": PG_URL},
+        map=[{"range": [0, 1], "master": "P"}, {"range": [2, 3], "master": "Q"}],
+    )
+
+
+def _instagram_workload(store: Store) -> dict[str, Any]:
+    boards = [store.create("board", {"name": f"b{i}"}, shard=i) for i in range(4)]
+    pins = [store.create("pin", {"n": i}, shard=i % 4) for i in range(20)]
+    for i, p in enumerate(pins):
+        store.link("board_has_pins", boards[i % 4], p, sequence=p)  # the ID as the sequence
+    store.update(pins[1], {"n": 100}, type_name="pin")
+    store.delete(pins[2], type_name="pin")
+    return {"boards": boards, "pins": pins}
+
+
+@pytest.mark.parametrize("backend", ["mariadb", "postgresql"])
+def test_round_trip_through_drop_and_init(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if backend == "mariadb":
+        raw, drop, ns = _mariadb_raw(), _drop_mariadb, MARIADB_NS
+    else:
+        request.getfixturevalue("postgres_ready")  # the test database exists
+        raw, drop, ns = _pg_raw(), _drop_pg, PG_NS
+    drop(ns)
+    config = StoreConfig.from_dict(raw)
+    out = tmp_path / "export.ndjson"
+    try:
+        init_shards(config)
+        with Store(config) as store:
+            if backend == "mariadb":
+                _workload(store)
+            else:
+                made = _instagram_workload(store)
+                # Instagram IDs carry no type: a scan is of one type's tables.
+                pins = [i for i, _d in store.scan("pin")]
+                assert sorted(pins, key=lambda i: ((i >> 10) & 0x1FFF, i)) == pins
+                assert set(pins) == set(made["pins"]) - {made["pins"][2]}
+                assert {i for i, _d in store.scan("board")} == set(made["boards"])
+            before = snapshot(store)
+            report = store.export(out)
+        drop(ns)
+        init_shards(config)
+        with Store(config) as store:
+            assert snapshot(store) != before
+            with out.open("rb") as lines:
+                first = store.import_records(lines)
+            assert first.objects_added == report.objects
+            assert first.links_added == report.links
+            assert snapshot(store) == before
+            with out.open("rb") as lines:
+                again = store.import_records(lines)
+            assert (again.objects_added, again.links_added) == (0, 0)
+            assert snapshot(store) == before
+            # New objects get new IDs beside the imported ones.
+            fresh = store.create("pin", {"after": True}, shard=0)
+            assert fresh not in {row[0] for row in before["pin"]}
+    finally:
+        drop(ns)
