@@ -44,7 +44,7 @@ from store.backends.statements import Statements
 from store.backends.tables import object_table
 from store.cache.follower import log_entries
 from store.cache.leases import wall_ms
-from store.exceptions import BadRecordError, ConfigError, StoreError, brief
+from store.exceptions import BadRecordError, ConfigError, LimitError, StoreError, brief
 from store.scan import Scan, scan_shards, scan_token
 
 if TYPE_CHECKING:
@@ -250,18 +250,30 @@ def _export_links(
 def _resume_point(
     ctx: AdminContext, path: Path, header: dict[str, Any], report: ExportReport
 ) -> tuple[int, int, tuple[int, ...]] | None:
-    """Where a partial export at ``path`` stopped (its partial last line cut off); None if complete."""
-    with path.open("rb+") as f:
-        data = f.read()
-        cut = data.rfind(b"\n") + 1
-        if cut != len(data):
-            f.truncate(cut)
-    lines = data[:cut].splitlines()
-    if not lines:
+    """Where a partial export at ``path`` stopped (its partial last line cut off); None if complete.
+
+    Reads the file once, a line at a time (to count what it holds), never whole.
+    """
+    first_line = b""
+    last_line = b""
+    cut = 0
+    with path.open("rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break  # a partial last line: cut off below
+            cut += len(line)
+            if not first_line:
+                first_line = line
+            last_line = line
+            if line.startswith(b'{"kind":"object"'):
+                report.objects += 1
+            elif line.startswith(b'{"kind":"link"'):
+                report.links += 1
+    if not first_line:
         raise StoreError(f"{path} holds no complete line: remove it and export again")
     try:
-        first = orjson.loads(lines[0])
-        last = orjson.loads(lines[-1])
+        first = orjson.loads(first_line)
+        last = orjson.loads(last_line)
     except orjson.JSONDecodeError as exc:
         raise StoreError(f"{path} is not an export of this format: {exc}") from exc
     if not isinstance(first, dict) or first.get("kind") != "export":
@@ -271,11 +283,6 @@ def _resume_point(
             f"{path} is an export of {brief(first.get('ids'))} IDs on shards {brief(first.get('shards'))}, "
             f"not {header['ids']} on {header['shards']}: resume it with the same --shards and config"
         )
-    for line in lines[1:]:
-        if line.startswith(b'{"kind":"object"'):
-            report.objects += 1
-        elif line.startswith(b'{"kind":"link"'):
-            report.links += 1
     report.resumed = True
     if not isinstance(last, dict):
         raise StoreError(f"{path}'s last line is not a record: remove it and export again")
@@ -284,21 +291,26 @@ def _resume_point(
     if kind == "end":
         report.complete_already = True
         return None
-    if kind == "export":
-        return (0, -1, ())
+    start: tuple[int, int, tuple[int, ...]]
     try:
-        if kind == "object":
+        if kind == "export":
+            start = (0, -1, ())
+        elif kind == "object":
             index = sections.index(("object", last["type"]))
             shard, _t, key, _h = ctx.router.route(last["id"], last["type"])
-            return (index, shard, (key,))
-        if kind == "link":
+            start = (index, shard, (key,))
+        elif kind == "link":
             index = sections.index(("link", last["relation"]))
             spec = ctx.router.relation(last["relation"])
             shard = ctx.router.route(last["from"], spec.from_type)[0]
-            return (index, shard, (last["from"], last["to"]))
-    except (KeyError, ValueError, StoreError) as exc:
+            start = (index, shard, (last["from"], last["to"]))
+        else:
+            raise StoreError(f"{path}'s last line is of kind {brief(kind)}: it is no export to resume")
+    except (KeyError, ValueError, TypeError, StoreError) as exc:
         raise StoreError(f"{path}'s last line names no position of this store's export: {exc}") from exc
-    raise StoreError(f"{path}'s last line is of kind {brief(kind)}: it is no export to resume")
+    # Only now, the file known to be this export: its partial last line goes.
+    os.truncate(path, cut)
+    return start
 
 
 # -- import -----------------------------------------------------------------------------------
@@ -356,7 +368,7 @@ def import_records(
     writing anything of a batch with a bad line.
     """
     if type(batch) is not int or batch < 1:
-        raise StoreError(f"batch must be a positive int, got {brief(batch)}")
+        raise LimitError(f"batch must be a positive int (lines per batch), got {brief(batch)}")
     ctx = store.admin_context()
     importer = _Importer(ctx)
     report = ImportReport()
@@ -372,7 +384,7 @@ def import_records(
     if ctx.unique is not None and report.objects_added:
         from store.admin.repair import repair_unique  # admin imports the store: loaded only when needed
 
-        report.unique_added = len(repair_unique(store).added)
+        report.unique_added = sum(repair_unique(store).added.values())
     return report
 
 

@@ -107,6 +107,9 @@ def test_a_bad_line_refuses_its_batch_and_names_every_bad_line(tmp_path: Path) -
         assert "versio" in str(err.value)
         assert "board_has_pin" in str(err.value)
         assert snapshot(dst) == snapshot(_fresh(tmp_path / "empty"))  # nothing written
+        header = json.dumps({"kind": "export", "format": 1, "ids": "instagram", "shards": [[0, 7]]})
+        with pytest.raises(BadRecordError, match="line 1: the export holds 'instagram' IDs"):
+            dst.import_records([header, *lines[1:]])
 
 
 def test_an_export_cut_short_resumes_from_its_last_complete_line(tmp_path: Path) -> None:
@@ -126,6 +129,13 @@ def test_an_export_cut_short_resumes_from_its_last_complete_line(tmp_path: Path)
             assert report.resumed
             assert out.read_text() == complete
         assert src.export(out, resume=True).complete_already
+        other = tmp_path / "notes.txt"
+        other.write_text("not an export\npartial")
+        with pytest.raises(StoreError, match="not an export"):
+            src.export(other, resume=True)
+        assert other.read_text() == "not an export\npartial"  # refused: nothing cut
+        with pytest.raises(StoreError, match="shards"):
+            src.export(out, resume=True, shards=range(2))  # resumed with other --shards
 
 
 def test_the_cli_exports_and_imports(tmp_path: Path) -> None:
@@ -279,3 +289,24 @@ def test_round_trip_through_drop_and_init(
             assert fresh not in {row[0] for row in before["pin"]}
     finally:
         drop(ns)
+
+
+def test_an_import_makes_the_unique_keys_rows_of_its_objects(tmp_path: Path) -> None:
+    def fresh(folder: Path) -> Store:
+        raw = sqlite_config(folder)
+        raw["unique"] = {"user_by_username": {"type": "user", "field": "username"}}
+        config = StoreConfig.from_dict(raw)
+        init_shards(config)
+        return Store(config)
+
+    with fresh(tmp_path / "one") as src:
+        ada = src.create("user", {"username": "ada"}, shard=1)
+        bob = src.create("user", {"username": "bob"}, shard=6)
+        text = io.StringIO()
+        src.export(text)
+    lines = text.getvalue().splitlines()
+    with fresh(tmp_path / "two") as dst:
+        assert dst.import_records(lines).unique_added == 2
+        assert dst.lookup("user_by_username", "ada") == ada
+        assert dst.lookup("user_by_username", "bob") == bob
+        assert dst.import_records(lines).unique_added == 0
