@@ -108,16 +108,23 @@ def test_a_scan_across_a_live_move_sees_every_object_exactly_once(tmp_path: Path
             token = paused.resume_token
             # A scan that reads on while the move runs.
             during: list[int] = []
+            versions: list[int] = []
             errors: list[BaseException] = []
             moving = threading.Event()
+            moved = threading.Event()
 
             def scan_during() -> None:
                 try:
                     with Store(config) as reader:
                         for i, _d in reader.scan("pin", batch=3):
                             during.append(i)
-                            moving.wait(30)
-                            time.sleep(0.01)  # reads go on through the copy, the fence and the switch
+                            if i >> 46 in range(8, 16):
+                                versions.append(reader.shard_map.version)
+                                moving.wait(30)  # the first moving shard's pages: once the copy began
+                                if len(versions) == 150:
+                                    moved.wait(60)  # the last pages: once the map has switched
+                                elif not moved.is_set():
+                                    time.sleep(0.01)  # reads go on through the copy, fence and switch
                 except BaseException as exc:  # surfaced below
                     errors.append(exc)
 
@@ -126,9 +133,13 @@ def test_a_scan_across_a_live_move_sees_every_object_exactly_once(tmp_path: Path
             mover = Mover(store, tmp_path / "move.json", say=lambda _m: moving.set())
             journal = mover.start(mover.plan(8, MOVE_SHARDS - 1, "B"))
             moving.set()
+            moved.set()
             thread.join(60)
             assert journal.phase == "done"
             assert errors == []
+            # The moving shards were read partly before the map switched, partly after.
+            assert 1 in versions
+            assert 2 in versions
             assert stale.shard_map.version == 1  # nothing told it of the move yet
             after = [i for i, _d in paused]
             assert stale.shard_map.version == 2  # the tombstone did
