@@ -7,6 +7,7 @@ implementation detail. Start with `Store.from_config`.
 from store.config import CacheConfig, RelationSpec, StoreConfig, TypeSpec
 from store.exceptions import (
     BackendError,
+    BadRecordError,
     ConfigError,
     ConflictError,
     ConnectionLostError,
@@ -43,6 +44,7 @@ from store.ids import (
 )
 from store.objects import Versioned
 from store.relations import Page
+from store.scan import Scan
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap, ShardRange
 from store.store import AdminContext, Location, Store
@@ -52,6 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AdminContext",
     "BackendError",
+    "BadRecordError",
     "CacheConfig",
     "ConfigError",
     "ConflictError",
@@ -73,6 +76,7 @@ __all__ = [
     "PromoteError",
     "RelationSpec",
     "RoutingError",
+    "Scan",
     "Serde",
     "ShardFullError",
     "ShardMap",

@@ -13,7 +13,8 @@ The tree::
     │   └── ShardMovedError                       the host holds only a tombstone of the shard
     ├── DataError              (also ValueError)  an object that cannot be stored
     │   ├── NotSerializableError                  not plain JSON (set, NaN, datetime, ...)
-    │   └── ObjectTooLargeError                   larger than `limits.max_object_bytes`
+    │   ├── ObjectTooLargeError                   larger than `limits.max_object_bytes`
+    │   └── BadRecordError                        lines of an import that cannot be imported
     ├── LimitError             (also ValueError)  a page limit or offset out of range
     ├── CursorError            (also ValueError)  a page cursor that is not for this list
     ├── NotFound               (also LookupError) no live object with that ID
@@ -41,6 +42,7 @@ import reprlib
 
 __all__ = [
     "BackendError",
+    "BadRecordError",
     "ConfigError",
     "ConflictError",
     "ConnectionLostError",
@@ -165,6 +167,19 @@ class NotSerializableError(DataError):
 
 class ObjectTooLargeError(DataError):
     """Serialised object data larger than the configured limit."""
+
+
+class BadRecordError(DataError):
+    """Lines of an import (`store.exchange`) that cannot be imported; nothing of their batch was written.
+
+    ``lines`` holds (line number, what is wrong) for every bad line of the batch.
+    """
+
+    def __init__(self, lines: list[tuple[int, str]], *, shown: int = 20) -> None:
+        self.lines = list(lines)
+        listed = "; ".join(f"line {n}: {why}" for n, why in self.lines[:shown])
+        more = f"; and {len(self.lines) - shown} more" if len(self.lines) > shown else ""
+        super().__init__(f"{len(self.lines)} bad line(s), nothing of their batch written: {listed}{more}")
 
 
 class LimitError(StoreError, ValueError):

@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.cache import Caches, build_caches
 from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
@@ -26,12 +26,14 @@ from store.cursors import encode_cursor
 from store.defaults import embedded_config
 from store.engines import Engines, ShardHandle
 from store.exceptions import ConfigError, NotFound, StoreError, brief
+from store.exchange import ExportReport, ImportReport, export_records, import_records
 from store.livemap import LiveMap
 from store.mapsource import MapSource
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
 from store.relation_reads import RelationReads, id_list, pair_list
 from store.relations import Page, RelationRepository, RelationService
 from store.routing import Location, Router
+from store.scan import Scan
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap
 from store.steps import Steps
@@ -312,6 +314,70 @@ class Store:
     def cache_key(self, id: int, *, type_name: str | None = None) -> str:  # noqa: A002
         """The key under which the object cache keeps ``id``'s object (for tools that look at the cache)."""
         return self._objects.key(id, self._router.route(id, type_name)[1])
+
+    def scan(
+        self,
+        type_name: str,
+        *,
+        shards: Iterable[int] | None = None,
+        batch: int = 1000,
+        include_deleted: bool = False,
+        resume: str | None = None,
+    ) -> Scan:
+        """Every object of ``type_name`` as ``(id, data)``, in shard and key (``local_id``) order.
+
+        Keyset pages of ``batch`` rows per shard, each its own read (no
+        transaction stays open between pages), on the master the live map
+        names when the page is read: a shard that moves during the scan is
+        read on from the same position on its new host, no object missed or
+        returned twice. ``shards``: only these shard numbers (a range, a
+        list). ``include_deleted``: soft-deleted objects too. The iterator's
+        ``resume_token`` (a str) is the position after the last object it
+        returned; ``resume=token`` goes on from there. Bad arguments raise
+        before any read.
+        """
+        return Scan(
+            config=self.config,
+            engines=self._engines,
+            live=self._live,
+            spec=self._router.type(type_name),
+            decode=self._objects.repo.decode,
+            shards=shards,
+            batch=batch,
+            include_deleted=include_deleted,
+            resume=resume,
+        )
+
+    def export(
+        self,
+        out: str | os.PathLike[str] | IO[str],
+        *,
+        shards: Iterable[int] | None = None,
+        resume: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ExportReport:
+        """Write every object (deleted ones marked) and relation entry as NDJSON (`store.exchange`).
+
+        ``out``: a path or a text stream. An existing path is refused unless
+        ``resume``, which goes on after its last complete line.
+        ``progress(done, total)`` hears each shard of each type and relation.
+        """
+        return export_records(self, out, shards=shards, resume=resume, progress=progress)
+
+    def import_records(
+        self,
+        lines: Iterable[str | bytes],
+        *,
+        batch: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> ImportReport:
+        """Write what an export's ``lines`` hold and the store lacks, with the same IDs (`store.exchange`).
+
+        Idempotent: run again, it adds nothing. Each batch of ``batch`` lines
+        is checked whole first; a bad line raises `BadRecordError` with every
+        bad line's number, nothing of its batch written.
+        """
+        return import_records(self, lines, batch=batch, progress=progress)
 
     # -- relations -----------------------------------------------------------------
 
