@@ -1316,8 +1316,18 @@ def bench_mix(
     default=None,
     help="Serve Prometheus gauges per host (role, heartbeat age, lag) on 127.0.0.1:PORT/metrics.",
 )
+@click.option(
+    "--from-now",
+    is_flag=True,
+    help="Start each binlog at its end instead of the saved position (entries are trusted from the start "
+    "on, as after any gap; a takeover later resumes from the saved position).",
+)
 def invalidate(
-    config_path: Path | None, host_names: tuple[str, ...], status_every: float, metrics_port: int | None
+    config_path: Path | None,
+    host_names: tuple[str, ...],
+    status_every: float,
+    metrics_port: int | None,
+    from_now: bool,
 ) -> None:
     """Run the invalidation daemon: read each host's commit log and delete the keys each write changed.
 
@@ -1329,7 +1339,7 @@ def invalidate(
 
     from store.invalidate import Daemon
 
-    daemon = Daemon(_load_config(path=config_path), hosts=host_names)
+    daemon = Daemon(_load_config(path=config_path), hosts=host_names, from_now=from_now)
     signal.signal(signal.SIGTERM, lambda *_: daemon.request_stop())
     if metrics_port is not None:
         from prometheus_client import CollectorRegistry, start_http_server

@@ -29,7 +29,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from store import Store, StoreConfig
 from store.admin import check_store, init_shards
+from store.cache.leases import wall_ms
 from store.invalidate import Daemon
+from store.invalidate.heartbeat import Heartbeat
 from store.invalidate.metrics import DaemonCollector
 from store.invalidate.sources import BinlogSource
 from store.invalidate.view import invalidators
@@ -207,6 +209,34 @@ def test_a_lost_stream_resumes_from_the_saved_position_not_the_terms_start(serve
             _wait_for(lambda: inv.heartbeat is not None and inv.heartbeat.since_ms == since, within_s=5)
     finally:
         daemon.stop()
+
+
+def test_from_now_starts_at_the_binlogs_end_and_vouches_only_from_then(servers: dict[str, Any]) -> None:
+    """``--from-now`` skips a saved position (a backlog) and vouches from its own start, where a
+    daemon that resumes keeps vouching from where the saved position began."""
+    raw = _raw(servers, "binlog")
+    config = StoreConfig.from_dict(raw)
+    beats: list[Heartbeat] = []
+    for from_now in (False, False, True):
+        began = wall_ms()
+        daemon = Daemon(config, tick_s=0.2, from_now=from_now)
+        daemon.start()
+        inv = daemon.invalidators[0]
+        try:
+            with Store.from_config(raw) as writer:
+                writer.create("pin", {"n": 0})  # the binlog moves on between the daemons
+            _wait_for(
+                lambda inv=inv, began=began: inv.heartbeat is not None and inv.heartbeat.covered_ms > began,
+                within_s=5,
+            )
+            assert inv.heartbeat is not None
+            beats.append(inv.heartbeat)
+        finally:
+            daemon.stop()
+        time.sleep(0.3)
+    first, resumed, fresh = beats
+    assert resumed.since_ms == first.since_ms, "a resumed daemon vouches from where its position began"
+    assert fresh.since_ms > resumed.covered_ms, "--from-now vouches only from its own start"
 
 
 def _stale_heartbeats(store: Store) -> list[str]:

@@ -155,7 +155,12 @@ class Daemon:
     """The invalidators of a config's servers (those with ``cache.invalidation`` log or binlog)."""
 
     def __init__(
-        self, config: StoreConfig, *, hosts: Sequence[str] = (), tick_s: float = HEARTBEAT_EVERY_S
+        self,
+        config: StoreConfig,
+        *,
+        hosts: Sequence[str] = (),
+        tick_s: float = HEARTBEAT_EVERY_S,
+        from_now: bool = False,
     ) -> None:
         from store.store import Store  # the store imports the cache modules; keep this module light
 
@@ -171,6 +176,9 @@ class Daemon:
                 "no host to follow: set cache.invalidation to log or binlog (for all hosts, or per host)"
             )
         self.config = admin
+        #: The first term of each binlog invalidator starts at the binlog's end, not at a saved
+        #: position (safe: its heartbeat vouches only from its start); later terms resume.
+        self._from_now = from_now
         self._store = Store(admin)
         ctx = self._store.admin_context()
         self._caches = ctx.caches
@@ -253,7 +261,12 @@ class Daemon:
         saved_at = [0.0]
         connect = _connector(ctx.engines.backend(host), url)
 
+        fresh = [self._from_now]
+
         def load() -> Position | None:
+            if fresh[0]:
+                fresh[0] = False
+                return None
             objects = self._caches.objects
             peek = getattr(objects.store, "peek_many", None) if objects is not None else None
             if peek is not None:

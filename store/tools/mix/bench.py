@@ -339,13 +339,14 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     try:
         for n in names:
             systems[n] = _system(n, config, schema, options)
+        for n in names:
+            with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
+                copies[n] = load(schema, data, shards, progress=bar.update)
+        for n in names:  # after the loads: a daemon starts at the log's end, as a new deployment's does
             own = _system_config(n, config, options)
             if own is not None and daemon_config(own) is not None:
                 say(f"invalidation: {n} runs a `store invalidate` daemon of its own")
                 daemons[n] = DaemonProcess(own)
-        for n in names:
-            with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
-                copies[n] = load(schema, data, shards, progress=bar.update)
         if options.processes > 1:
             say(f"workers: {options.processes} processes per system, each builds its own")
             for n in names:

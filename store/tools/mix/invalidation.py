@@ -59,7 +59,8 @@ def _daemon_main(conn: Any, config: StoreConfig) -> None:
     from store.invalidate import Daemon
 
     try:
-        daemon = Daemon(config)
+        # From the binlog's end: not the backlog of the run's bulk loads, nor of earlier runs.
+        daemon = Daemon(config, from_now=True)
         daemon.start()
     except BaseException as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
