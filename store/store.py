@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from store.bulk_create import BulkCreates
 from store.cache import Caches, build_caches
 from store.cache.follower import Follower, build_follower, list_version
 from store.cache.lists import ListCache
@@ -223,6 +224,42 @@ class Store:
         shard); ``shard=N`` names the shard; otherwise a random open shard.
         """
         return self._objects.create(type_name, data, near=near, shard=shard)
+
+    @_planned
+    def create_many(
+        self,
+        type_name: str,
+        items: Iterable[dict[str, Any]],
+        *,
+        near: int | None = None,
+        shard: int | None = None,
+    ) -> list[int]:
+        """Store many new objects of one type; their IDs, in the order of ``items``.
+
+        One multi-row INSERT per shard (per ``limits.id_chunk`` rows).
+        ``near``/``shard`` put every item on that shard, as for `create`;
+        without them each item goes to a random open shard. Every item is
+        checked before any I/O (a bad one raises naming ``items[i]``; more
+        than ``limits.max_ids`` is a `LimitError`). Unique values are claimed
+        for all items or none: a `DuplicateKeyError` (``.index``: the item)
+        for a value another object or another item holds, and nothing is
+        created.
+        """
+        return self._bulk_creates.create_many(type_name, items, near=near, shard=shard)
+
+    @functools.cached_property
+    def _bulk_creates(self) -> BulkCreates:
+        """`create_many`'s plan (made on first use)."""
+        return BulkCreates(
+            config=self.config,
+            router=self._router,
+            engines=self._engines,
+            objects=self._objects,
+            relations=self._relations,
+            cache=self._caches.objects,
+            unique=self._unique,
+            steps=self._steps,
+        )
 
     @_rerouted
     def get(self, id: int, *, type_name: str | None = None) -> dict[str, Any] | None:  # noqa: A002
