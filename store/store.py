@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.bulk_create import BulkCreates
+from store.bulk_pairs import BulkPairs
 from store.cache import Caches, build_caches
 from store.cache.follower import Follower, build_follower, list_version
 from store.cache.lists import ListCache
@@ -367,6 +368,31 @@ class Store:
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
         return self._relations.unlink(relation, from_id, to_id)
+
+    @_planned
+    def link_many(
+        self, relation: str, pairs: Iterable[tuple[int, int]], *, sequence: int | None = None
+    ) -> int:
+        """`link` each (from_id, to_id) of ``pairs``; how many were new (`link`'s True).
+
+        Pairs are written by `link`'s protocol, grouped by their two sides'
+        hosts: a few requests per group, not three per pair. ``sequence``
+        as for `link` (default: now, the same for every pair). Every pair is
+        checked before any I/O; more than ``limits.max_ids`` is a
+        `LimitError`. Pairs naming a deleted object are refused (`NotFound`
+        naming them) after every other pair is written.
+        """
+        return self._bulk_pairs.link_many(relation, pairs, sequence=sequence)
+
+    @_planned
+    def unlink_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> int:
+        """`unlink` each (from_id, to_id) of ``pairs``, both sides; how many were there."""
+        return self._bulk_pairs.unlink_many(relation, pairs)
+
+    @functools.cached_property
+    def _bulk_pairs(self) -> BulkPairs:
+        """`link_many` and `unlink_many` (made on first use)."""
+        return BulkPairs(self._relations, max_pairs=self.config.max_ids)
 
     @_rerouted
     def links(
