@@ -223,13 +223,16 @@ class DuplicateKeyError(StoreError, ValueError):
     ``.key`` is the unique key's name, ``.value`` the value asked for and
     ``.owner`` the ID of the object that holds it (or is being created with
     it; 0 for a row an earlier version's create left, which repair fixes).
+    ``.index`` is the item's index in a `Store.create_many` call's ``items``
+    (None for `create` and `update`).
     """
 
-    def __init__(self, message: str, *, key: str, value: str, owner: int) -> None:
+    def __init__(self, message: str, *, key: str, value: str, owner: int, index: int | None = None) -> None:
         super().__init__(message)
         self.key = key
         self.value = value
         self.owner = owner
+        self.index = index
 
 
 class ShardFullError(StoreError):

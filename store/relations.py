@@ -470,6 +470,21 @@ class RelationService:
         """The shard handle of ``from_id``'s list, both IDs checked against the relation's types."""
         return self._side(spec, from_id, to_id)
 
+    def clock_us(self) -> int:
+        """Now, in microseconds: a link's sequence when none is given."""
+        return self._clock_us()
+
+    def sides(
+        self, spec: RelationSpec, from_id: int, to_id: int, *, guarded: bool
+    ) -> tuple[Side, Side | None]:
+        """The pair's (primary side, inverse side or None), routed and type-checked (``guarded``: with
+        the object rows a link reads)."""
+        return self._sides(spec, from_id, to_id, guarded=guarded)
+
+    def apply_changes(self, changes: Sequence[Change]) -> None:
+        """Update the cached lists in place with committed pair ``changes``, in their order."""
+        self._apply(changes)
+
     def list_key(self, relation: str, from_id: int) -> str:
         """The cache key of ``from_id``'s ``relation`` list."""
         return f"{self._prefix}l:{relation}:{from_id}"

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from store.bulk_create import BulkCreates
+from store.bulk_pairs import BulkPairs
 from store.cache import Caches, build_caches
 from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
 from store.cache.lists import ListCache
@@ -226,6 +228,42 @@ class Store:
         """
         return self._objects.create(type_name, data, near=near, shard=shard)
 
+    @_planned
+    def create_many(
+        self,
+        type_name: str,
+        items: Iterable[dict[str, Any]],
+        *,
+        near: int | None = None,
+        shard: int | None = None,
+    ) -> list[int]:
+        """Store many new objects of one type; their IDs, in the order of ``items``.
+
+        One multi-row INSERT per shard (per ``limits.id_chunk`` rows).
+        ``near``/``shard`` put every item on that shard, as for `create`;
+        without them each item goes to a random open shard. Every item is
+        checked before any I/O (a bad one raises naming ``items[i]``; more
+        than ``limits.max_ids`` is a `LimitError`). Unique values are claimed
+        for all items or none: a `DuplicateKeyError` (``.index``: the item)
+        for a value another object or another item holds, and nothing is
+        created.
+        """
+        return self._bulk_creates.create_many(type_name, items, near=near, shard=shard)
+
+    @functools.cached_property
+    def _bulk_creates(self) -> BulkCreates:
+        """`create_many`'s plan (made on first use)."""
+        return BulkCreates(
+            config=self.config,
+            router=self._router,
+            engines=self._engines,
+            objects=self._objects,
+            relations=self._relations,
+            cache=self._caches.objects,
+            unique=self._unique,
+            steps=self._steps,
+        )
+
     @_rerouted
     def get(self, id: int, *, type_name: str | None = None) -> dict[str, Any] | None:  # noqa: A002
         """The object with ``id``, or None if it does not exist or was deleted."""
@@ -396,6 +434,31 @@ class Store:
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there."""
         return self._relations.unlink(relation, from_id, to_id)
+
+    @_planned
+    def link_many(
+        self, relation: str, pairs: Iterable[tuple[int, int]], *, sequence: int | None = None
+    ) -> int:
+        """`link` each (from_id, to_id) of ``pairs``; how many were new (`link`'s True).
+
+        Pairs are written by `link`'s protocol, grouped by their two sides'
+        hosts: a few requests per group, not three per pair. ``sequence``
+        as for `link` (default: now, the same for every pair). Every pair is
+        checked before any I/O; more than ``limits.max_ids`` is a
+        `LimitError`. Pairs naming a deleted object are refused (`NotFound`
+        naming them) after every other pair is written.
+        """
+        return self._bulk_pairs.link_many(relation, pairs, sequence=sequence)
+
+    @_planned
+    def unlink_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> int:
+        """`unlink` each (from_id, to_id) of ``pairs``, both sides; how many were there."""
+        return self._bulk_pairs.unlink_many(relation, pairs)
+
+    @functools.cached_property
+    def _bulk_pairs(self) -> BulkPairs:
+        """`link_many` and `unlink_many` (made on first use)."""
+        return BulkPairs(self._relations, max_pairs=self.config.max_ids)
 
     @_rerouted
     def links(

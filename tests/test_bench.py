@@ -19,7 +19,7 @@ from tests.conftest import instagram_pg_config
 def test_bench_reports_every_case(store: Store) -> None:
     results = run_bench(store, n=60)
     expected = ["create", "get", "get_many(50)", "page 1", "page 200 cursor", "page 200 offset", "count"]
-    expected += ["has_links(500)", "board_pins_many(20)"]
+    expected += ["has_links(500)", "board_pins_many(20)", "create_many(100)", "link_many(100)"]
     if store.config.cache.memcached and store.config.cache.redis:
         expected += ["warm get", "warm get_many(50)", "warm board page"]
         expected += ["warm has_links(500)", "warm board_pins_many(20)"]
@@ -57,6 +57,8 @@ def test_bench_runs_to_the_end_on_postgres_with_caches(
         "count",
         "has_links(500)",
         "board_pins_many(20)",
+        "create_many(100)",
+        "link_many(100)",
         "warm get",
         "warm get_many(50)",
         "warm board page",

@@ -36,13 +36,19 @@ OPS: dict[str, tuple[str, int | None]] = {
     "relink@500": ("link", 500),
     "relink@900": ("link", 900),
 }
+#: The same writes as batches (`link_many`, `unlink_many`), each with a second pair of the same hosts.
+BATCH_OPS: dict[str, tuple[str, int | None]] = {
+    "link_many": ("link", None),
+    "unlink_many": ("unlink", None),
+    "relink_many@500": ("link", 500),
+}
 
 
 def replay(initial: tuple[bool, int | None], names: list[str]) -> tuple[bool, int | None]:
     """The pair's state after ``names``, in order: (present, sequence or None for any)."""
     present, seq = initial
     for name in names:
-        kind, at = OPS[name]
+        kind, at = {**OPS, **BATCH_OPS}[name]
         if kind == "unlink":
             present, seq = False, None
         elif at is not None:
@@ -52,13 +58,20 @@ def replay(initial: tuple[bool, int | None], names: list[str]) -> tuple[bool, in
     return present, seq
 
 
-def run_one(store: Store, board: int, pin: int, names: list[str], choices: list[int]) -> Schedule:
+def run_one(
+    store: Store, board: int, pin: int, names: list[str], choices: list[int], other: int = 0
+) -> Schedule:
     writer = store.admin_context().relations.pairs
     calls: list[Callable[[], object]] = []
     for name in names:
-        kind, at = OPS[name]
+        kind, at = {**OPS, **BATCH_OPS}[name]
 
-        def call(kind: str = kind, at: int | None = at) -> object:
+        def call(kind: str = kind, at: int | None = at, batch: bool = name in BATCH_OPS) -> object:
+            if batch:
+                pairs = [(board, pin), (board, other)]
+                if kind == "unlink":
+                    return store.unlink_many(BHP, pairs)
+                return store.link_many(BHP, pairs, sequence=at)
             if kind == "unlink":
                 return store.unlink(BHP, board, pin)
             return store.link(BHP, board, pin, sequence=at)
@@ -87,11 +100,11 @@ def explore(store: Store, names: list[str], initial_present: bool) -> int:
 
     def run(prefix: list[int]) -> tuple[Schedule, Callable[[], None]]:
         board = store.create("board", {}, shard=0)
-        pin = store.create("pin", {}, shard=5)
+        pin, other = store.create_many("pin", [{}, {}], shard=5)
         if initial_present:
             store.link(BHP, board, pin, sequence=7)
         initial = (initial_present, 7 if initial_present else None)
-        done = run_one(store, board, pin, names, prefix)
+        done = run_one(store, board, pin, names, prefix, other)
 
         def check() -> None:
             (p_present, p_seq), (i_present, i_seq) = read_pair(store, board, pin)
@@ -102,7 +115,9 @@ def explore(store: Store, names: list[str], initial_present: bool) -> int:
             assert p_present == want_present, f"not the last write's result after {where}"
             if want_seq is not None:
                 assert p_seq == want_seq, f"wrong position after {where}"
-            assert store.count(BHP, board) == int(p_present), where
+            (o_present, o_seq), other_inverse = read_pair(store, board, other)
+            assert (o_present, o_seq) == other_inverse, f"the batch's other pair differs after {where}"
+            assert store.count(BHP, board) == int(p_present) + int(o_present), where
             assert store.count(POB, pin) == int(i_present), where
 
         return done, check
@@ -132,6 +147,36 @@ def test_two_writes_of_one_pair_on_sqlite(tmp_path: object, names: list[str], in
     assert isinstance(tmp_path, Path)
     with Store(StoreConfig.from_dict(sqlite_config(tmp_path))) as store:
         runs = explore(store, names, initial_present)
+        print(f"schedules: {runs}")
+        assert runs >= 2
+
+
+BATCH_RACES = [
+    ["link_many", "unlink"],
+    ["unlink_many", "link"],
+    ["relink_many@500", "relink@900"],
+    ["link_many", "unlink_many"],
+]
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("names", BATCH_RACES, ids=["+".join(p) for p in BATCH_RACES])
+def test_a_batch_racing_a_single_write_of_one_pair_on_mariadb(
+    mariadb_ready: StoreConfig, names: list[str], initial_present: bool
+) -> None:
+    with Store(mariadb_ready) as store:
+        runs = explore(store, names, initial_present)
+        print(f"schedules: {runs}")
+        assert runs >= 2
+
+
+@pytest.mark.parametrize("names", BATCH_RACES[:2], ids=["+".join(p) for p in BATCH_RACES[:2]])
+def test_a_batch_racing_a_single_write_of_one_pair_on_sqlite(tmp_path: object, names: list[str]) -> None:
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    with Store(StoreConfig.from_dict(sqlite_config(tmp_path))) as store:
+        runs = explore(store, names, True)
         print(f"schedules: {runs}")
         assert runs >= 2
 

@@ -23,6 +23,7 @@ from store.engines import DBAPIConnection
 from store.exceptions import ConnectionLostError
 from store.ids import encode_instagram, encode_pinterest
 from store.store import Store
+from store.tools.bench_bulk import bulk_cases
 from store.tools.timing import PIN, BenchResult, pair
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ def run_bench(
             results = _object_cases(uncached, floor, p, shard, n, say)
             if "board_has_pins" in store.config.relations:
                 results += _relation_cases(uncached, cur, floor, p, shard, n, say)
+            results += bulk_cases(uncached, floor, p, shard, n, say)
         finally:
             floor.release()
             cur.close()

@@ -1,0 +1,341 @@
+"""`link_many` and `unlink_many`: many pairs by the pair protocol, a few requests per host pair.
+
+Pairs are grouped by where their two sides live: (the primary side's pool,
+the inverse side's pool), that is by host (by shard file on SQLite). Each
+group is written by the protocol of `store.pairs`, once for all its pairs:
+
+1. one transaction on the primary host writes every primary row (each write
+   locks its pair's key, in key order, so two batches never wait for each
+   other in a circle);
+2. holding those locks, one transaction on the inverse host makes every
+   inverse row that must change match, and commits;
+3. the primary host commits.
+
+Every write of a pair still takes the pair's primary lock first and writes
+the inverse under it, so a batch racing single `link`/`unlink` calls of the
+same pairs converges as they do (`tests/test_pair_interleavings.py`). Where
+statements can be conditional (`Backend.conditional_writes`: MariaDB), each
+side's writes and counts go in one request: about four requests per group
+(per `CHUNK` pairs) instead of three per pair. Elsewhere the statements run
+one by one inside the same two transactions.
+
+Each group is one step (`store.steps`): a group refused because a shard
+moved wrote nothing (both transactions rolled back); it is routed again and
+written again alone, and the groups before it stay committed, once. A pair
+already as asked (linked, or absent) counts for nothing, so the counts stay
+exact when a step runs again.
+
+A pair whose object was deleted is refused as `link` refuses it: its group
+is rolled back and written again without it, and after every other pair is
+written `NotFound` names the pairs refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from store.engines import Cursor, transaction_pair
+from store.exceptions import DataError, NotFound, StoreError, brief
+from store.pairs import ADD, MOVE, REMOVE, Change, Side
+from store.relation_reads import pair_list
+from store.relations import Plan, RelationService
+from store.specs import RelationSpec
+
+__all__ = ["CHUNK", "BulkPairs"]
+
+#: Pairs one group's transactions carry at most (a bigger group is written as several).
+CHUNK = 1000
+_SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
+
+Sides = tuple[Side, Side | None]
+
+
+class _RefusedError(StoreError):
+    """A pair of the group names a deleted object: roll the group back, write it without that pair."""
+
+    def __init__(self, index: int, error: NotFound) -> None:
+        super().__init__(str(error))
+        self.index = index
+        self.error = error
+
+
+class BulkPairs:
+    """`Store.link_many` and `Store.unlink_many` over a `RelationService` (its writer and caches)."""
+
+    def __init__(self, relations: RelationService, *, max_pairs: int) -> None:
+        self._rel = relations
+        self._max = max_pairs
+
+    # -- the calls ------------------------------------------------------------------------
+
+    def link_many(
+        self, relation: str, pairs: Iterable[tuple[int, int]], *, sequence: int | None = None
+    ) -> int:
+        """Link every pair (see the module's text); how many were new."""
+        spec = self._rel.router.relation(relation)
+        if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
+            raise DataError(f"sequence must be a 64-bit signed int, got {brief(sequence)}")
+        wanted, routed = self._checked(spec, pairs, guarded=True)
+        seq = self._rel.clock_us() if sequence is None else sequence
+        move = sequence is not None
+        refused: list[tuple[str, int, int, NotFound]] = []
+
+        def write(group: list[Sides]) -> int:
+            return self._link_group(group, seq, move, refused)
+
+        n = self._run("link many", spec, wanted, routed, write, guarded=True)
+        if refused:
+            shown = ", ".join(f"{r} ({f}, {t})" for r, f, t, _e in refused[:5])
+            more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+            raise NotFound(
+                f"{len(refused)} pair(s) name a deleted object and were not linked: {shown}{more} "
+                f"({refused[0][3]}); every other pair was written ({n} new)"
+            )
+        return n
+
+    def unlink_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> int:
+        """Unlink every pair (and its inverse); how many were there."""
+        spec = self._rel.router.relation(relation)
+        wanted, routed = self._checked(spec, pairs, guarded=False)
+        return self._run("unlink many", spec, wanted, routed, self._unlink_group, guarded=False)
+
+    # -- grouping and steps -----------------------------------------------------------------
+
+    def _checked(
+        self, spec: RelationSpec, pairs: Iterable[tuple[int, int]], *, guarded: bool
+    ) -> tuple[list[tuple[int, int]], list[Sides]]:
+        """Every pair, each once, routed and type-checked before any I/O."""
+        wanted = pair_list(pairs, limit=self._max)
+        return wanted, [self._rel.sides(spec, f, t, guarded=guarded) for f, t in wanted]
+
+    def _run(
+        self,
+        name: str,
+        spec: RelationSpec,
+        wanted: list[tuple[int, int]],
+        routed: list[Sides],
+        write: Callable[[list[Sides]], int],
+        *,
+        guarded: bool,
+    ) -> int:
+        """Each group as one step: routed as the map is now when it runs again."""
+        total = 0
+        for members in _groups(routed):
+            first = [[routed[k] for k in members]]
+
+            def step(members: list[int] = members, first: list[list[Sides]] = first) -> int:
+                sides = (
+                    first.pop()
+                    if first
+                    else [self._rel.sides(spec, *wanted[k], guarded=guarded) for k in members]
+                )
+                return sum(write([sides[j] for j in part]) for part in _groups(sides))
+
+            total += self._rel.steps(name, step)
+        return total
+
+    def _cached(self, group: list[Sides], write: Callable[[list[Change]], int]) -> int:
+        """Run ``write``, then update the cached lists it changed (drop them all after a failure)."""
+        changes: list[Change] = []
+        try:
+            n = write(changes)
+        except BaseException:
+            self._rel.invalidate([(s.relation, s.from_id) for p, i in group for s in (p, i) if s is not None])
+            raise
+        self._rel.apply_changes(changes)
+        return n
+
+    # -- link -------------------------------------------------------------------------------
+
+    def _link_group(
+        self, group: list[Sides], seq: int, move: bool, refused: list[tuple[str, int, int, NotFound]]
+    ) -> int:
+        """Write one group of pairs (one primary pool, one inverse pool); how many were new."""
+        todo = list(group)
+        while todo:
+            try:
+                return self._cached(todo, lambda changes: self._link_once(todo, seq, move, changes))
+            except _RefusedError as exc:
+                p, _i = todo.pop(exc.index)
+                refused.append((p.relation, p.from_id, p.to_id, exc.error))
+        return 0
+
+    def _link_once(self, group: list[Sides], seq: int, move: bool, changes: list[Change]) -> int:
+        w = self._rel.pairs
+        repo = w.repo
+        made: list[Change] = []
+        #: per pair: (kind of change on the primary side or None, the sequence it settled on)
+        done: list[tuple[str | None, int]] = []
+
+        def first(cur: Cursor) -> int:
+            made.clear()
+            done.clear()
+            for p, _i in group:
+                w._lock_key(cur, p)
+            cs = [Change(p) for p, _i in group]
+            if cur_conditional(group):
+                plans = [self._link_plan(p, seq, move) for p, _i in group]
+                kinds = _outcomes(cur, plans, cs)
+            else:
+                kinds = [
+                    repo.link_in(cur, p, seq, move=move, insert=p.guard is not None, seen=c.seen)
+                    for (p, _i), c in zip(group, cs, strict=True)
+                ]
+            new = 0
+            for k, ((p, _i), c, kind) in enumerate(zip(group, cs, kinds, strict=True)):
+                settled = seq
+                if kind is None:  # the slow way, as `PairWriter.link` takes it
+                    try:
+                        w._check_live(cur, p)
+                    except NotFound as exc:
+                        raise _RefusedError(k, exc) from None
+                    added, settled = repo.add_in(cur, p, seq, move=move, seen=c.seen)
+                    kind = ADD if added else MOVE if move else None
+                if kind is not None:
+                    w._changed(cur, c, kind, settled, made)
+                new += kind == ADD
+                done.append((kind, settled))
+            return new
+
+        def second(cur: Cursor, _new: int) -> None:
+            # Only the pairs whose primary row changed: a pair in place on the primary side
+            # was written on both sides by the write that put it there, under the same lock.
+            todo: list[tuple[int, Side, str, int]] = []
+            for k, ((_p, i), (kind, settled)) in enumerate(zip(group, done, strict=True)):
+                if i is not None and kind is not None:
+                    todo.append((k, i, kind, settled))
+            cs = [Change(i) for _k, i, _kind, _s in todo]
+            if cur_conditional(group):
+                plans = []
+                for _k, i, kind, s in todo:
+                    plans.append(
+                        repo.link_plan(i, s, move=kind == MOVE, insert=kind == ADD and i.guard is not None)
+                    )
+                kinds = _outcomes(cur, plans, cs)
+            else:
+                kinds = [
+                    repo.link_in(
+                        cur, i, s, move=kind == MOVE, insert=kind == ADD and i.guard is not None, seen=c.seen
+                    )
+                    for (_k, i, kind, s), c in zip(todo, cs, strict=True)
+                ]
+            for (k, i, _kind, s), c, got in zip(todo, cs, kinds, strict=True):
+                if got is None:
+                    try:
+                        w._check_live(cur, i)
+                    except NotFound as exc:
+                        raise _RefusedError(k, exc) from None
+                    got = repo.set_in(cur, i, (True, s), c.seen)
+                if got is not None:
+                    w._changed(cur, c, got, s, made)
+
+        n = self._protocol(group, first, second)
+        changes += made
+        return n
+
+    def _link_plan(self, side: Side, seq: int, move: bool) -> Plan:
+        """`RelationRepository.link_plan`, also for a side with no guard (a relation without an
+        inverse: its insert reads no object, as `link` does not)."""
+        repo = self._rel.pairs.repo
+        if side.guard is not None:
+            return repo.link_plan(side, seq, move=move, insert=True)  # type: ignore[no-any-return]
+        plan: Plan = repo.link_plan(side, seq, move=move, insert=False)
+        sql = repo.sql(side.h, side.relation)
+        f, t = side.from_id, side.to_id
+        plan.add(ADD, (sql.insert, (f, t, seq)), (sql.count_up_if, (side.relation, f, 1)))
+        return plan
+
+    # -- unlink -----------------------------------------------------------------------------
+
+    def _unlink_group(self, group: list[Sides]) -> int:
+        return self._cached(group, lambda changes: self._unlink_once(group, changes))
+
+    def _unlink_once(self, group: list[Sides], changes: list[Change]) -> int:
+        w = self._rel.pairs
+        repo = w.repo
+        made: list[Change] = []
+
+        def remove(cur: Cursor, sides: list[Side]) -> list[bool]:
+            cs = [Change(s) for s in sides]
+            if cur_conditional(group):
+                kinds = _outcomes(cur, [repo.unlink_plan(s) for s in sides], cs)
+                gone = [k is not None for k in kinds]
+            else:
+                gone = [repo.remove_in(cur, s, c.seen) for s, c in zip(sides, cs, strict=True)]
+            for c, g in zip(cs, gone, strict=True):
+                if g:
+                    w._changed(cur, c, REMOVE, 0, made)
+            return gone
+
+        def first(cur: Cursor) -> int:
+            made.clear()
+            for p, _i in group:
+                w._lock_key(cur, p)
+            return sum(remove(cur, [p for p, _i in group]))
+
+        def second(cur: Cursor, _gone: int) -> None:
+            # Every inverse row goes, whether its primary row was there or not (as `unlink`).
+            remove(cur, [i for _p, i in group if i is not None])
+
+        n = self._protocol(group, first, second)
+        changes += made
+        return n
+
+    # -- the protocol -----------------------------------------------------------------------
+
+    def _protocol(
+        self, group: list[Sides], first: Callable[[Cursor], int], second: Callable[[Cursor, int], None]
+    ) -> int:
+        """``first`` on the primary host, then ``second`` on the inverse host under its locks
+        (`store.pairs`: one transaction where one pool reaches both sides)."""
+        step = self._rel.pairs.step or _no_step
+        step("start")
+        p = group[0][0].h
+        i = group[0][1].h if group[0][1] is not None else None
+        if i is None:
+            return p.transaction(first)
+        if p.pool is i.pool:
+
+            def both(cur: Cursor) -> int:
+                n = first(cur)
+                step("primary written")
+                second(cur, n)
+                return n
+
+            return p.transaction(both)
+        return transaction_pair(p, i, first, second, step=step)
+
+
+def cur_conditional(group: list[Sides]) -> bool:
+    """Whether the group's statements can be conditional (one request per side)."""
+    return bool(group[0][0].h.backend.conditional_writes)
+
+
+def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | None]:
+    """Run every plan's statements in one request; each plan's outcome (`Plan.outcome`)."""
+    if not plans:
+        return []
+    results = cur.batch([s for plan in plans for s in plan.statements])
+    out: list[str | None] = []
+    at = 0
+    for plan, c in zip(plans, cs, strict=True):
+        n = len(plan.statements)
+        out.append(plan.outcome(results[at : at + n], c.seen))
+        at += n
+    return out
+
+
+def _groups(routed: list[Sides]) -> list[list[int]]:
+    """Indexes of ``routed`` grouped by (primary pool, inverse pool), in key order, `CHUNK` at most."""
+    by: dict[tuple[int, int], list[int]] = {}
+    for k, (p, i) in enumerate(routed):
+        by.setdefault((id(p.h.pool), 0 if i is None else id(i.h.pool)), []).append(k)
+    out: list[list[int]] = []
+    for members in by.values():
+        members.sort(key=lambda k: (routed[k][0].h.shard, routed[k][0].from_id, routed[k][0].to_id))
+        out += [members[j : j + CHUNK] for j in range(0, len(members), CHUNK)]
+    return out
+
+
+def _no_step(_name: str) -> None:
+    return None
