@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
-from store.backends import Backend, ErrorKind, backend_for
+from store.backends import Backend, ErrorKind, access_denied, backend_for
 from store.config import StoreConfig
 from store.exceptions import (
     BackendError,
@@ -34,7 +34,6 @@ from store.exceptions import (
     StoreError,
 )
 from store.forks import at_fork
-from store.grants import access_denied
 from store.pool import ConnectionPool
 
 __all__ = ["Cursor", "DBAPIConnection", "Engines", "ShardHandle", "transaction_pair"]

@@ -30,10 +30,10 @@ import orjson
 import yaml
 from sqlalchemy.engine import URL, make_url
 
+from store.backends import access_denied
 from store.config import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_QUERY_TIMEOUT_S, StoreConfig
 from store.exceptions import BackendError, ConfigError, StaleMapError
 from store.forks import at_fork
-from store.grants import access_denied
 from store.shardmap import ShardMap
 
 __all__ = [

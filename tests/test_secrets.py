@@ -234,6 +234,8 @@ def test_no_command_prints_or_writes_a_password(
     run("check", "--json")
     run("relations", "repair")
     run("relations", "repair", "--json")
+    run("export", "--out", "export.ndjson")
+    run("import", "export.ndjson")  # (what is there is skipped: nothing changes)
 
     # The benchmarks (before the move: the mix loads its floor by the config's map).
     run("demo")
@@ -253,6 +255,7 @@ def test_no_command_prints_or_writes_a_password(
         "/api/map",
         "/api/hosts",
         "/api/caches",
+        "/api/invalidators",
         "/api/move",
         "/api/check",
         "/metrics",

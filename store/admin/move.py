@@ -528,7 +528,7 @@ class Mover:
         if url is None:
             raise MoveError(f"host {host!r} is not under hosts in the config")
         backend = backend_for(url)
-        if backend.name == "postgresql":
+        if backend.schema_shards:
             raise MoveError(
                 f"host {host!r} is PostgreSQL and these shards are on MariaDB: a move copies shards "
                 "between servers of one kind (MariaDB databases to MariaDB, PostgreSQL schemas to PostgreSQL)"

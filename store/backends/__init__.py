@@ -41,6 +41,7 @@ __all__ = [
     "SHARD",
     "Backend",
     "ErrorKind",
+    "access_denied",
     "backend_for",
     "backend_named",
     "backend_names",
@@ -100,6 +101,11 @@ class Backend:
     #: and several go in one request: a pair write and its counts travel together
     #: (`store.backends.statements.RelationStatements`: count_up_if, count_down_if, bump_if).
     conditional_writes: ClassVar[bool] = False
+    #: Each shard is a schema of one database (PostgreSQL), not a database or file of its own.
+    schema_shards: ClassVar[bool] = False
+    #: How an INSERT that meets an existing key updates it instead, in hand-written SQL (benchmark
+    #: floors): ``on_conflict`` (``ON CONFLICT (...) DO UPDATE``) or ``on_duplicate_key``.
+    upsert_style: ClassVar[str] = "on_conflict"
     #: ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` is understood (MariaDB, PostgreSQL; not SQLite).
     add_column_if_not_exists: ClassVar[bool] = True
 
@@ -122,6 +128,40 @@ class Backend:
     def change_log(self) -> str | None:
         """The quoted name of the server's invalidation log (`store.cache.follower`), or None."""
         return None
+
+    # -- accounts and grants (`store.grants`) ------------------------------------
+
+    #: The server has accounts the application logs in with (SQLite files have none).
+    has_accounts: ClassVar[bool] = True
+    #: A server's GRANT statements run in one transaction (PostgreSQL); else each on its own.
+    grants_in_transaction: ClassVar[bool] = False
+
+    def grant_server(self, url: URL) -> str:
+        """The name of the server (and database, where grants are per database) ``url`` reaches."""
+        return self.server_identity(url)
+
+    def grant_statements(
+        self, *, shards: int, user: str, host: str, database: str | None, log: bool, meta: bool
+    ) -> list[str]:
+        """The statements that let ``user`` serve ``shards`` shards here: rows, ID functions, the
+        invalidation log where ``log``, and the shard map table where ``meta``."""
+        raise NotImplementedError
+
+    def account_exists(self, cur: Any, user: str, host: str) -> bool:
+        """Whether the server has the account ``user`` (from ``host``, where accounts have one)."""
+        raise NotImplementedError
+
+    def create_account_hint(self, user: str, host: str) -> str:
+        """The statement an operator runs to make the account (its password theirs to choose)."""
+        raise NotImplementedError
+
+    def admin_connector(self, url: URL) -> Callable[[], Any]:
+        """Opens an autocommit connection with an admin URL (grants, checks)."""
+        raise NotImplementedError
+
+    def denies(self, exc: BaseException) -> bool:
+        """True if ``exc`` (one exception, not its causes) is this server refusing a privilege."""
+        return False
 
     # -- hooks each backend provides ---------------------------------------------
 
@@ -359,6 +399,20 @@ def _registry() -> dict[str, Backend]:
         for backend in (MySQLBackend(), PostgresBackend(), SQLiteBackend()):
             _REGISTRY[backend.name] = backend
     return _REGISTRY
+
+
+def access_denied(exc: BaseException) -> bool:
+    """True if ``exc`` (a store error or a driver's), or an error it was raised from, is a server
+    refusing a privilege (`Backend.denies`)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    backends = list(_registry().values())
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if any(b.denies(cur) for b in backends):
+            return True
+        cur = getattr(cur, "orig", None) or cur.__cause__
+    return False
 
 
 def backend_names() -> list[str]:

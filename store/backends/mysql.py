@@ -82,6 +82,19 @@ def _code(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
+#: What the application account may do to the rows of a shard's tables.
+ROW_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
+#: MariaDB's "access denied" errors: to a database, at login, to a table or command,
+#: to a column, a missing global privilege, to a routine.
+_DENIED = frozenset({1044, 1045, 1142, 1143, 1227, 1370})
+
+
+def _grant_database(name: str) -> str:
+    """``name`` as a MariaDB GRANT names one database: ``_`` is a wildcard there (``store_log`` would
+    also grant ``storeXlog``, ``app_db00001`` ``appXdb00001``), so it is escaped."""
+    return name.replace("_", "\\_")
+
+
 class MySQLBackend(Backend):
     """MariaDB and MySQL."""
 
@@ -202,6 +215,46 @@ class MySQLBackend(Backend):
     list_versions = True
     conditional_writes = True
 
+    # -- accounts and grants ------------------------------------------------------
+
+    def grant_statements(
+        self, *, shards: int, user: str, host: str, database: str | None, log: bool, meta: bool
+    ) -> list[str]:
+        """Row privileges and EXECUTE on each shard database, SELECT, INSERT and DELETE on the
+        invalidation log's database (where there are shards), SELECT on the map table's."""
+        account = f"'{user}'@'{host}'"
+        out = [
+            f"GRANT {ROW_PRIVILEGES}, EXECUTE ON `{_grant_database(self.names.database_name(s))}`.* "
+            f"TO {account}"
+            for s in range(shards)
+        ]
+        if shards:
+            out.append(
+                f"GRANT SELECT, INSERT, DELETE ON `{_grant_database(self.names.log_database)}`.* TO {account}"
+            )
+        if meta:
+            out.append(f"GRANT SELECT ON `{_grant_database(self.names.meta_database)}`.* TO {account}")
+        return out
+
+    def account_exists(self, cur: Any, user: str, host: str) -> bool:
+        """A row of ``mysql.user``."""
+        cur.execute("SELECT 1 FROM mysql.user WHERE User = %s AND Host = %s", (user, host))
+        return cur.fetchone() is not None
+
+    def create_account_hint(self, user: str, host: str) -> str:
+        """``CREATE USER``."""
+        return f"CREATE USER '{user}'@'{host}' IDENTIFIED BY '...'"
+
+    def admin_connector(self, url: URL) -> Callable[[], Any]:
+        """`mysql_connector` with its default timeouts."""
+        return mysql_connector(url)
+
+    def denies(self, exc: BaseException) -> bool:
+        """MariaDB's access-denied error numbers."""
+        args: tuple[Any, ...] = getattr(exc, "args", ())
+        return bool(args) and isinstance(args[0], int) and args[0] in _DENIED
+
+    upsert_style = "on_duplicate_key"
     invalidation_modes = ("log", "binlog")
     change_log_step_sql = "SELECT @@auto_increment_increment"
 

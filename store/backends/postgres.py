@@ -53,6 +53,10 @@ _NO_CONFLICT_KEY = "42P10"
 _TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
 
 
+#: What the application account may do to the rows of a shard's tables.
+ROW_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
+
+
 class PostgresBackend(Backend):
     """PostgreSQL, for Instagram IDs."""
 
@@ -121,6 +125,59 @@ class PostgresBackend(Backend):
         """psycopg, autocommit, with the timeouts."""
         return postgres_connector(url, connect_timeout_s=connect_timeout_s, query_timeout_s=query_timeout_s)
 
+    # -- accounts and grants ------------------------------------------------------
+
+    grants_in_transaction = True
+
+    def grant_server(self, url: URL) -> str:
+        """The server and its database (privileges are per database)."""
+        return f"{self.server_identity(url)}/{url.database}"
+
+    def grant_statements(
+        self, *, shards: int, user: str, host: str, database: str | None, log: bool, meta: bool
+    ) -> list[str]:
+        """CONNECT on the database; USAGE and row privileges on each shard schema, its sequences and
+        ``next_id()``, and the same for tables made there later; the invalidation log where ``log``
+        (its schema exists by then: `store init` makes it where writes are logged)."""
+        role = f'"{user}"'
+        out = [f'GRANT CONNECT ON DATABASE "{database}" TO {role}']
+        for s in range(shards):
+            schema = f'"{self.names.schema_name(s)}"'
+            out += [
+                f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+                f"GRANT {ROW_PRIVILEGES} ON ALL TABLES IN SCHEMA {schema} TO {role}",
+                f"GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA {schema} TO {role}",
+                f"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {role}",
+                f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT {ROW_PRIVILEGES} ON TABLES TO {role}",
+                f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT USAGE, SELECT, UPDATE ON SEQUENCES "
+                f"TO {role}",
+            ]
+        if log:
+            schema = f'"{self.names.log_database}"'
+            out += [
+                f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+                f"GRANT SELECT, INSERT, DELETE ON ALL TABLES IN SCHEMA {schema} TO {role}",
+            ]
+        return out
+
+    def account_exists(self, cur: Any, user: str, host: str) -> bool:
+        """A row of ``pg_roles``."""
+        cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (user,))
+        return cur.fetchone() is not None
+
+    def create_account_hint(self, user: str, host: str) -> str:
+        """``CREATE ROLE ... LOGIN``."""
+        return f"CREATE ROLE \"{user}\" LOGIN PASSWORD '...'"
+
+    def admin_connector(self, url: URL) -> Callable[[], Any]:
+        """`postgres_connector` with its default timeouts."""
+        return postgres_connector(url)
+
+    def denies(self, exc: BaseException) -> bool:
+        """SQLSTATE 42501, insufficient_privilege."""
+        return getattr(exc, "sqlstate", None) == "42501"
+
+    schema_shards = True
     invalidation_modes = ("log",)
 
     @property

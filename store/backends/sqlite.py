@@ -42,6 +42,7 @@ class SQLiteBackend(Backend):
     locks_whole_shard = True
     pool_per_shard = True
     made_on_first_use = True
+    has_accounts = False  # files: whoever may open them may do anything
 
     def _sa_dialect(self) -> Dialect:
         return pysqlite.dialect()

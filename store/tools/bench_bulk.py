@@ -68,7 +68,9 @@ def bulk_cases(
     lists, inverse = h.table(spec.name), h.table(spec.inverse)
     counts = h.table("relation_counts")
     count_rows = ", ".join([f"({p}, {p}, {p})"] * (BATCH + 1))
-    upsert = f"INSERT INTO {counts} (relation, from_id, n) VALUES {count_rows} " + _add_counts(h.backend.name)
+    upsert = f"INSERT INTO {counts} (relation, from_id, n) VALUES {count_rows} " + _add_counts(
+        h.backend.upsert_style
+    )
     counter = itertools.count()
 
     def raw_link_many(_i: int) -> None:
@@ -103,9 +105,10 @@ def bulk_cases(
     return results
 
 
-def _add_counts(backend: str) -> str:
-    """The end of an upsert that adds each row's ``n`` to a count that is there, and bumps its version."""
-    if backend == "mysql":
+def _add_counts(style: str) -> str:
+    """The end of an upsert that adds each row's ``n`` to a count that is there, and bumps its version
+    (``style``: `Backend.upsert_style`)."""
+    if style == "on_duplicate_key":
         return "ON DUPLICATE KEY UPDATE n = n + VALUES(n), version = version + 1"
     t = "relation_counts"  # (the target table's own name, as ON CONFLICT refers to it)
     return f"ON CONFLICT (relation, from_id) DO UPDATE SET n = {t}.n + excluded.n, version = {t}.version + 1"

@@ -308,7 +308,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             "the mix needs memcached and Redis in the config's cache: section (the floor uses both)"
         )
     pg = config.ids == "instagram"
-    if pg and any(backend_for(url).name != "postgresql" for url in config.hosts.values()):
+    if pg and any(not backend_for(url).schema_shards for url in config.hosts.values()):
         raise ConfigError("the mix runs Instagram IDs on PostgreSQL hosts only")
     first, last = config.open_shards[0]
     shards = list(range(first, min(last + 1, first + options.shards)))
