@@ -42,11 +42,13 @@ from store.tools.mix.store_system import StoreSystem
 from store.tools.mix.system import MixSchema, System
 from store.tools.mix.workload import DataSet, Shape, make_data_set
 
-__all__ = ["DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
+__all__ = ["ASYNC_SYSTEM", "DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
 
 #: ``--quick``: a data set small enough that the whole run takes well under a minute.
 QUICK_SHAPE = Shape(users=200, boards_per_user=2, pins=3000, likes_per_user=5)
 SYSTEMS = ("floor", "horizontal_shard", "store")
+#: `store.aio.AsyncStore`, its phases run by tasks on one event loop (`--async`, `--concurrency`).
+ASYNC_SYSTEM = "store:async"
 #: What `store bench mix` runs unless told: the peers, and the store with its defaults and with the
 #: invalidation log (its faster setting: entries trusted at any age while the log is followed).
 DEFAULT_SYSTEMS = (*SYSTEMS, "store:follow=true")
@@ -74,6 +76,8 @@ class MixOptions:
     keep: bool = False
     #: Worker processes each phase runs in (each with the phase's threads); 1: in this process.
     processes: int = 1
+    #: Tasks on one event loop for each phase of ``store:async`` (empty: the thread counts).
+    concurrency: list[int] = field(default_factory=list)
 
 
 def _config(options: MixOptions) -> StoreConfig:
@@ -197,6 +201,10 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
 
         peer = PgShardedPeer if pg else ShardedPeer
         return peer(schema, pool_size=pool)
+    if name == ASYNC_SYSTEM:
+        from store.tools.mix.async_system import AsyncStoreSystem
+
+        return AsyncStoreSystem(Store(replace(config, pool_size=max(config.pool_size, pool))), name=name)
     base, _, knobs = name.partition(":")
     if base == "store":
         cfg = config
@@ -206,7 +214,9 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
         url = options.mysqldb_url
         cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
     else:
-        raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, 'store-mysqldb'))}")
+        raise ConfigError(
+            f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, 'store-mysqldb', ASYNC_SYSTEM))}"
+        )
     if knobs:
         # A variant of the store's cache settings, e.g. store:max_stale_s=3600 (named as given).
         changes: dict[str, Any] = {}
@@ -241,7 +251,8 @@ def _timed(
     streams of their own seeds), else in this one.
     """
     procs = "" if workers is None else f" x {workers.processes} process(es)"
-    label = f"{system.name}: {threads} thread(s){procs}, {temperature}"
+    callers = "task(s)" if system.name == ASYNC_SYSTEM else "thread(s)"
+    label = f"{system.name}: {threads} {callers}{procs}, {temperature}"
     with click.progressbar(length=1000, label=label, file=sys.stderr) as bar:
         done = [0]
 
@@ -260,12 +271,28 @@ def _timed(
             "seed": seed,
             "tick": tick,
         }
+        from store.tools.mix.async_system import connections_in_use
+
+        # A store's connections, where the phase runs in this process.
+        store = system.store if isinstance(system, StoreSystem) and workers is None else None
+        if store is not None:
+            connections_in_use(store, restart=True)
         before = server_cpu_s()
         if workers is not None:
             phase = workers.run_phase(copy, **common)
+        elif system.name == ASYNC_SYSTEM:
+            from store.tools.mix.async_system import AsyncStoreSystem, run_async_phase
+
+            assert isinstance(system, AsyncStoreSystem)
+            del common["threads"], common["requests_per_thread"]
+            phase = run_async_phase(
+                system, data, copy, tasks=threads, requests_per_task=options.requests, **common
+            )
         else:
             phase = run_phase(system, data, copy, **common)
         phase.server_cpu_s = since(before, server_cpu_s())
+        if store is not None:
+            phase.connections = connections_in_use(store)
         return phase
 
 
@@ -291,6 +318,8 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     names = list(options.systems)
     if options.mysqldb_url and not any(n.partition(":")[0] == "store-mysqldb" for n in names):
         names.append("store-mysqldb")
+    if ASYNC_SYSTEM in names and options.processes > 1:
+        raise ConfigError(f"{ASYNC_SYSTEM} runs in this process: leave out --processes, or {ASYNC_SYSTEM}")
     _check_connections(schema, names, max(options.threads), max(1, options.processes))
     systems = {n: _system(n, config, schema, options) for n in names}
     copies: dict[str, Copy] = {}
@@ -315,9 +344,14 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             for n in names:
                 pools[n].wait_up()
         rounds = max(1, options.rounds)
-        for threads in options.threads:
+        threaded = [n for n in names if n != ASYNC_SYSTEM]
+        # The async store's phases: its tasks (--concurrency), beside the threads of the others.
+        callers = [(t, threaded) for t in options.threads if threaded]
+        if ASYNC_SYSTEM in names:
+            callers += [(c, [ASYNC_SYSTEM]) for c in options.concurrency or options.threads]
+        for threads, group in callers:
             # Cold: each system from empty caches, one after the other.
-            for n in names:
+            for n in group:
                 systems[n].flush()
                 _flush_memcached(config.cache.memcached)
                 phases.append(
@@ -334,9 +368,9 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                     )
                 )
             # Warm: in slices, the systems taking turns (each starts the round in turn).
-            slices: dict[str, list[Phase]] = {n: [] for n in names}
+            slices: dict[str, list[Phase]] = {n: [] for n in group}
             for r in range(rounds):
-                for n in names[r % len(names) :] + names[: r % len(names)]:
+                for n in group[r % len(group) :] + group[: r % len(group)]:
                     part = _timed(
                         systems[n],
                         data,
@@ -349,7 +383,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                         pools.get(n),
                     )
                     slices[n].append(part)
-            phases += [merge(slices[n]) for n in names]
+            phases += [merge(slices[n]) for n in group]
         for pool in pools.values():
             pool.close()
         t = read_truth(schema)

@@ -65,6 +65,9 @@ class Phase:
     #: CPU seconds the machine's server processes used during the phase, by program
     #: (`store.tools.mix.servers_cpu`; empty where it cannot be read).
     server_cpu_s: dict[str, float] = field(default_factory=dict)
+    #: The most database connections the system had in use at once, summed over its hosts' pools
+    #: (None: not known; a merged phase keeps its slices' highest).
+    connections: int | None = None
 
     @property
     def calls(self) -> int:
@@ -106,6 +109,8 @@ def merge(parts: list[Phase]) -> Phase:
     if first.processes > 1:
         merged.processes = first.processes
         merged.process_calls = [sum(c) for c in zip(*(p.process_calls for p in parts), strict=True)]
+    counted = [p.connections for p in parts if p.connections is not None]
+    merged.connections = max(counted) if counted else None
     if all(p.server_cpu_s for p in parts):
         merged.server_cpu_s = {
             name: sum(p.server_cpu_s.get(name, 0.0) for p in parts) for name in first.server_cpu_s
