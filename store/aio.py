@@ -9,7 +9,8 @@ store's method on a worker thread of a `ThreadPoolExecutor` the
 
 * the event loop never blocks on a database, memcached or Redis;
 * the database connections in use are bounded by the executor's
-  ``max_workers``, not by the number of tasks: 10,000 tasks awaiting
+  ``max_workers`` (at most one per worker on each host: a call holds at
+  most one per host), not by the number of tasks: 10,000 tasks awaiting
   ``get`` queue for the workers, they do not open 10,000 connections.
   The default is ``min(32, pool_size)`` (``pool_size`` from the config),
   one worker per pooled connection of a host. More workers than
