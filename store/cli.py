@@ -1180,6 +1180,18 @@ def _thread_counts(text: str) -> list[int]:
     return counts
 
 
+def _task_counts(text: str) -> list[int]:
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(not 1 <= c <= 10_000 for c in counts):
+        raise click.BadParameter(
+            f"give task counts in 1..10000 separated by commas, like 16,64,256; got {text!r}"
+        )
+    return counts
+
+
 @bench.command("mix")
 @click.option(
     "--config",
@@ -1231,6 +1243,19 @@ def _thread_counts(text: str) -> list[int]:
     default=None,
     help="A mysql+mysqldb:// URL: also run the store on the mysqlclient driver.",
 )
+@click.option(
+    "--async",
+    "run_async",
+    is_flag=True,
+    help="Also run store:async: AsyncStore awaited by --concurrency tasks on one event loop.",
+)
+@click.option(
+    "--concurrency",
+    "concurrency_text",
+    default="16,64,256",
+    show_default=True,
+    help="Task counts of store:async's phases (with --async; --quick: 4,32).",
+)
 @click.option("--quick", is_flag=True, help="A small data set, threads 1,2, 2 s phases: under a minute.")
 @click.option(
     "--out",
@@ -1253,6 +1278,8 @@ def bench_mix(
     systems: str,
     idle_s: float,
     mysqldb_url: str | None,
+    run_async: bool,
+    concurrency_text: str,
     quick: bool,
     out: Path,
     keep: bool,
@@ -1268,6 +1295,8 @@ def bench_mix(
     run it on a quiet machine. With --processes P each phase runs in P worker processes (spawned, each
     building its own system) of T threads each, on the same loaded data;
     ops/s is all their calls over the wall time of the whole phase.
+    With --async, store:async (the same store through store.aio.AsyncStore) runs C tasks on one
+    event loop for each C of --concurrency, and each store's database connections are reported.
     """
     from store.tools.mix.bench import QUICK_SHAPE, MixOptions, data_set_summary, run_mix
     from store.tools.mix.workload import Shape, make_data_set
@@ -1281,7 +1310,9 @@ def bench_mix(
         seconds=2.0 if quick else seconds,
         requests=requests,
         rounds=rounds,
-        systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+        systems=tuple(s.strip() for s in systems.split(",") if s.strip())
+        + (("store:async",) if run_async and "store:async" not in systems else ()),
+        concurrency=[4, 32] if quick and concurrency_text == "16,64,256" else _task_counts(concurrency_text),
         mysqldb_url=mysqldb_url,
         trips=100 if quick else 400,
         out=out,

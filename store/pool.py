@@ -144,6 +144,8 @@ class ConnectionPool:
         self._timeout_s = timeout_s
         self._recycle_s = recycle_s
         self.opened = 0  # connections made over the pool's life, for tests and stats
+        #: The most connections checked out at once (for tests and benchmarks; set it to start again).
+        self.peak_in_use = 0
         #: The process whose connections the pool holds.
         self._pid = os.getpid()
         at_fork(self, ConnectionPool._after_fork)
@@ -154,6 +156,7 @@ class ConnectionPool:
             return
         self._cond = threading.Condition(threading.Lock())  # may have been held by a parent's thread
         self._in_use = 0  # the threads that had them checked out do not exist here
+        self.peak_in_use = 0
         self._waiting = 0
         inherited, self._idle = self._idle, deque()
         self._pid = os.getpid()
@@ -168,6 +171,8 @@ class ConnectionPool:
             if self._in_use >= self._max_open:
                 self._wait_for_slot()
             self._in_use += 1
+            if self._in_use > self.peak_in_use:
+                self.peak_in_use = self._in_use
         try:
             while True:
                 try:

@@ -213,10 +213,40 @@ def cached_mariadb_config(memcached: list[str], redis_url: str) -> dict[str, Any
     return raw
 
 
-@pytest.fixture(params=["sqlite", "sqlite-memory", "mariadb", "mariadb-cached"])
+BACKENDS = ("sqlite", "sqlite-memory", "mariadb", "mariadb-cached")
+#: Where a module that sets ``BOTH_FACES = True`` runs the ``store`` fixture's tests through
+#: `store.aio.AsyncStore` too (two backends, so the suite's time does not double).
+ASYNC_FACE_BACKENDS = ("sqlite", "mariadb-cached")
+
+
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     """Each store test runs on SQLite and MariaDB, each without and with caches."""
     return str(request.param)
+
+
+@pytest.fixture
+def face() -> str:
+    """Which API the ``store`` fixture is: ``sync`` (`Store`), or ``async`` (see `pytest_generate_tests`)."""
+    return "sync"
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' own params: these replace backend's
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """In a module with ``BOTH_FACES = True``, each test of the ``store`` fixture also runs on the
+    async face (`tests.asyncface`: `AsyncStore` behind the sync API) on `ASYNC_FACE_BACKENDS`;
+    the sync runs keep their ids (``[sqlite]``), the async ones end in ``-async``. A test that
+    parametrizes ``backend`` itself keeps its backends, on the sync face."""
+    if not getattr(metafunc.module, "BOTH_FACES", False):
+        return
+    if "face" not in metafunc.fixturenames or "backend" not in metafunc.fixturenames:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        if "backend" in str(mark.args[0]):  # a test that names its own backends: the sync face there
+            return
+    cases = [pytest.param(b, "sync", id=b) for b in BACKENDS]
+    cases += [pytest.param(b, "async", id=f"{b}-async") for b in ASYNC_FACE_BACKENDS]
+    metafunc.parametrize(("backend", "face"), cases)
 
 
 @pytest.fixture
@@ -242,9 +272,11 @@ def config(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Stor
 
 
 @pytest.fixture
-def store(config: StoreConfig) -> Iterator[Store]:
-    """A store on ``backend``, closed after the test."""
-    with Store(config) as s:
+def store(config: StoreConfig, face: str) -> Iterator[Store]:
+    """A store on ``backend`` (through ``face``), closed after the test."""
+    from tests.asyncface import blocking_store
+
+    with blocking_store(config, face) as s:
         yield s
 
 

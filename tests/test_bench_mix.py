@@ -352,3 +352,44 @@ def test_cpu_per_call_vs_the_floor_counts_the_client_and_every_server() -> None:
     assert cpu_vs(store, floor) == pytest.approx(625 / 500)
     assert cpu_vs(floor, floor) == pytest.approx(1.0)
     assert cpu_vs({**store, "server_cpu_us_per_call": {}}, floor) is None  # the servers not measured
+
+
+def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Path) -> None:
+    for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
+        require_port(name, port)
+    from store.tools.mix import bench
+
+    options = bench.MixOptions(
+        shape=bench.QUICK_SHAPE,
+        threads=[2],
+        concurrency=[24],  # more tasks than the async store has workers
+        requests=25,
+        rounds=1,
+        systems=("store", bench.ASYNC_SYSTEM),
+        trips=30,
+        out=tmp_path / "mix",
+    )
+    doc = bench.run_mix(options, say=lambda _msg: None)
+    phases = {(p["system"], p["threads"], p["temperature"]): p for p in doc["phases"]}
+    assert set(phases) == {
+        ("store", 2, "cold"),
+        ("store", 2, "warm"),
+        ("store:async", 24, "cold"),
+        ("store:async", 24, "warm"),
+    }
+    for p in phases.values():
+        assert p["errors"] == 0, (p["system"], {k: v["first_error"] for k, v in p["operations"].items()})
+        assert p["calls"] == p["threads"] * 25
+        assert p["connections"] >= 1
+    # 24 tasks, min(32, pool_size) workers, two host names: at most one connection per worker per host.
+    from store.aio import default_max_workers
+
+    workers = default_max_workers(bench._config(options))
+    assert workers < 24
+    for temperature in ("cold", "warm"):
+        assert phases[("store:async", 24, temperature)]["connections"] <= 2 * workers
+    for check in doc["checks"]:
+        assert check["checked"] > 100
+        assert check["mismatches"] == [], check
+    assert "store:async: its thread count is tasks" in doc["report"]
+    assert "most database connections in use at once" in doc["report"]

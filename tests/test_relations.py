@@ -23,6 +23,9 @@ from store import (
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
 
+#: The ``store`` fixture's tests run on the sync and the async face (`tests.asyncface`).
+BOTH_FACES = True
+
 
 @pytest.fixture
 def board(store: Store) -> int:

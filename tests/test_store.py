@@ -24,6 +24,9 @@ from store import (
 from store.objects import ObjectRepository
 from tests.conftest import TEST_SHARDS, row_count
 
+#: The ``store`` fixture's tests run on the sync and the async face (`tests.asyncface`).
+BOTH_FACES = True
+
 
 def test_create_then_get_by_id_alone(store: Store) -> None:
     board = store.create("board", {"name": "kitchen"})

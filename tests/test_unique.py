@@ -23,6 +23,10 @@ from store import CacheConfig, DataError, DuplicateKeyError, Store, StoreConfig,
 from store.admin import init_shards, repair_unique
 from store.specs import UniqueSpec
 from store.unique import CLAIM_GRACE_S, key_shard
+from tests.asyncface import blocking_store
+
+#: The ``store`` fixture's tests run on the sync and the async face (`tests.asyncface`).
+BOTH_FACES = True
 
 UNIQUE = {
     "user_by_username": UniqueSpec("user_by_username", "user", "username"),
@@ -31,12 +35,12 @@ UNIQUE = {
 
 
 @pytest.fixture
-def ustore(config: StoreConfig, backend: str) -> Iterator[Store]:
-    """The ``store`` fixture's backends, with two unique keys on users."""
+def ustore(config: StoreConfig, backend: str, face: str) -> Iterator[Store]:
+    """The ``store`` fixture's backends and faces, with two unique keys on users."""
     keyed = replace(config, unique=UNIQUE)
     if backend.startswith("mariadb"):
         init_shards(keyed)  # adds the unique_keys table (idempotent)
-    with Store(keyed) as s:
+    with blocking_store(keyed, face) as s:
         yield s
 
 

@@ -20,6 +20,9 @@ from store import CacheConfig, ConflictError, DataError, NotFound, Store, StoreC
 from store.admin import init_shards
 from tests.conftest import sqlite_config
 
+#: The ``store`` fixture's tests run on the sync and the async face (`tests.asyncface`).
+BOTH_FACES = True
+
 
 def test_a_new_object_is_at_version_one_and_each_update_adds_one(store: Store) -> None:
     pin = store.create("pin", {"n": 0})

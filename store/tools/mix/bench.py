@@ -43,13 +43,15 @@ from store.tools.mix.store_system import StoreSystem
 from store.tools.mix.system import MixSchema, System
 from store.tools.mix.workload import DataSet, Shape, make_data_set
 
-__all__ = ["DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
+__all__ = ["ASYNC_SYSTEM", "DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
 
 #: ``--quick``: a data set small enough that the whole run takes well under a minute.
 QUICK_SHAPE = Shape(users=200, boards_per_user=2, pins=3000, likes_per_user=5)
 SYSTEMS = ("floor", "horizontal_shard", "store")
 #: Systems that run when named: the floor with the store's write promises, by hand.
 OTHER_SYSTEMS = ("floor:promised", "store-mysqldb")
+#: `store.aio.AsyncStore`, its phases run by tasks on one event loop (`--async`, `--concurrency`).
+ASYNC_SYSTEM = "store:async"
 #: What `store bench mix` runs unless told: the peers, and the store with its defaults and with the
 #: invalidation log (its faster setting: entries trusted at any age while the log is followed).
 DEFAULT_SYSTEMS = (*SYSTEMS, "store:follow=true")
@@ -79,6 +81,8 @@ class MixOptions:
     processes: int = 1
     #: Seconds each system is held open idle after the run, its database queries counted (0: not).
     idle_s: float = 4.0
+    #: Tasks on one event loop for each phase of ``store:async`` (empty: the thread counts).
+    concurrency: list[int] = field(default_factory=list)
 
 
 def _config(options: MixOptions) -> StoreConfig:
@@ -195,6 +199,8 @@ def _system_config(name: str, config: StoreConfig, options: MixOptions) -> Store
     the peer, which are not the store."""
     if name in ("floor", "floor:promised", "horizontal_shard"):
         return None
+    if name == ASYNC_SYSTEM:
+        return config
     base, _, knobs = name.partition(":")
     if base == "store":
         cfg = config
@@ -204,7 +210,9 @@ def _system_config(name: str, config: StoreConfig, options: MixOptions) -> Store
         url = options.mysqldb_url
         cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
     else:
-        raise ConfigError(f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, *OTHER_SYSTEMS))}")
+        raise ConfigError(
+            f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, *OTHER_SYSTEMS, ASYNC_SYSTEM))}"
+        )
     if knobs:
         # A variant of the store's cache settings, e.g. store:max_stale_s=3600 (named as given).
         changes: dict[str, Any] = {}
@@ -246,6 +254,10 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
 
         peer = PgShardedPeer if pg else ShardedPeer
         return peer(schema, pool_size=pool)
+    if name == ASYNC_SYSTEM:
+        from store.tools.mix.async_system import AsyncStoreSystem
+
+        return AsyncStoreSystem(Store(replace(config, pool_size=max(config.pool_size, pool))), name=name)
     cfg = _system_config(name, config, options)
     assert cfg is not None
     return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name=name)
@@ -269,7 +281,8 @@ def _timed(
     streams of their own seeds), else in this one.
     """
     procs = "" if workers is None else f" x {workers.processes} process(es)"
-    label = f"{system.name}: {threads} thread(s){procs}, {temperature}"
+    callers = "task(s)" if system.name == ASYNC_SYSTEM else "thread(s)"
+    label = f"{system.name}: {threads} {callers}{procs}, {temperature}"
     with click.progressbar(length=1000, label=label, file=sys.stderr) as bar:
         done = [0]
 
@@ -288,15 +301,31 @@ def _timed(
             "seed": seed,
             "tick": tick,
         }
+        from store.tools.mix.async_system import connections_in_use
+
+        # A store's connections, where the phase runs in this process.
+        store = system.store if isinstance(system, StoreSystem) and workers is None else None
+        if store is not None:
+            connections_in_use(store, restart=True)
         before = server_cpu_s()
         deleted = cache_deletes(config)
         if workers is not None:
             phase = workers.run_phase(copy, **common)
+        elif system.name == ASYNC_SYSTEM:
+            from store.tools.mix.async_system import AsyncStoreSystem, run_async_phase
+
+            assert isinstance(system, AsyncStoreSystem)
+            del common["threads"], common["requests_per_thread"]
+            phase = run_async_phase(
+                system, data, copy, tasks=threads, requests_per_task=options.requests, **common
+            )
         else:
             phase = run_phase(system, data, copy, **common)
         phase.server_cpu_s = since(before, server_cpu_s())
         after = cache_deletes(config)
         phase.cache_deletes = {k: after[k] - deleted[k] for k in after if k in deleted}
+        if store is not None:
+            phase.connections = connections_in_use(store)
         return phase
 
 
@@ -322,6 +351,8 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     names = list(options.systems)
     if options.mysqldb_url and not any(n.partition(":")[0] == "store-mysqldb" for n in names):
         names.append("store-mysqldb")
+    if ASYNC_SYSTEM in names and options.processes > 1:
+        raise ConfigError(f"{ASYNC_SYSTEM} runs in this process: leave out --processes, or {ASYNC_SYSTEM}")
     _check_connections(schema, names, max(options.threads), max(1, options.processes))
     systems: dict[str, System] = {}
     daemons: dict[str, DaemonProcess] = {}
@@ -354,9 +385,14 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
             for n in names:
                 pools[n].wait_up()
         rounds = max(1, options.rounds)
-        for threads in options.threads:
+        threaded = [n for n in names if n != ASYNC_SYSTEM]
+        # The async store's phases: its tasks (--concurrency), beside the threads of the others.
+        callers = [(t, threaded) for t in options.threads if threaded]
+        if ASYNC_SYSTEM in names:
+            callers += [(c, [ASYNC_SYSTEM]) for c in options.concurrency or options.threads]
+        for threads, group in callers:
             # Cold: each system from empty caches, one after the other.
-            for n in names:
+            for n in group:
                 systems[n].flush()
                 _flush_memcached(config.cache.memcached)
                 phases.append(
@@ -374,9 +410,9 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                     )
                 )
             # Warm: in slices, the systems taking turns (each starts the round in turn).
-            slices: dict[str, list[Phase]] = {n: [] for n in names}
+            slices: dict[str, list[Phase]] = {n: [] for n in group}
             for r in range(rounds):
-                for n in names[r % len(names) :] + names[: r % len(names)]:
+                for n in group[r % len(group) :] + group[: r % len(group)]:
                     part = _timed(
                         config,
                         systems[n],
@@ -390,7 +426,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                         pools.get(n),
                     )
                     slices[n].append(part)
-            phases += [merge(slices[n]) for n in names]
+            phases += [merge(slices[n]) for n in group]
         for pool in pools.values():
             pool.close()
         t = read_truth(schema)

@@ -40,7 +40,9 @@ def summary(phase: Phase) -> dict[str, Any]:
     """
     walls = _all(phase)
     calls = max(1, phase.calls)
-    per_process = {"process_calls": phase.process_calls} if phase.processes > 1 else {}
+    per_process: dict[str, Any] = {"process_calls": phase.process_calls} if phase.processes > 1 else {}
+    if phase.connections is not None:
+        per_process["connections"] = phase.connections
     return {
         "system": phase.system,
         "threads": phase.threads,
@@ -147,6 +149,11 @@ def tables(
     systems = list(dict.fromkeys(p.system for p in phases))
     keys = list(dict.fromkeys((p.threads, p.temperature) for p in phases))
     procs = _procs(max((p.processes for p in phases), default=1))
+    if any(p.system == "store:async" for p in phases):
+        lines.append(
+            "store:async: its thread count is tasks on one event loop, awaiting an AsyncStore "
+            "(its executor's workers make the calls)"
+        )
     head = (
         f"{'':<22}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'cpu us':>9}{'srv us':>9}"
         f"{'errors':>8}  vs floor"
@@ -172,6 +179,13 @@ def tables(
                 f"{name:<22}{s['ops_per_s']:>9,.0f}{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}{s['p999_ms']:>10.2f}"
                 f"{s['process_cpu_us_per_call']:>9.0f}{_server_total(s):>9}{s['errors']:>8}{ratio}"
             )
+        conns = [
+            f"{name} {p.connections}"
+            for name in systems
+            if (p := by.get((name, threads, temp))) is not None and p.connections is not None
+        ]
+        if conns:
+            lines.append(f"most database connections in use at once (all hosts): {', '.join(conns)}")
     if keys:
         threads, temp = max(k[0] for k in keys), "warm"
         lines.append(

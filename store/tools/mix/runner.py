@@ -68,6 +68,9 @@ class Phase:
     #: Deletes the cache servers counted during the phase, by cache (every deleter:
     #: `store.tools.mix.invalidation`; empty where they cannot be read).
     cache_deletes: dict[str, int] = field(default_factory=dict)
+    #: The most database connections the system had in use at once, summed over its hosts' pools
+    #: (None: not known; a merged phase keeps its slices' highest).
+    connections: int | None = None
 
     @property
     def calls(self) -> int:
@@ -109,6 +112,8 @@ def merge(parts: list[Phase]) -> Phase:
     if first.processes > 1:
         merged.processes = first.processes
         merged.process_calls = [sum(c) for c in zip(*(p.process_calls for p in parts), strict=True)]
+    counted = [p.connections for p in parts if p.connections is not None]
+    merged.connections = max(counted) if counted else None
     if all(p.server_cpu_s for p in parts):
         merged.server_cpu_s = {
             name: sum(p.server_cpu_s.get(name, 0.0) for p in parts) for name in first.server_cpu_s

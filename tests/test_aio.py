@@ -1,0 +1,362 @@
+"""`store.aio.AsyncStore` on its own terms: its contract with `Store`, tasks, cancellation, closing, forks.
+
+The behavioural suites (objects, relations, versions, unique keys) also run
+through the async face (``BOTH_FACES`` in those modules); these tests cover
+what only an event loop can show: many tasks at once, tasks cancelled at
+random moments (both sides of every pair and every count checked after each
+round, on MariaDB under two host names, caches on), the executor's bound on
+connections, ``async with`` and `aclose`, and a fork.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import multiprocessing
+import random
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from store import ConfigError, Store, StoreConfig, StoreError, encode_pinterest
+from store.aio import AsyncStore, default_max_workers
+from tests.conftest import cached_mariadb_config, sqlite_config
+
+BHP = "board_has_pins"
+POB = "pin_owned_by_board"
+
+#: `Store` members that are not request-path calls, and what the async store has for them.
+SYNC_ONLY = {"admin_context", "config", "shard_map", "map_source"}
+RENAMED = {"close": "aclose"}
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+# -- the contract ---------------------------------------------------------------
+
+
+def _public_members(cls: type) -> dict[str, Any]:
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith("_")}
+
+
+def test_every_store_method_is_a_coroutine_with_the_same_parameters() -> None:
+    sync, asynchronous = _public_members(Store), _public_members(AsyncStore)
+    for name, member in sync.items():
+        ours = RENAMED.get(name, name)
+        assert ours in asynchronous, f"AsyncStore has no {ours} (Store.{name})"
+        if name in SYNC_ONLY or isinstance(member, property) or not callable(member):
+            continue
+        if isinstance(member, classmethod):
+            continue  # from_config: checked below
+        theirs = getattr(AsyncStore, ours)
+        assert inspect.iscoroutinefunction(theirs), f"AsyncStore.{ours} is not a coroutine function"
+        want = inspect.signature(getattr(Store, name)).parameters
+        got = inspect.signature(theirs).parameters
+        assert list(got) == list(want), name
+        for p, q in zip(want.values(), got.values(), strict=True):
+            assert (q.kind, q.default, q.annotation) == (p.kind, p.default, p.annotation), (name, p.name)
+    for name in ("__aenter__", "__aexit__"):
+        assert inspect.iscoroutinefunction(getattr(AsyncStore, name))
+    sync_init = inspect.signature(Store.__init__).parameters
+    async_init = inspect.signature(AsyncStore.__init__).parameters
+    assert set(sync_init) <= set(async_init)
+    assert "max_workers" in async_init
+    assert list(inspect.signature(Store.from_config).parameters) == ["source"]
+    assert list(inspect.signature(AsyncStore.from_config).parameters) == ["source", "max_workers"]
+
+
+def test_from_config_takes_what_the_store_takes(tmp_path: Path) -> None:
+    raw = sqlite_config(tmp_path)
+    path = tmp_path / "store.yaml"
+    path.write_text(yaml.safe_dump(raw))
+
+    async def main() -> None:
+        for source in (raw, StoreConfig.from_dict(raw), str(path), path):
+            async with AsyncStore.from_config(source) as s:
+                pin = await s.create("pin", {"src": type(source).__name__})
+                assert await s.get(pin) == {"src": type(source).__name__}
+                assert s.max_workers == default_max_workers(s.config) == min(32, s.config.pool_size)
+        async with AsyncStore.from_config(raw, max_workers=3) as s:
+            assert s.max_workers == 3
+
+    run(main())
+    with pytest.raises(ConfigError, match="a store's config is a YAML file's path"):
+        AsyncStore.from_config(42)  # type: ignore[arg-type]
+    for bad in (0, -1, 2.0, True, "4"):
+        with pytest.raises(ConfigError, match="max_workers must be an int of at least 1"):
+            AsyncStore.from_config(raw, max_workers=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="max_workers"):
+            AsyncStore(StoreConfig.from_dict(raw), max_workers=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="takes a Store"):
+        AsyncStore.from_store(raw)  # type: ignore[arg-type]
+
+
+def test_errors_are_the_store_s_and_an_async_update_function_is_refused(tmp_path: Path) -> None:
+    from store import IdError, NotFound, UnknownTypeError
+
+    async def main() -> None:
+        async with AsyncStore.from_config(sqlite_config(tmp_path)) as s:
+            with pytest.raises(IdError):
+                await s.get(-1)
+            with pytest.raises(UnknownTypeError):
+                await s.create("photo", {})
+            with pytest.raises(NotFound):
+                await s.update(encode_pinterest(0, 1, 987_654), {"x": 1})
+            pin = await s.create("pin", {"n": 0})
+
+            async def bump(old: dict[str, Any]) -> dict[str, Any]:
+                return {"n": old["n"] + 1}
+
+            class Bumper:
+                async def __call__(self, old: dict[str, Any]) -> dict[str, Any]:
+                    return old
+
+            for fn in (bump, Bumper()):
+                with pytest.raises(TypeError, match="plain function"):
+                    await s.update(pin, fn)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="plain function"):  # a coroutine made by a lambda
+                await s.update(pin, lambda old: bump(old))  # type: ignore[arg-type,return-value]
+            assert await s.get_with_version(pin) == ({"n": 0}, 1)  # nothing written
+
+    run(main())
+
+
+def test_async_with_waits_for_running_calls_then_closes(tmp_path: Path) -> None:
+    """A task cancelled (here by `asyncio.timeout`) while its update runs: the update still lands,
+    `aclose` waits for it, and the store then refuses calls and has no worker left."""
+    raw = sqlite_config(tmp_path)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(old: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        release.wait(10)
+        return {"n": old["n"] + 1}
+
+    async def main() -> AsyncStore:
+        async with AsyncStore.from_config(raw, max_workers=2) as s:
+            pin = await s.create("pin", {"n": 0})
+            ticks = 0
+
+            async def tick() -> None:
+                nonlocal ticks
+                while not release.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0.005)
+
+            ticker = asyncio.create_task(tick())
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await s.update(pin, slow)
+            assert started.is_set()
+            assert ticks > 0  # the loop ran on while the worker was busy
+            threading.Timer(0.1, release.set).start()
+            await ticker
+        assert await asyncio.to_thread(_read, raw, pin) == {"n": 1}  # applied, once
+        with pytest.raises(StoreError, match="closed"):
+            await s.get(pin)
+        await s.aclose()  # twice is harmless
+        return s
+
+    s = run(main())
+    assert s._executor is None
+    assert not [t for t in threading.enumerate() if t.name.startswith("store-aio")]
+
+
+def _read(raw: dict[str, Any], id: int) -> dict[str, Any] | None:  # noqa: A002
+    with Store.from_config(raw) as store:
+        return store.get(id)
+
+
+def test_contextvars_reach_the_worker(tmp_path: Path) -> None:
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+    seen: list[str] = []
+
+    def record(old: dict[str, Any]) -> dict[str, Any]:
+        seen.append(request_id.get())
+        return old
+
+    async def one(s: AsyncStore, pin: int, rid: str) -> None:
+        request_id.set(rid)
+        await s.update(pin, record)
+
+    async def main() -> None:
+        async with AsyncStore.from_config(sqlite_config(tmp_path)) as s:
+            pin = await s.create("pin", {})
+            await asyncio.gather(*(one(s, pin, f"r{i}") for i in range(10)))
+
+    run(main())
+    assert sorted(seen) == sorted(f"r{i}" for i in range(10))
+
+
+# -- on MariaDB, under two host names, with memcached and Redis --------------------------
+
+
+@pytest.fixture
+def cached_raw(mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str) -> dict[str, Any]:
+    return cached_mariadb_config(memcached_pair, redis_ready)
+
+
+def _check_pairs(store: Store, board: int, pins: list[int]) -> list[int]:
+    """Both sides of every pair and every count agree, and no deleted pin is listed; the list."""
+    linked = store.links(BHP, board, limit=1000)
+    assert store.count(BHP, board) == len(linked)
+    assert len(set(linked)) == len(linked)
+    for p in pins:
+        inverse = store.links(POB, p)
+        assert inverse == ([board] if p in linked else []), p
+        assert store.count(POB, p) == len(inverse)
+        if store.get(p) is None:  # deleted: in no list
+            assert inverse == [], p
+    return linked
+
+
+def _uncached(raw: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in raw.items() if k != "cache"}
+
+
+def test_two_hundred_tasks_link_and_unlink_and_counts_stay_exact(cached_raw: dict[str, Any]) -> None:
+    workers = 8
+
+    async def main() -> tuple[int, list[int], dict[str, int]]:
+        async with AsyncStore.from_config(cached_raw, max_workers=workers) as s:
+            board = await s.create("board", {"name": "tasks"}, shard=0)  # MySQL001A
+            pins = list(
+                await asyncio.gather(*(s.create("pin", {"i": i}, shard=4 + i % 4) for i in range(30)))
+            )  # MySQL002A: every pair spans the two hosts
+            rng = random.Random(7)
+
+            async def churn(i: int) -> None:
+                p = pins[rng.randrange(len(pins))]
+                if i % 3 == 2:
+                    await s.unlink(BHP, board, p)
+                else:
+                    await s.link(BHP, board, p)
+                await s.has_link(BHP, board, p)
+
+            await asyncio.gather(*(churn(i) for i in range(200)))
+            opened = {name: pool.opened for name, pool in s.admin_context().engines.pools().items()}
+            linked = await s.links(BHP, board, limit=1000)
+            assert await s.count(BHP, board) == len(linked)
+            return board, pins, opened
+
+    board, pins, opened = run(main())
+    # The connections are bounded by the workers, not by the 200 tasks.
+    assert all(n <= workers for n in opened.values()), opened
+    for raw in (cached_raw, _uncached(cached_raw)):  # the caches' answers are the database's
+        with Store.from_config(raw) as store:
+            _check_pairs(store, board, pins)
+
+
+def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str, Any]) -> None:
+    """Rounds of link, unlink, update and delete tasks, each cancelled at a random moment: after
+    each round (`aclose` waiting for the writes a worker had started) every pair has both sides,
+    every count is exact, deleted pins are in no list, and each update function that ran was
+    applied exactly once."""
+    rng = random.Random(11)
+    with Store.from_config(cached_raw) as setup:
+        board = setup.create("board", {"name": "cancel"}, shard=1)  # MySQL001A
+        pins = [setup.create("pin", {"i": i}, shard=5 + i % 3) for i in range(12)]  # MySQL002A
+        counter = setup.create("board", {"n": 0}, shard=6)
+    applied = 0
+    lock = threading.Lock()
+
+    def bump(old: dict[str, Any]) -> dict[str, Any]:
+        nonlocal applied
+        with lock:
+            applied += 1
+        return {"n": old["n"] + 1}
+
+    async def round_(seed: int) -> None:
+        r = random.Random(seed)
+        async with AsyncStore.from_config(cached_raw, max_workers=4) as s:
+            tasks: list[asyncio.Task[Any]] = []
+            for _ in range(12):
+                p = pins[r.randrange(len(pins))]
+                op = r.random()
+                coro: Coroutine[Any, Any, Any]
+                if op < 0.45:
+                    coro = s.link(BHP, board, p)
+                elif op < 0.75:
+                    coro = s.unlink(BHP, board, p)
+                elif op < 0.95:
+                    coro = s.update(counter, bump)
+                else:
+                    coro = s.delete(p)
+                tasks.append(asyncio.create_task(coro))
+            await asyncio.sleep(r.random() * 0.004)
+            for t in tasks:
+                if r.random() < 0.7:
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    for _ in range(15):
+        run(round_(rng.randrange(1 << 30)))
+        with Store.from_config(cached_raw) as store:
+            _check_pairs(store, board, pins)
+            assert store.get(counter) == {"n": applied}
+    with Store.from_config(_uncached(cached_raw)) as store:
+        _check_pairs(store, board, pins)
+        assert store.get_with_version(counter) == ({"n": applied}, applied + 1)
+
+
+def test_get_many_of_hundreds_of_ids(cached_raw: dict[str, Any]) -> None:
+    async def main() -> None:
+        async with AsyncStore.from_config(cached_raw) as s:
+            ids = list(await asyncio.gather(*(s.create("pin", {"i": i}) for i in range(400))))
+            missing = [encode_pinterest(k % 8, 1, 900_000 + k) for k in range(20)]
+            await s.delete(ids[0])
+            want = {p: {"i": i} for i, p in enumerate(ids) if i}
+            assert await s.get_many([*ids, *missing]) == want
+            assert await s.get_many([*ids, *missing]) == want  # warm: from memcached
+            halves = await asyncio.gather(s.get_many(ids[:200]), s.get_many(iter(ids[200:])))
+            assert halves[0] | halves[1] == want
+
+    run(main())
+
+
+# -- forks ----------------------------------------------------------------------
+
+
+def _child(pin: int, s: AsyncStore, parent_executor: Any, out: Any) -> None:
+    async def main() -> None:
+        got = await s.get(pin)
+        await s.update(pin, lambda o: {**o, "child": True})
+        out.put((got, s._executor is not None and s._executor is not parent_executor))
+        await s.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_child_of_a_fork_gets_its_own_executor(tmp_path: Path) -> None:
+    raw = sqlite_config(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+
+    async def before() -> tuple[AsyncStore, int, Any]:
+        s = AsyncStore.from_config(raw, max_workers=2)
+        pin = await s.create("pin", {"n": 1})
+        assert await s.get(pin) == {"n": 1}
+        return s, pin, s._executor
+
+    s, pin, parent_executor = run(before())
+    proc = ctx.Process(target=_child, args=(pin, s, parent_executor, out))
+    proc.start()
+    got, fresh = out.get(timeout=30)
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert got == {"n": 1}
+    assert fresh
+
+    async def after() -> None:
+        assert s._executor is parent_executor  # the parent's is untouched
+        assert await s.get(pin) == {"n": 1, "child": True}
+        await s.aclose()
+
+    run(after())
