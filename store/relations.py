@@ -537,6 +537,28 @@ class RelationService:
             max_bytes=self._router.config.max_cursor_bytes,
         )
 
+    def encode_cursor(
+        self,
+        relation: str,
+        from_id: int,
+        newest_first: bool,
+        sequence: int,
+        to_id: int,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> str:
+        """The cursor of a page that ends at ``(sequence, to_id)``."""
+        return encode_cursor(
+            relation,
+            from_id,
+            newest_first,
+            sequence,
+            to_id,
+            since=since,
+            until=until,
+        )
+
     # -- writes --------------------------------------------------------------
 
     def link(self, relation: str, from_id: int, to_id: int, *, sequence: int | None = None) -> bool:
@@ -761,7 +783,9 @@ class RelationService:
         next_cursor = None
         if more:
             seq, last = rows[-1]
-            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last, since=since, until=until)
+            next_cursor = self.encode_cursor(
+                relation, from_id, newest_first, seq, last, since=since, until=until
+            )
         return Page([t for _s, t in rows], next_cursor)
 
     def rows_after(
