@@ -526,7 +526,7 @@ class RelationService:
         since: int | None = None,
         until: int | None = None,
     ) -> tuple[int, int]:
-        """`store.cursors.decode_cursor` with this store's ``limits.max_cursor_bytes``."""
+        """`store.cursors.decode_cursor` with this store's ``max_cursor_bytes`` and ``cursor_secret``."""
         return decode_cursor(
             cursor,
             relation,
@@ -535,6 +535,7 @@ class RelationService:
             since=since,
             until=until,
             max_bytes=self._router.config.max_cursor_bytes,
+            key=self._router.config.cursor_secret,
         )
 
     def encode_cursor(
@@ -548,7 +549,7 @@ class RelationService:
         since: int | None = None,
         until: int | None = None,
     ) -> str:
-        """The cursor of a page that ends at ``(sequence, to_id)``."""
+        """The cursor of a page that ends at ``(sequence, to_id)``, signed if the config has a secret."""
         return encode_cursor(
             relation,
             from_id,
@@ -557,6 +558,7 @@ class RelationService:
             to_id,
             since=since,
             until=until,
+            key=self._router.config.cursor_secret,
         )
 
     # -- writes --------------------------------------------------------------
