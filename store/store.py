@@ -500,6 +500,18 @@ class Store:
             self._steps,
         )
 
+    def ping(self) -> dict[str, Any]:
+        """Whether each host, cache server and the map source answered within its timeout.
+
+        ``{"ok": bool, "hosts": {name: probe}, "caches": {"memcached": {address: probe},
+        "redis": {address: probe}}, "map_source": probe}``, each probe ``{"ok": bool,
+        "ms": float, "error": str | None}``; all asked at once. Never raises for a
+        server that is down: it is reported (see `store.health`).
+        """
+        from store.health import ping
+
+        return ping(self.config, self._engines, self._live.source, self._live.current)
+
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters per cache: hits, misses, fills, invalidations, updates, errors, skipped, expired."""
         return self._caches.stats()
