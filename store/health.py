@@ -29,6 +29,7 @@ from typing import Any
 from store.config import StoreConfig, redis_server_name
 from store.engines import Engines
 from store.mapsource import MapSource
+from store.shardmap import ShardMap
 
 __all__ = ["ERROR_CHARS", "Probe", "ping"]
 
@@ -58,14 +59,17 @@ def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
 
-def _host_shard(config: StoreConfig, shard_map: Any, host: str) -> int:
-    """A shard ``host`` holds (as master, else as slave) in the map, else 0 (the pool is the host's)."""
+def _host_shard(shard_map: ShardMap, host: str) -> int:
+    """A shard ``host`` holds (as master, else as slave) in the map, else 0.
+
+    A server host's pool is the host's whatever the shard; a SQLite host opens that shard's file.
+    """
     for r in shard_map:
         if r.master == host:
-            return int(r.shards().start)
+            return r.shards().start
     for r in shard_map:
-        if getattr(r, "slave", None) == host:
-            return int(r.shards().start)
+        if r.slave == host:
+            return r.shards().start
     return 0
 
 
@@ -126,7 +130,7 @@ def _ask_map_source(source: MapSource) -> Callable[[], Probe]:
     return ask
 
 
-def ping(config: StoreConfig, engines: Engines, map_source: MapSource, shard_map: Any) -> dict[str, Any]:
+def ping(config: StoreConfig, engines: Engines, map_source: MapSource, shard_map: ShardMap) -> dict[str, Any]:
     """Ask every host, cache server and the map source at once; their answers (see the module).
 
     ``{"ok": bool, "hosts": {name: probe}, "caches": {"memcached": {address: probe},
@@ -136,8 +140,7 @@ def ping(config: StoreConfig, engines: Engines, map_source: MapSource, shard_map
     c = config.cache
     timeout_s, connect_s = c.timeout_ms / 1000, c.connect_timeout_ms / 1000
     jobs: list[tuple[str, str, Callable[[], Any]]] = [
-        ("hosts", name, _ask_host(engines, _host_shard(config, shard_map, name), name))
-        for name in config.hosts
+        ("hosts", name, _ask_host(engines, _host_shard(shard_map, name), name)) for name in config.hosts
     ]
     jobs += [("memcached", a, _ask_memcached(a, timeout_s, connect_s)) for a in c.memcached]
     jobs += [("redis", redis_server_name(u), _ask_redis(u, timeout_s, connect_s)) for u in c.redis]

@@ -58,9 +58,9 @@ def fill_size(entries: int, want: int) -> int:
 class Page:
     """One page of a relation list: IDs in order, and the cursor of the next page.
 
-    ``next_cursor`` is None on the last page. `Store.board_pins` and
-    `Store.board_pins_many` also fill ``objects``, aligned with ``ids`` (IDs
-    whose object is gone are left out).
+    ``next_cursor`` is None on the last page. `Store.page_objects` and
+    `Store.pages_objects_many` (so `Store.board_pins` and `Store.board_pins_many`)
+    also fill ``objects``, aligned with ``ids`` (IDs whose object is gone are left out).
     """
 
     ids: list[int]

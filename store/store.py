@@ -287,7 +287,7 @@ class Store:
         the object is removed, both sides, counts included (a link racing
         with the delete is refused). Lists of relations without an inverse
         cannot be found from the object: their entries stay, and
-        `board_pins` skips them. Running it again finishes a delete that
+        `page_objects` skips them. Running it again finishes a delete that
         stopped half way.
         """
         return self._objects.delete(id, type_name=type_name)
