@@ -23,7 +23,7 @@ from store.cli_common import (
     type_option,
 )
 from store.config import StoreConfig
-from store.exceptions import ConfigError, StoreError
+from store.exceptions import ConfigError, IdError, StoreError
 from store.store import Store
 
 __all__ = ["get", "page", "ping"]
@@ -49,6 +49,8 @@ def get(id_texts: tuple[str, ...], config_path: Path | None, type_name: str | No
     --json adds "type", "shard", "local_id" and "host".
     """
     ids = read_ids(id_texts)
+    if not ids:
+        raise IdError("no IDs to get: pass IDs, or - with IDs on stdin (whitespace separated)")
     several = len(id_texts) > 1 or "-" in id_texts
     with open_store(config_path) as store:
         for i in ids[:1]:

@@ -64,6 +64,7 @@ def test_get_several_ids_and_ids_on_stdin(sqlite_run: Run) -> None:
     # --type is checked against a Pinterest ID's own type
     assert "error:" in run("get", str(board), "--type", "pin", code=1).output
     assert "not an integer ID" in run("get", "-", code=1, stdin="12 x").output
+    assert "no IDs to get" in run("get", "-", code=1, stdin=" \n").output
 
 
 def test_page_with_objects(sqlite_run: Run) -> None:
