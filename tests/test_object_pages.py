@@ -50,7 +50,7 @@ def test_a_users_pins_skip_gone_pins_and_fill_pages(s: Store) -> None:
     for k, p in enumerate(pins):
         s.link(OWNS, user, p, sequence=10 * k)
     for p in pins[1:8]:  # seven gone in a row: the first page reads past them
-        s.delete(p)
+        s.delete(p, type_name="pin")
     live = [p for k, p in enumerate(pins) if not 1 <= k < 8]
     for _round in ("cold", "warm"):
         first = s.page_objects(OWNS, user, limit=3)
@@ -86,13 +86,14 @@ def test_the_inverse_and_many_lists(s: Store) -> None:
     # the inverse side: a pin's boards, as board objects
     pin = pins[boards[0]][0]
     assert s.page_objects(POB, pin) == Page([boards[0]], None, [{"b": 0}])
-    s.delete(pins[boards[1]][0])
+    s.delete(pins[boards[1]][0], type_name="pin")
     many = s.pages_objects_many(BHP, iter(boards), limit=2)
     assert list(many) == boards
     for b in boards:
         assert many[b] == s.page_objects(BHP, b, limit=2)
         assert many[b] == s.board_pins(b, limit=2)
-        assert walk(s, BHP, b, many[b], limit=2)[0] == [p for p in pins[b] if s.get(p) is not None]
+        live = [p for p in pins[b] if s.get(p, type_name="pin") is not None]
+        assert walk(s, BHP, b, many[b], limit=2)[0] == live
     assert s.board_pins_many(boards, limit=2) == many
     assert s.pages_objects_many(BHP, boards, limit=2, newest_first=True) == {
         b: s.board_pins(b, limit=2, newest_first=True) for b in boards
