@@ -18,9 +18,16 @@ from typing import Any
 import click
 
 from store.backends import DEFAULT_BACKEND, backend_names
+from store.cli_common import config_option as _config_option
+from store.cli_common import echo_json as _echo_json
+from store.cli_common import load_config as _load_config
+from store.cli_common import open_admin as _open_admin
+from store.cli_common import open_store as _open
+from store.cli_common import parse_id as _parse_id
+from store.cli_common import parse_shards as _parse_shards
+from store.cli_common import require_type, type_option
 from store.config import StoreConfig
-from store.defaults import embedded_config
-from store.exceptions import ConfigError, IdError, LimitError, StoreError, brief
+from store.exceptions import ConfigError, IdError, LimitError, StoreError
 from store.ids import (
     INSTAGRAM_EPOCH_MS,
     decode_instagram,
@@ -42,53 +49,6 @@ class _Group(click.Group):
         except StoreError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
-
-
-_config_option = click.option(
-    "--config",
-    "config_path",
-    envvar="STORE_CONFIG",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="YAML config file (default: $STORE_CONFIG, else the embedded SQLite default).",
-)
-
-
-def _load_config(path: Path | None) -> StoreConfig:
-    return embedded_config() if path is None else StoreConfig.from_file(path)
-
-
-def _open(path: Path | None) -> Store:
-    return Store(_load_config(path))
-
-
-def _open_admin(path: Path | None) -> Store:
-    """A store on the hosts' admin URLs, for init, check, move, promote and repair."""
-    return Store(_load_config(path).for_admin())
-
-
-def _parse_id(text: str) -> int:
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise IdError(f"{brief(text)} is not an integer ID") from None
-
-
-def _parse_shards(text: str | None, shards: int) -> range | None:
-    if text is None:
-        return None
-    low, sep, high = text.partition("-")
-    try:
-        a = int(low)
-        b = int(high) if sep else a
-    except ValueError:
-        raise IdError(f"--shards takes A-B or N (e.g. 0-511), got {text!r}") from None
-    if not 0 <= a <= b < shards:
-        raise IdError(f"--shards {text} must lie within 0-{shards - 1}, low before high")
-    return range(a, b + 1)
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
 
 
 # -- logging ---------------------------------------------------------------------
@@ -742,25 +702,6 @@ def serve(
 
 
 @main.command()
-@click.argument("id_text", metavar="ID")
-@_config_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON with the object's location.")
-def get(id_text: str, config_path: Path | None, as_json: bool) -> None:
-    """Print the object with ID (exit 1 if there is none)."""
-    with _open(config_path) as store:
-        value = _parse_id(id_text)
-        loc = store.locate(value)
-        data = store.require(value)
-    if as_json:
-        _echo_json(
-            {"id": value, "type": loc.type.name, "shard": loc.shard, "local_id": loc.local_id,
-             "host": loc.host, "data": data}
-        )  # fmt: skip
-    else:
-        click.echo(json.dumps(data, ensure_ascii=False))
-
-
-@main.command()
 @click.argument("name")
 @click.argument("value")
 @_config_option
@@ -799,24 +740,29 @@ def create(
 @click.argument("id_text", metavar="ID")
 @click.argument("data_text", metavar="JSON")
 @_config_option
-def update(id_text: str, data_text: str, config_path: Path | None) -> None:
+@type_option
+def update(id_text: str, data_text: str, config_path: Path | None, type_name: str | None) -> None:
     """Merge a JSON object of changes into the object with ID; print the result."""
     changes = _parse_json(data_text)
+    value = _parse_id(id_text)
     with _open(config_path) as store:
-        click.echo(json.dumps(store.update(_parse_id(id_text), changes), ensure_ascii=False))
+        require_type(store.config, type_name, value)
+        click.echo(json.dumps(store.update(value, changes, type_name=type_name), ensure_ascii=False))
 
 
 @main.command()
 @click.argument("id_text", metavar="ID")
 @_config_option
+@type_option
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def delete(id_text: str, config_path: Path | None, yes: bool) -> None:
+def delete(id_text: str, config_path: Path | None, type_name: str | None, yes: bool) -> None:
     """Soft-delete the object with ID (the row stays, marked inactive)."""
     value = _parse_id(id_text)
+    require_type(_load_config(config_path), type_name, value)  # before asking
     if not yes:
         click.confirm(f"soft-delete object {value}?", abort=True)
     with _open(config_path) as store:
-        click.echo("deleted" if store.delete(value) else "nothing to delete")
+        click.echo("deleted" if store.delete(value, type_name=type_name) else "nothing to delete")
 
 
 # -- relations -----------------------------------------------------------------
@@ -1467,6 +1413,17 @@ def import_(config_path: Path | None, file: Any, batch: int, as_json: bool) -> N
             "error: the file has an export's header but no end line: the export was cut short", err=True
         )
         sys.exit(1)
+
+
+def _add_read_commands() -> None:
+    """`store get`, `page` and `ping` live in `store.cli_reads` (this module is long enough)."""
+    from store.cli_reads import get, page, ping
+
+    for command in (get, page, ping):
+        main.add_command(command)
+
+
+_add_read_commands()
 
 
 if __name__ == "__main__":  # python -m store.cli

@@ -75,7 +75,8 @@ LIMIT_KEYS = frozenset(
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s", "unique", "write_timeout_s", "namespace"}
+     "pool_timeout_s", "pool_recycle_s", "unique", "write_timeout_s", "namespace", "cursor_secret",
+     "cursor_secret_env", "cursor_secret_file"}
 )  # fmt: skip
 #: Table names the store keeps for itself in every shard (store.schema names them; schema imports
 #: config, not back): relation counts, and the marker of a shard that moved away.
@@ -268,6 +269,9 @@ class StoreConfig:
     #: The names of every database, schema and cache key the store makes (config ``namespace:``;
     #: none: ``db00042``, ``store_meta``, ...).
     names: Names = DEFAULT_NAMES
+    #: The secret page cursors are signed with (``cursor_secret``, ``cursor_secret_env`` or
+    #: ``cursor_secret_file``); None: cursors are not signed. Never shown in a repr.
+    cursor_secret: bytes | None = field(default=None, repr=False)
 
     @property
     def namespace(self) -> str | None:
@@ -395,6 +399,7 @@ class StoreConfig:
             base_dir=base,
             unique=unique,
             names=names,
+            cursor_secret=_cursor_secret(raw, env, base),
         )
 
     def type_by_name(self, name: str) -> TypeSpec:
@@ -566,32 +571,67 @@ def _credentialed_url(
             "password_env and password_file"
         )
     key = sources[0]
-    ref = entry[key]
-    if not isinstance(ref, str) or not ref:
-        raise ConfigError(f"{where}.{key} must be a non-empty string, got {type(ref).__name__}")
-    if key == "password_env":
-        if not _ENV_NAME.fullmatch(ref):
-            raise ConfigError(
-                f"{where}.password_env must name an environment variable (A-Z, 0-9, _), got {brief(ref)}"
-            )
-        password = env.get(ref)
-        if password is None:
-            raise ConfigError(
-                f"{where}.password_env names ${ref}, which is not set: export it or use password_file"
-            )
-    else:
-        path = Path(ref)
-        path = path if path.is_absolute() else base / path
-        try:
-            password = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-            raise ConfigError(f"{where}.password_file: cannot read {path}: {why}") from None
-        password = password[:-1] if password.endswith("\n") else password
-        password = password[:-1] if password.endswith("\r") else password
+    password = read_secret(f"{where}.{key}", entry[key], from_file=key == "password_file", env=env, base=base)
     if not password:
         raise ConfigError(f"{where}.{key} gives an empty password; leave the key out for none")
     return url.set(password=password)
+
+
+def read_secret(where: str, ref: object, *, from_file: bool, env: Mapping[str, str], base: Path) -> str:
+    """The secret a ``*_env`` key (``ref`` names an environment variable) or a ``*_file`` key (``ref``
+    is a path, relative to ``base``: one trailing newline is dropped) points at; ``where`` is the key."""
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{where} must be a non-empty string, got {type(ref).__name__}")
+    if not from_file:
+        if not _ENV_NAME.fullmatch(ref):
+            raise ConfigError(f"{where} must name an environment variable (A-Z, 0-9, _), got {brief(ref)}")
+        secret = env.get(ref)
+        if secret is None:
+            other = where[: -len("_env")] + "_file" if where.endswith("_env") else "a file"
+            raise ConfigError(f"{where} names ${ref}, which is not set: export it or use {other}")
+        return secret
+    path = Path(ref)
+    path = path if path.is_absolute() else base / path
+    try:
+        secret = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{where}: cannot read {path}: {why}") from None
+    secret = secret[:-1] if secret.endswith("\n") else secret
+    return secret[:-1] if secret.endswith("\r") else secret
+
+
+#: The config's keys that give the secret page cursors are signed with (one at most).
+CURSOR_SECRET_KEYS = ("cursor_secret", "cursor_secret_env", "cursor_secret_file")
+#: The shortest cursor secret accepted, in bytes (UTF-8).
+MIN_CURSOR_SECRET_BYTES = 16
+
+
+def _cursor_secret(raw: Mapping[str, Any], env: Mapping[str, str], base: Path) -> bytes | None:
+    """The secret of ``cursor_secret``, ``cursor_secret_env`` or ``cursor_secret_file`` (None: unsigned)."""
+    given = [k for k in CURSOR_SECRET_KEYS if raw.get(k) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ConfigError(
+            f"{', '.join(given)} given together: keep exactly one of cursor_secret, "
+            "cursor_secret_env (an environment variable's name) and cursor_secret_file (a file's path)"
+        )
+    key = given[0]
+    if key == "cursor_secret":
+        secret = raw[key]
+        if not isinstance(secret, str):
+            raise ConfigError(f"cursor_secret must be a string, got {type(secret).__name__}")
+    else:
+        secret = read_secret(key, raw[key], from_file=key == "cursor_secret_file", env=env, base=base)
+    data = secret.encode("utf-8")
+    if len(data) < MIN_CURSOR_SECRET_BYTES:
+        # Never echo the secret: say how long it is and how long it must be.
+        raise ConfigError(
+            f"{key} gives a secret of {len(data)} bytes; page cursors need at least "
+            f"{MIN_CURSOR_SECRET_BYTES} (e.g. the output of `openssl rand -base64 32`)"
+        )
+    return data
 
 
 _MapSource = tuple[tuple[str, str] | None, float, tuple[URL, URL] | None]

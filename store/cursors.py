@@ -7,25 +7,42 @@ than silently paging the wrong list. A page of a sequence range (``since``,
 ``until``) binds its range into its cursor the same way: the cursor goes on
 within that range only, and is refused with any other range (or none).
 
-Cursors are not signed: a cursor is a position in a list, not a permission.
-A forged one names at most another position in the same list (its key must
-fit the columns, or it is refused); a cursor of another store with the same
-relation and from_id is such a position.
+Unsigned (no ``cursor_secret`` in the config), a cursor is a position in a
+list, not a permission: a forged one names at most another position in the
+same list (its key must fit the columns, or it is refused); a cursor of
+another store with the same relation and from_id is such a position.
+
+Signed (``cursor_secret``, ``cursor_secret_env`` or ``cursor_secret_file``), a
+cursor ends in ``.`` and an HMAC-SHA256 of the rest under the secret, cut to
+`SIGNATURE_BYTES`: a cursor this store did not make, or one changed by a
+single character, is refused (`CursorError`) before anything in it is used,
+so a client can hand back only positions a page gave it. A store without a
+secret reads a signed cursor as it reads an unsigned one (it checks nothing).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 
 import orjson
 
 from store.exceptions import CursorError, brief
 
-__all__ = ["DEFAULT_MAX_CURSOR_BYTES", "decode_cursor", "encode_cursor"]
+__all__ = ["DEFAULT_MAX_CURSOR_BYTES", "SIGNATURE_BYTES", "decode_cursor", "encode_cursor"]
 
 #: The longest cursor `decode_cursor` reads unless told otherwise (``limits.max_cursor_bytes``).
 DEFAULT_MAX_CURSOR_BYTES = 1024
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
+#: Bytes of the HMAC-SHA256 a signed cursor carries (128 bits: 22 characters of base64).
+SIGNATURE_BYTES = 16
+
+
+def _signature(key: bytes, body: str) -> str:
+    """The signature of a cursor's ``body`` under ``key``, in URL-safe base64 without padding."""
+    mac = hmac.new(key, body.encode("ascii"), hashlib.sha256).digest()[:SIGNATURE_BYTES]
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
 
 def encode_cursor(
@@ -37,13 +54,18 @@ def encode_cursor(
     *,
     since: int | None = None,
     until: int | None = None,
+    key: bytes | None = None,
 ) -> str:
-    """An opaque cursor: the list, direction and sequence range it is for, and the key to go on after."""
+    """An opaque cursor: the list, direction and sequence range it is for, and the key to go on after.
+
+    With ``key`` (the config's ``cursor_secret``) the cursor is signed.
+    """
     if since is None and until is None:
         raw = orjson.dumps([1, relation, from_id, int(newest_first), sequence, to_id])
     else:
         raw = orjson.dumps([2, relation, from_id, int(newest_first), sequence, to_id, since, until])
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    body = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return body if key is None else f"{body}.{_signature(key, body)}"
 
 
 def decode_cursor(
@@ -55,12 +77,15 @@ def decode_cursor(
     since: int | None = None,
     until: int | None = None,
     max_bytes: int = DEFAULT_MAX_CURSOR_BYTES,
+    key: bytes | None = None,
 ) -> tuple[int, int]:
     """(sequence, to_id) from a cursor made for this same list, direction and sequence range.
 
     A cursor longer than ``max_bytes`` (``limits.max_cursor_bytes``) is refused
     before it is decoded; one that decodes to anything but a key (a sequence
-    and a to_id that fit a signed BIGINT) is refused as not a cursor.
+    and a to_id that fit a signed BIGINT) is refused as not a cursor. With
+    ``key``, a cursor whose signature is missing or wrong is refused before
+    it is decoded.
     """
     if type(cursor) is not str:
         raise CursorError(
@@ -71,8 +96,18 @@ def decode_cursor(
             f"cursor is {len(cursor)} characters, over limits.max_cursor_bytes ({max_bytes}): "
             "pass the next_cursor of a page, unchanged"
         )
+    body, dot, signature = cursor.partition(".")
+    if key is not None and not (
+        dot and signature.isascii() and hmac.compare_digest(signature, _signature(key, body))
+    ):
+        raise CursorError(
+            f"cursor {brief(cursor)} is not signed by this store (cursor_secret): it was forged or "
+            "altered, or made by a store with another secret or none; pass a page's next_cursor unchanged"
+        )
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        if not body.isascii():
+            raise ValueError("not base64")
+        raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         fields = orjson.loads(raw)
     except (ValueError, TypeError) as exc:
         raise CursorError(_not_a_cursor(cursor)) from exc

@@ -87,6 +87,8 @@ INSTRUMENTED_OPS: tuple[str, ...] = (
     "pages_many",
     "board_pins",
     "board_pins_many",
+    "page_objects",
+    "pages_objects_many",
     "count",
 )
 

@@ -26,8 +26,8 @@ time, that is one round trip per list; here it is one per host:
   query reads its head only if its kept count says so, so that a list too
   long for the cache costs a key read, not its first thousand rows.
 
-Objects of `first_pages_with_objects` come from one batched object read
-(one memcached batch per server, misses one query per host).
+Pages with their objects (`Store.page_objects`, `Store.pages_objects_many`)
+are `store.object_pages`, on `rows_many`.
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from store.backends.statements import with_part
 from store.cache.lists import FillItem, decode_members, decode_to_ids, encode_member
-from store.cursors import encode_cursor
 from store.engines import Engines, ShardHandle
 from store.exceptions import IdError, LimitError, brief
 from store.ids import MAX_ID
@@ -251,17 +250,6 @@ class _Batch:
     params: list[Any] = field(default_factory=list)
 
 
-@dataclass
-class _Filling:
-    """One list of `first_pages_with_objects` while its page fills."""
-
-    want: int
-    after: Row | None = None
-    more: bool = True
-    ids: list[int] = field(default_factory=list)
-    objects: list[dict[str, Any]] = field(default_factory=list)
-
-
 class RelationReads:
     """Membership checks and first pages of many lists, one round trip per host (see the module)."""
 
@@ -390,67 +378,8 @@ class RelationReads:
         for f, rows in zip(ids, got, strict=True):
             cursor = None
             if len(rows) > limit:
-                cursor = encode_cursor(relation, f, newest_first, *rows[limit - 1])
+                cursor = self._rel.encode_cursor(relation, f, newest_first, *rows[limit - 1])
             out[f] = Page([t for _s, t in rows[:limit]], cursor)
-        return out
-
-    def first_pages_with_objects(
-        self,
-        relation: str,
-        from_ids: Iterable[int],
-        *,
-        limit: int,
-        load: Callable[[list[int]], dict[int, dict[str, Any]]],
-        newest_first: bool = False,
-    ) -> dict[int, Page]:
-        """The first page of each list with its objects (``load`` reads them), as `Store.board_pins` does.
-
-        Entries whose object is gone are skipped and the page is filled from
-        the entries after them: only the lists that need it are read again,
-        all of them together, in bigger steps.
-        """
-        self._router.relation(relation)
-        self._rel.check_limit(limit)
-        self._rel.check_order(newest_first)
-        ids = id_list(from_ids, "from_ids", limit=self._router.config.max_ids)
-        cap = self._router.config.max_page
-        state = {f: _Filling(limit) for f in ids}
-        pending = ids
-        while pending:
-            asks = [(f, state[f].after, state[f].want + 1) for f in pending]
-            got = self.rows_many(relation, asks, newest_first=newest_first)
-            found = load(list(dict.fromkeys(t for rows in got for _s, t in rows)))
-            again: list[int] = []
-            for f, rows in zip(pending, got, strict=True):
-                s = state[f]
-                more = len(rows) > s.want
-                rows = rows[: s.want]
-                ids = [t for _s, t in rows]
-                objects = [found.get(t) for t in ids]
-                if rows and None not in objects and len(s.ids) + len(rows) <= limit:
-                    # The usual case: every object is there and the page takes every row.
-                    s.ids += ids
-                    s.objects += cast(list[dict[str, Any]], objects)  # (no None in it)
-                    s.after = rows[-1]
-                    rows = []
-                for i, (seq, to_id) in enumerate(rows):
-                    s.after = (seq, to_id)
-                    obj = found.get(to_id)
-                    if obj is not None:
-                        s.ids.append(to_id)
-                        s.objects.append(obj)
-                        if len(s.ids) == limit:
-                            more = more or i + 1 < len(rows)
-                            break
-                s.more = more
-                if len(s.ids) < limit and more:
-                    s.want = min(cap, 2 * s.want)  # gone objects: read further, in bigger steps
-                    again.append(f)
-            pending = again
-        out: dict[int, Page] = {}
-        for f, s in state.items():
-            cursor = encode_cursor(relation, f, newest_first, *s.after) if s.more and s.after else None
-            out[f] = Page(s.ids, cursor, s.objects)
         return out
 
     def rows_many(self, relation: str, asks: Sequence[Ask], *, newest_first: bool = False) -> list[list[Row]]:

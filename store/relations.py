@@ -58,9 +58,9 @@ def fill_size(entries: int, want: int) -> int:
 class Page:
     """One page of a relation list: IDs in order, and the cursor of the next page.
 
-    ``next_cursor`` is None on the last page. `Store.board_pins` and
-    `Store.board_pins_many` also fill ``objects``, aligned with ``ids`` (IDs
-    whose object is gone are left out).
+    ``next_cursor`` is None on the last page. `Store.page_objects` and
+    `Store.pages_objects_many` (so `Store.board_pins` and `Store.board_pins_many`)
+    also fill ``objects``, aligned with ``ids`` (IDs whose object is gone are left out).
     """
 
     ids: list[int]
@@ -541,7 +541,7 @@ class RelationService:
         since: int | None = None,
         until: int | None = None,
     ) -> tuple[int, int]:
-        """`store.cursors.decode_cursor` with this store's ``limits.max_cursor_bytes``."""
+        """`store.cursors.decode_cursor` with this store's ``max_cursor_bytes`` and ``cursor_secret``."""
         return decode_cursor(
             cursor,
             relation,
@@ -550,6 +550,30 @@ class RelationService:
             since=since,
             until=until,
             max_bytes=self._router.config.max_cursor_bytes,
+            key=self._router.config.cursor_secret,
+        )
+
+    def encode_cursor(
+        self,
+        relation: str,
+        from_id: int,
+        newest_first: bool,
+        sequence: int,
+        to_id: int,
+        *,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> str:
+        """The cursor of a page that ends at ``(sequence, to_id)``, signed if the config has a secret."""
+        return encode_cursor(
+            relation,
+            from_id,
+            newest_first,
+            sequence,
+            to_id,
+            since=since,
+            until=until,
+            key=self._router.config.cursor_secret,
         )
 
     # -- writes --------------------------------------------------------------
@@ -776,7 +800,9 @@ class RelationService:
         next_cursor = None
         if more:
             seq, last = rows[-1]
-            next_cursor = encode_cursor(relation, from_id, newest_first, seq, last, since=since, until=until)
+            next_cursor = self.encode_cursor(
+                relation, from_id, newest_first, seq, last, since=since, until=until
+            )
         return Page([t for _s, t in rows], next_cursor)
 
     def rows_after(

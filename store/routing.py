@@ -72,6 +72,10 @@ class RoutingConfig(Protocol):
     def max_cursor_bytes(self) -> int:
         """The longest page cursor accepted."""
 
+    @property
+    def cursor_secret(self) -> bytes | None:
+        """The secret page cursors are signed with (None: unsigned)."""
+
 
 class Router:
     """Routes Pinterest IDs with a config's types and shard map; picks shards for new objects."""

@@ -24,13 +24,13 @@ from store.cache import Caches, build_caches
 from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
 from store.cache.lists import ListCache
 from store.config import StoreConfig
-from store.cursors import encode_cursor
 from store.defaults import embedded_config
 from store.engines import Engines, ShardHandle
 from store.exceptions import ConfigError, NotFound, StoreError, brief
 from store.exchange import ExportReport, ImportReport, export_records, import_records
 from store.livemap import LiveMap
 from store.mapsource import MapSource
+from store.object_pages import ObjectPages
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
 from store.relation_reads import RelationReads, id_list, pair_list
 from store.relations import Page, RelationRepository, RelationService
@@ -327,7 +327,7 @@ class Store:
         the object is removed, both sides, counts included (a link racing
         with the delete is refused). Lists of relations without an inverse
         cannot be found from the object: their entries stay, and
-        `board_pins` skips them. Running it again finishes a delete that
+        `page_objects` skips them. Running it again finishes a delete that
         stopped half way.
         """
         return self._objects.delete(id, type_name=type_name)
@@ -536,89 +536,82 @@ class Store:
             lambda: self._reads.pages_many(relation, ids, limit=limit, newest_first=newest_first)
         )
 
-    def board_pins_many(
-        self, board_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
-    ) -> dict[int, Page]:
-        """`board_pins`' first page for each board, by board ID: ids, pin objects and cursor.
-
-        The lists as `pages_many` reads them, then every page's pins in one
-        batched object read (one memcached batch per server; misses one
-        query per host). Entries whose pin is gone are skipped and the page
-        is filled, as `board_pins` does. Warm, that is one Redis pipeline and
-        one memcached batch per server; cold, two queries per host.
-        """
-        relation = "board_has_pins"
-        spec = self.config.relations.get(relation)
-        pin_type = None if spec is None else spec.to_type
-        ids = id_list(board_ids, "board_ids", limit=self.config.max_ids)
-
-        def load(pins: list[int]) -> dict[int, dict[str, Any]]:
-            # The service, not the public get_many: this call already runs through the live map.
-            return self._objects.get_many(pins, type_name=pin_type, bounded=False)
-
-        return self._live.run(
-            lambda: self._reads.first_pages_with_objects(
-                relation, ids, limit=limit, load=load, newest_first=newest_first
-            )
-        )
-
     @_rerouted
     def count(self, relation: str, from_id: int) -> int:
         """How many entries ``from_id``'s list has: one key read of a count kept exact."""
         return self._relations.count(relation, from_id)
 
+    @functools.cached_property
+    def _object_pages(self) -> ObjectPages:
+        """Pages with their objects (made on first use)."""
+
+        def load(ids: list[int], type_name: str) -> dict[int, dict[str, Any]]:
+            # The service, not the public get_many: these calls already run through the live map.
+            return self._objects.get_many(ids, type_name=type_name, bounded=False)
+
+        return ObjectPages(self._relations, self._reads, load)
+
+    @_rerouted
+    def page_objects(
+        self,
+        relation: str,
+        from_id: int,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        newest_first: bool = False,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> Page:
+        """One page of ``from_id``'s list with the objects it names (the relation's to-type).
+
+        ``ids``, ``objects`` (aligned with ``ids``) and ``next_cursor``: one list
+        read and one batched object read. Entries whose object is gone are
+        skipped and the page is filled from the entries after them (more reads
+        only then), so a page is short only at the end of the list.
+        ``cursor``, ``newest_first``, ``since`` and ``until`` are `page`'s, and
+        the cursors of the two calls are the same: either goes on with the other's.
+        """
+        return self._object_pages.page(
+            relation, from_id, limit=limit, cursor=cursor, newest_first=newest_first, since=since, until=until
+        )
+
+    def pages_objects_many(
+        self, relation: str, from_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
+    ) -> dict[int, Page]:
+        """`page_objects`' first page of each list, by from_id: ids, objects and cursor.
+
+        The lists as `pages_many` reads them, then every page's objects in one
+        batched object read (one memcached batch per server; misses one query
+        per host). Gone objects are skipped and pages filled, as
+        `page_objects` does. Warm, that is one Redis pipeline and one memcached
+        batch per server; cold, two queries per host.
+        """
+        ids = id_list(from_ids, "from_ids", limit=self.config.max_ids)  # (an iterator, once)
+        return self._live.run(
+            lambda: self._object_pages.first_pages(relation, ids, limit=limit, newest_first=newest_first)
+        )
+
     @_rerouted
     def board_pins(
         self, board_id: int, *, limit: int = 50, cursor: str | None = None, newest_first: bool = False
     ) -> Page:
-        """One page of a board's pins with the pin objects: one list read, one batched object read.
+        """`page_objects` of ``board_has_pins``: a board's pins, with the pin objects."""
+        # (Not through self.page_objects: metrics would count the call under both names.)
+        return self._object_pages.page(
+            "board_has_pins", board_id, limit=limit, cursor=cursor, newest_first=newest_first
+        )
 
-        Entries whose pin is gone are skipped and the page is filled from the
-        entries after them (more reads only then), so a page is short only at
-        the end of the list. ``newest_first`` pages from the newest pin (a
-        cursor goes on in the order it was made in).
-        """
-        relation = "board_has_pins"
-        spec = self._router.relation(relation)
-        pin_type = spec.to_type
-        self._relations.check_limit(limit)
-        self._relations.check_order(newest_first)
-        self._router.route(board_id, spec.from_type)
-        after = None
-        if cursor is not None:
-            after = self._relations.decode_cursor(cursor, relation, board_id, newest_first)
-        ids: list[int] = []
-        objects: list[dict[str, Any]] = []
-        want = limit
-        while True:
-            rows, more = self._relations.rows_after(
-                relation, board_id, after, want, newest_first=newest_first
+    def board_pins_many(
+        self, board_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
+    ) -> dict[int, Page]:
+        """`pages_objects_many` of ``board_has_pins``: each board's first pins, by board ID."""
+        ids = id_list(board_ids, "board_ids", limit=self.config.max_ids)
+        return self._live.run(
+            lambda: self._object_pages.first_pages(
+                "board_has_pins", ids, limit=limit, newest_first=newest_first
             )
-            # The service, not the public get_many: this call already runs through the live map.
-            found = self._objects.get_many([t for _s, t in rows], type_name=pin_type, bounded=False)
-            if len(found) == len(rows) and len(rows) <= limit - len(ids):
-                # Every pin there and all of them wanted (the usual page): no walk entry by entry.
-                ids += [t for _s, t in rows]
-                objects += [found[t] for _s, t in rows]
-                if rows:
-                    after = rows[-1]
-                if len(ids) == limit or not more:
-                    break
-                want = min(self.config.max_page, 2 * want)
-                continue
-            for i, (seq, to_id) in enumerate(rows):
-                after = (seq, to_id)
-                if to_id in found:
-                    ids.append(to_id)
-                    objects.append(found[to_id])
-                    if len(ids) == limit:
-                        more = more or i + 1 < len(rows)
-                        break
-            if len(ids) == limit or not more:
-                break
-            want = min(self.config.max_page, 2 * want)  # gone pins: read further, in bigger steps
-        next_cursor = encode_cursor(relation, board_id, newest_first, *after) if more and after else None
-        return Page(ids, next_cursor, objects)
+        )
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -635,6 +628,18 @@ class Store:
             self._unique,
             self._steps,
         )
+
+    def ping(self) -> dict[str, Any]:
+        """Whether each host, cache server and the map source answered within its timeout.
+
+        ``{"ok": bool, "hosts": {name: probe}, "caches": {"memcached": {address: probe},
+        "redis": {address: probe}}, "map_source": probe}``, each probe ``{"ok": bool,
+        "ms": float, "error": str | None}``; all asked at once. Never raises for a
+        server that is down: it is reported (see `store.health`).
+        """
+        from store.health import ping
+
+        return ping(self.config, self._engines, self._live.source, self._live.current)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters per cache: hits, misses, fills, invalidations, updates, errors, skipped, expired."""

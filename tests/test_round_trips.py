@@ -299,3 +299,46 @@ def test_a_newest_first_page_of_a_long_list_is_served_warm_from_the_cache(
         trips.reset()
         assert store.page(BHP, board, limit=3, newest_first=True).ids == [pin, *newest[board][:2]]
         assert trips.database == {}
+
+
+def test_page_objects_takes_the_round_trips_board_pins_takes(
+    mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`page_objects` of any relation costs what `board_pins` costs for a list of the same shape,
+    cold (nothing cached) and warm; `pages_objects_many` what `board_pins_many` costs."""
+    from tests.conftest import cached_mariadb_config
+
+    with Store.from_config(cached_mariadb_config(memcached_pair, redis_ready)) as store:
+        boards, _pins = _twenty_boards(store)
+        # Users' lists of the same shape, on the same shards, of pins of their own (none cached).
+        users = [store.create("user", {"u": i}, shard=i % 8) for i in range(20)]
+        for u in users:
+            for k in range(3):
+                store.link("users_has_pins", u, store.create("pin", {"k": k}, near=u))
+        store.page(BHP, boards[0])  # warm the pools
+        trips = Trips(monkeypatch)
+
+        def counted(call: object) -> tuple[dict[str, int], int, set[int]]:
+            """Requests per database host, to Redis, and per memcached server (which servers a
+            page's objects live on depends on their IDs: the count per server it reaches)."""
+            assert callable(call)
+            trips.reset()
+            call()
+            return trips.database, trips.redis, set(trips.memcached.values())
+
+        for b, u in ((boards[1], users[1]), (boards[2], users[2])):
+            for _round in ("cold", "warm"):
+                by_board = counted(lambda b=b: store.board_pins(b, limit=2))
+                assert counted(lambda u=u: store.page_objects("users_has_pins", u, limit=2)) == by_board
+        # page_objects of board_has_pins and board_pins: two boards on shard 3, cold then warm
+        for _round in ("cold", "warm"):
+            assert counted(lambda: store.page_objects(BHP, boards[3], limit=2)) == counted(
+                lambda: store.board_pins(boards[11], limit=2)
+            )
+        rest_boards, rest_users = boards[5:], users[5:]
+        cold = counted(lambda: store.board_pins_many(rest_boards))
+        assert counted(lambda: store.pages_objects_many("users_has_pins", rest_users)) == cold
+        warm = counted(lambda: store.board_pins_many(rest_boards))
+        assert counted(lambda: store.pages_objects_many("users_has_pins", rest_users)) == warm
+        assert warm[0] == {}
+        assert warm[1] == 1

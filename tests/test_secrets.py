@@ -33,7 +33,8 @@ from tests.servers import MariaDBServer, binlog_pair
 APP_PW = "app-Zq9secretA1"
 ADMIN_PW = "adm-Xk7secretB2"
 WRONG_PW = "bad-Yy3secretC3"
-SECRETS = (APP_PW, ADMIN_PW, WRONG_PW)
+CURSOR_SECRET = "cur-Wv5secretD4-signs-page-cursors"
+SECRETS = (APP_PW, ADMIN_PW, WRONG_PW, CURSOR_SECRET)
 ADMIN_PW_ENV = "STORE_SECRETS_TEST_ADMIN_PW"
 PORTS = (3351, 3352)
 SHARDS = 16
@@ -63,6 +64,7 @@ def servers() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
 def _raw(folder: Path, app_pw: str = APP_PW, port_a: int = PORTS[0]) -> dict[str, Any]:
     """The config: the app's password in its URLs, the admin's in a file (A) and the environment (B)."""
     (folder / "admin-pw").write_text(ADMIN_PW + "\n")
+    (folder / "cursor-secret").write_text(CURSOR_SECRET + "\n")
     app = f"mysql+pymysql://store_app:{app_pw}@127.0.0.1"
     return base_config(
         shards=SHARDS,
@@ -91,6 +93,7 @@ def _raw(folder: Path, app_pw: str = APP_PW, port_a: int = PORTS[0]) -> dict[str
             "poll_s": 0.2,
         },
         unique={"username": {"type": "user", "field": "name"}},
+        cursor_secret_file="cursor-secret",
         cache={
             "memcached": ["127.0.0.1:11211"],
             "redis": f"redis://:{app_pw}@127.0.0.1:6379/14",
@@ -112,7 +115,8 @@ class Runner:
         self.outputs: list[tuple[str, str]] = []
         self.commands: set[str] = set()
 
-    def __call__(self, *args: str, ok: bool = True, config: Path | None = None) -> str:
+    def __call__(self, *args: str, ok: bool | None = True, config: Path | None = None) -> str:
+        """Run `store ARGS`; ``ok``: it must succeed (True), fail (False), or either (None)."""
         where = [] if args[0] == "ids" else ["--config", str(config or self.config)]  # ids take no config
         done = subprocess.run(
             [sys.executable, "-m", "store.cli", *args, *where],
@@ -127,9 +131,9 @@ class Runner:
         two = " ".join(args[:2])
         self.commands.add(two if two in _COMMANDS else args[0])
         assert "Traceback" not in done.stderr, f"store {line}: {done.stderr}"
-        if ok:
+        if ok is True:
             assert done.returncode == 0, f"store {line} failed: {done.stderr}"
-        else:
+        elif ok is False:
             assert done.returncode != 0, f"store {line} should have failed"
         return done.stdout
 
@@ -221,10 +225,17 @@ def test_no_command_prints_or_writes_a_password(
     user = run("create", "user", '{"name": "ann"}').strip()
     run("get", pin)
     run("get", pin, "--json")
+    run("get", pin, board, "--type", "pin", ok=False)  # several IDs; the board is no pin
+    run("get", pin, board, "--json")
     run("update", pin, '{"title": "b"}')
     run("link", "board_has_pins", board, pin)
     run("links", "board_has_pins", board)
     run("links", "board_has_pins", board, "--json")
+    run("page", "board_has_pins", board, "--objects")
+    run("page", "board_has_pins", board, "--objects", "--json")
+    # The Redis URL carries a password this Redis may refuse: pass or fail, no password is shown.
+    run("ping", ok=None)
+    run("ping", "--json", ok=None)
     run("has-link", "board_has_pins", board, pin)
     run("count", "board_has_pins", board)
     run("lookup", "username", "ann")
@@ -280,7 +291,13 @@ def test_no_command_prints_or_writes_a_password(
         run(*args, ok=False, config=wrong)
     down = tmp_path / "down.yaml"
     down.write_text(yaml.safe_dump(_raw(tmp_path, port_a=1)))
-    for args in (["init"], ["check"], ["get", pin], ["grants", "--app-user", "store_app", "--apply"]):
+    for args in (
+        ["init"],
+        ["check"],
+        ["get", pin],
+        ["grants", "--app-user", "store_app", "--apply"],
+        ["ping"],
+    ):
         run(*args, ok=False, config=down)
 
     missed = _COMMANDS - run.commands - {n.split()[0] for n in _COMMANDS if " " in n}
@@ -290,7 +307,8 @@ def test_no_command_prints_or_writes_a_password(
     written = [
         p
         for p in tmp_path.rglob("*")
-        if p.is_file() and p.name not in ("store.yaml", "wrong.yaml", "down.yaml", "admin-pw")
+        if p.is_file()
+        and p.name not in ("store.yaml", "wrong.yaml", "down.yaml", "admin-pw", "cursor-secret")
     ]
     assert any(p.name == "move.json" for p in written), "the move left no journal to search"
     assert any(p.parent.name == "mix" for p in written), "the mix left no report to search"

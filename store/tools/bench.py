@@ -331,7 +331,7 @@ def _relation_cases(
     say(f"loading {BOARD_PINS} pins onto a board")
     with _loaded_board(store, cur, p, shard, rel) as (board, rows):
         _from, deep_to, deep_seq = rows[9_949]  # page 200 starts after entry 9,949
-        deep_cursor = encode_cursor(rel, board, False, deep_seq, deep_to)
+        deep_cursor = encode_cursor(rel, board, False, deep_seq, deep_to, key=store.config.cursor_secret)
 
         def raw(sql: str, params: tuple[Any, ...]) -> Callable[[int], None]:
             def run(_i: int) -> None:
