@@ -54,14 +54,16 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from store.config import StoreConfig
 from store.exceptions import ConfigError, StoreError, brief
+from store.exchange import ExportReport, ImportReport
 from store.forks import at_fork
 from store.objects import Updater, Versioned
 from store.relations import Page
 from store.routing import Location
+from store.scan import Scan
 from store.store import AdminContext, Store
 
 if TYPE_CHECKING:
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
     from store.serde import Serde
     from store.shardmap import ShardMap
 
-__all__ = ["MAX_WORKERS_DEFAULT_CAP", "AsyncStore", "default_max_workers"]
+__all__ = ["MAX_WORKERS_DEFAULT_CAP", "AsyncScan", "AsyncStore", "default_max_workers"]
 
 R = TypeVar("R")
 
@@ -347,6 +349,107 @@ class AsyncStore:
             self._store.board_pins, board_id, limit=limit, cursor=cursor, newest_first=newest_first
         )
 
+    async def create_many(
+        self,
+        type_name: str,
+        items: Iterable[dict[str, Any]],
+        *,
+        near: int | None = None,
+        shard: int | None = None,
+    ) -> list[int]:
+        """As `Store.create_many`: many new objects of one type, their IDs in the order of ``items``."""
+        return await self._run(self._store.create_many, type_name, list(items), near=near, shard=shard)
+
+    async def link_many(
+        self, relation: str, pairs: Iterable[tuple[int, int]], *, sequence: int | None = None
+    ) -> int:
+        """As `Store.link_many`: `link` each pair, batched per host; how many were new."""
+        return await self._run(self._store.link_many, relation, list(pairs), sequence=sequence)
+
+    async def unlink_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> int:
+        """As `Store.unlink_many`: `unlink` each pair, batched per host; how many were there."""
+        return await self._run(self._store.unlink_many, relation, list(pairs))
+
+    async def page_objects(
+        self,
+        relation: str,
+        from_id: int,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        newest_first: bool = False,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> Page:
+        """As `Store.page_objects`: one page of ``from_id``'s list with the objects it names."""
+        return await self._run(
+            self._store.page_objects,
+            relation,
+            from_id,
+            limit=limit,
+            cursor=cursor,
+            newest_first=newest_first,
+            since=since,
+            until=until,
+        )
+
+    async def pages_objects_many(
+        self, relation: str, from_ids: Iterable[int], *, limit: int = 50, newest_first: bool = False
+    ) -> dict[int, Page]:
+        """As `Store.pages_objects_many`: each list's first page with its objects, by from_id."""
+        return await self._run(
+            self._store.pages_objects_many, relation, list(from_ids), limit=limit, newest_first=newest_first
+        )
+
+    async def scan(
+        self,
+        type_name: str,
+        *,
+        shards: Iterable[int] | None = None,
+        batch: int = 1000,
+        include_deleted: bool = False,
+        resume: str | None = None,
+    ) -> AsyncScan:
+        """As `Store.scan`, as an async iterator: ``async for id, data in await s.scan("pin")``.
+
+        Rows are fetched on a worker a page at a time; ``resume_token`` is the
+        position after the last row this iterator gave (bad arguments raise here).
+        """
+        scan = await self._run(
+            self._store.scan,
+            type_name,
+            shards=None if shards is None else list(shards),
+            batch=batch,
+            include_deleted=include_deleted,
+            resume=resume,
+        )
+        return AsyncScan(self, scan, batch)
+
+    async def export(
+        self,
+        out: str | os.PathLike[str] | IO[str],
+        *,
+        shards: Iterable[int] | None = None,
+        resume: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ExportReport:
+        """As `Store.export` (on a worker: a long call; ``progress`` is called there)."""
+        return await self._run(self._store.export, out, shards=shards, resume=resume, progress=progress)
+
+    async def import_records(
+        self,
+        lines: Iterable[str | bytes],
+        *,
+        batch: int = 1000,
+        progress: Callable[[int], None] | None = None,
+    ) -> ImportReport:
+        """As `Store.import_records` (on a worker: a long call; ``progress`` is called there)."""
+        return await self._run(self._store.import_records, lines, batch=batch, progress=progress)
+
+    async def ping(self) -> dict[str, Any]:
+        """As `Store.ping`: whether each host, cache server and the map source answered in time."""
+        return await self._run(self._store.ping)
+
     # -- lifecycle ------------------------------------------------------------------
 
     def admin_context(self) -> AdminContext:
@@ -414,3 +517,41 @@ _ASYNC_UPDATE = (
     "AsyncStore.update takes a dict or a plain function old -> new, run in a worker thread inside "
     "the object's transaction; an async function cannot be awaited there: read what it needs first"
 )
+
+
+class AsyncScan:
+    """`Store.scan` as an async iterator: rows fetched on the store's workers, a page at a time."""
+
+    def __init__(self, owner: AsyncStore, scan: Scan, batch: int) -> None:
+        self._owner = owner
+        self._scan = scan
+        self._batch = max(1, batch)
+        self._rows: list[tuple[tuple[int, dict[str, Any]], str]] = []
+        self._done = False
+        #: The position after the last row this iterator gave (``Store.scan(..., resume=token)``).
+        self.resume_token: str = scan.resume_token
+
+    def __aiter__(self) -> AsyncScan:
+        """Itself."""
+        return self
+
+    def _pull(self) -> list[tuple[tuple[int, dict[str, Any]], str]]:
+        out = []
+        for _ in range(self._batch):
+            row = next(self._scan, None)
+            if row is None:
+                break
+            out.append((row, self._scan.resume_token))
+        return out
+
+    async def __anext__(self) -> tuple[int, dict[str, Any]]:
+        """The next (id, data)."""
+        if not self._rows and not self._done:
+            self._rows = await self._owner._run(self._pull)
+            self._rows.reverse()
+            self._done = not self._rows
+        if not self._rows:
+            raise StopAsyncIteration
+        row, token = self._rows.pop()
+        self.resume_token = token
+        return row

@@ -98,6 +98,41 @@ def test_from_config_takes_what_the_store_takes(tmp_path: Path) -> None:
         AsyncStore.from_store(raw)  # type: ignore[arg-type]
 
 
+def test_the_app_calls_bulk_writes_pages_with_objects_scans_and_ping(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncStore.from_config(sqlite_config(tmp_path), max_workers=2) as s:
+            board = await s.create("board", {"name": "b"})
+            pins = await s.create_many("pin", ({"n": i} for i in range(30)), near=board)
+            assert [(await s.get(p))["n"] for p in pins] == list(range(30))  # type: ignore[index]
+            assert await s.link_many(BHP, ((board, p) for p in pins)) == 30
+            assert await s.count(BHP, board) == 30
+            assert await s.unlink_many(BHP, [(board, p) for p in pins[20:]]) == 10
+            await s.delete(pins[3])
+            page = await s.page_objects(BHP, board, limit=5)
+            assert len(page.ids) == 5
+            assert pins[3] not in page.ids  # gone, skipped, the page filled
+            assert page.objects == [await s.get(p) for p in page.ids]
+            rest = await s.page_objects(BHP, board, limit=50, cursor=page.next_cursor)
+            assert len(page.ids) + len(rest.ids) == 19
+            many = await s.pages_objects_many(BHP, [board], limit=3)
+            assert many[board].ids == page.ids[:3]
+            scan = await s.scan("pin", batch=7)
+            seen = []
+            async for id_, data in scan:
+                seen.append((id_, data))
+                if len(seen) == 12:
+                    break
+            token = scan.resume_token
+            async for id_, data in await s.scan("pin", resume=token):
+                seen.append((id_, data))
+            assert sorted(i for i, _d in seen) == sorted(p for p in pins if p != pins[3])
+            assert len(seen) == len({i for i, _d in seen}), "no object twice across the resume"
+            health = await s.ping()
+            assert health["ok"] is True, health
+
+    run(main())
+
+
 def test_errors_are_the_store_s_and_an_async_update_function_is_refused(tmp_path: Path) -> None:
     from store import IdError, NotFound, UnknownTypeError
 
