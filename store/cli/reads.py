@@ -1,7 +1,4 @@
-"""`store get`, `store page` and `store ping`: reads and the health check, thin over `Store`.
-
-`store.cli` adds these commands to the `store` group.
-"""
+"""`store get`, `store page` and `store ping`: reads and the health check, thin over `Store`."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from typing import Any
 
 import click
 
-from store.cli_common import (
+from store.cli.common import (
     config_option,
     echo_json,
     load_config,

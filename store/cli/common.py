@@ -1,15 +1,16 @@
-"""What the `store` command's modules share: the --config option, opening a store, parsing IDs.
+"""What the `store` command's modules share: the --config option, opening a store, parsing IDs
+and shard ranges, JSON output, progress.
 
-`store.cli` declares the commands; `store.cli_reads` the read commands
-(`get`, `page`) and the health check (`ping`). Each command is thin: it
-opens the store, calls one method and formats the result.
+`store.cli` holds the `store` group; its modules declare the commands. Each
+command is thin: it opens the store, calls one method and formats the result.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,10 +25,12 @@ __all__ = [
     "config_option",
     "echo_json",
     "load_config",
+    "move_output",
     "open_admin",
     "open_store",
     "parse_id",
     "parse_shards",
+    "progress_bar",
     "read_ids",
     "require_type",
     "type_option",
@@ -107,3 +110,29 @@ def parse_shards(text: str | None, shards: int) -> range | None:
 def echo_json(value: Any) -> None:
     """``value`` as indented JSON with sorted keys."""
     click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+@contextmanager
+def progress_bar(length: int | None, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal (else nothing); yields its ``update``."""
+    if not sys.stderr.isatty():
+        yield lambda _n: None
+        return
+    bar: Any
+    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+@contextmanager
+def move_output() -> Iterator[tuple[Callable[[str], None], Callable[[dict[str, Any]], None] | None]]:
+    """How a move talks: its lines, and on a terminal a live bar per phase under them (else no bar)."""
+    if not sys.stdout.isatty():
+        yield click.echo, None
+        return
+    from store.admin.move import TerminalProgress
+
+    bar = TerminalProgress(sys.stdout)
+    try:
+        yield bar.say, bar.update
+    finally:
+        bar.close()
