@@ -164,7 +164,7 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
         trips=50,
         out=out,
         processes=2,
-        idle_s=2.0,
+        idle_s=1.0,
     )
     doc = bench.run_mix(options, say=lambda _msg: None)
     assert doc["processes"] == 2

@@ -129,7 +129,8 @@ def _task_counts(text: str) -> list[int]:
     default=4.0,
     show_default=True,
     help="After the run, hold each system open this long with no calls and report the database queries a "
-    "second its background work costs (followers, daemons, map checks); 0: skip.",
+    "second its background work costs (followers, daemons, map checks); 0: skip (so does --quick, unless "
+    "given).",
 )
 @click.option(
     "--mysqldb",
@@ -212,7 +213,7 @@ def bench_mix(
         out=out,
         keep=keep,
         processes=processes,
-        idle_s=1.0 if quick and idle_s == 4.0 else idle_s,
+        idle_s=0.0 if quick and idle_s == 4.0 else idle_s,  # --quick: no rest measure unless asked
     )
     click.echo(f"data set: {data_set_summary(make_data_set(shape))}", err=True)
     doc = run_mix(options, say=lambda msg: click.echo(msg, err=True))
