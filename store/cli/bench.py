@@ -151,6 +151,14 @@ def _task_counts(text: str) -> list[int]:
     show_default=True,
     help="Task counts of store:async's phases (with --async; --quick: 4,32).",
 )
+@click.option(
+    "--async-workers",
+    "async_workers",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="store:async's max_workers: how many calls run at once, each holding at most one connection "
+    "per host (default: min(32, pool_size)).",
+)
 @click.option("--quick", is_flag=True, help="A small data set, threads 1,2, 2 s phases: under a minute.")
 @click.option(
     "--out",
@@ -175,6 +183,7 @@ def bench_mix(
     mysqldb_url: str | None,
     run_async: bool,
     concurrency_text: str,
+    async_workers: int | None,
     quick: bool,
     out: Path,
     keep: bool,
@@ -208,6 +217,7 @@ def bench_mix(
         systems=tuple(s.strip() for s in systems.split(",") if s.strip())
         + (("store:async",) if run_async and "store:async" not in systems else ()),
         concurrency=[4, 32] if quick and concurrency_text == "16,64,256" else _task_counts(concurrency_text),
+        async_workers=async_workers,
         mysqldb_url=mysqldb_url,
         trips=100 if quick else 400,
         out=out,

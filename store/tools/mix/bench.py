@@ -83,6 +83,8 @@ class MixOptions:
     idle_s: float = 4.0
     #: Tasks on one event loop for each phase of ``store:async`` (empty: the thread counts).
     concurrency: list[int] = field(default_factory=list)
+    #: ``store:async``'s ``max_workers`` (None: `store.aio.default_max_workers`).
+    async_workers: int | None = None
 
 
 def _config(options: MixOptions) -> StoreConfig:
@@ -257,7 +259,11 @@ def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptio
     if name == ASYNC_SYSTEM:
         from store.tools.mix.async_system import AsyncStoreSystem
 
-        return AsyncStoreSystem(Store(replace(config, pool_size=max(config.pool_size, pool))), name=name)
+        return AsyncStoreSystem(
+            Store(replace(config, pool_size=max(config.pool_size, pool))),
+            name=name,
+            max_workers=options.async_workers,
+        )
     cfg = _system_config(name, config, options)
     assert cfg is not None
     return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name=name)
