@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from store.backends.statements import GuardedInsertStatements, RelationStatements, with_part
+from store.backends.statements import (
+    GuardedInsertStatements,
+    PairRowsStatements,
+    RelationStatements,
+    expand_rows,
+    with_part,
+)
 from store.cache.follower import log_entries
 from store.cache.lists import ListCache, decode_members, encode_member, lex_bound
 from store.cursors import decode_cursor, encode_cursor
@@ -103,6 +109,7 @@ class RelationRepository:
         self._guarded: dict[tuple[str, int, str, str, str, str], str] = {}
         self._guarded_stmts: dict[tuple[str, str, str, str], GuardedInsertStatements] = {}
         self._heads: dict[tuple[str, int, str, bool], str] = {}
+        self._rows: dict[tuple[str, str, str | None, str | None], PairRowsStatements] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -174,6 +181,17 @@ class RelationRepository:
                 )
             sql = self._guarded[key] = stmts.for_shard(h.shard)[name]
         return sql
+
+    def rows_sql(self, side: Side, name: str, n: int) -> str:
+        """`PairRowsStatements` statement ``name`` for ``n`` rows on ``side``'s shard (its relation,
+        and its guard's object table for ``live``)."""
+        h, g = side.h, side.guard
+        kind = (h.backend.name, side.relation, None if g is None else g.table, None if g is None else g.key)
+        stmts = self._rows.get(kind)
+        if stmts is None:  # compiled once per backend, not per shard
+            ids = "instagram" if g is not None and g.key == "id" else "pinterest"
+            stmts = self._rows[kind] = PairRowsStatements(h.backend, side.relation, kind[2], ids=ids)
+        return expand_rows(stmts.for_shard(h.shard)[name], stmts.row(name), n)
 
     def link_plan(self, side: Side, sequence: int, *, move: bool, insert: bool) -> Plan:
         """`link_in` as statements for one request, where `Backend.conditional_writes`: the move
