@@ -108,7 +108,7 @@ class BulkPairs:
     ) -> tuple[list[tuple[int, int]], list[Sides]]:
         """Every pair, each once, routed and type-checked before any I/O."""
         wanted = pair_list(pairs, limit=self._max)
-        return wanted, [self._rel.sides(spec, f, t, guarded=guarded) for f, t in wanted]
+        return wanted, self._rel.sides_many(spec, wanted, guarded=guarded)
 
     def _run(
         self,
@@ -129,7 +129,7 @@ class BulkPairs:
                 sides = (
                     first.pop()
                     if first
-                    else [self._rel.sides(spec, *wanted[k], guarded=guarded) for k in members]
+                    else self._rel.sides_many(spec, [wanted[k] for k in members], guarded=guarded)
                 )
                 return sum(write([sides[j] for j in part]) for part in _groups(sides))
 
@@ -254,6 +254,7 @@ class BulkPairs:
     def _link_rows(self, group: list[Sides], seq: int, move: bool, changes: list[Change]) -> int:
         """`_link_once` where `Backend.pair_rows`: each side by a few multi-row statements (`_Rows`)."""
         made: list[Change] = []
+        versioned = self._rel.lists is not None or self._rel.pairs.log is not None
         together = _one_transaction(group)
         mine: list[_Rows] = []  # the primary side, and (where together) whether its writes wait
         waiting: list[_Rows] = []
@@ -263,7 +264,11 @@ class BulkPairs:
             made.clear()
             mine.clear()
             waiting.clear()
-            rows = _Rows(w, [_Entry(k, p, seq, move, move, move) for k, (p, _i) in enumerate(group)])
+            rows = _Rows(
+                w,
+                versions=versioned,
+                entries=[_Entry(k, p, seq, move, move, move) for k, (p, _i) in enumerate(group)],
+            )
             mine.append(rows)
             # (its own transaction: written before the inverse side's begins; else with its reads)
             waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
@@ -277,10 +282,19 @@ class BulkPairs:
                 if i is not None and e.kind is not None:
                     entries.append(_Entry(e.k, i, e.settled, True, e.kind == MOVE, False))
             hope = all(e.kind == ADD for e in mine[0].entries if e.kind is not None)
-            _side(cur, _Rows(w, entries), _carried(waiting), made, hope=hope, write=True)
+            _side(
+                cur,
+                _Rows(w, versions=versioned, entries=entries),
+                _carried(waiting),
+                made,
+                hope=hope,
+                write=True,
+            )
 
         def alone(cur: Cursor) -> None:
-            _side(cur, _Rows(w, []), _carried(waiting), made, hope=False, write=True)
+            _side(
+                cur, _Rows(w, versions=versioned, entries=[]), _carried(waiting), made, hope=False, write=True
+            )
 
         n = self._protocol(group, first, second, alone=alone)
         changes += made
@@ -326,6 +340,7 @@ class BulkPairs:
     def _unlink_rows(self, group: list[Sides], changes: list[Change]) -> int:
         """`_unlink_once` where `Backend.pair_rows` (see `_link_rows`)."""
         made: list[Change] = []
+        versioned = self._rel.lists is not None or self._rel.pairs.log is not None
         together = _one_transaction(group)
         mine: list[_Rows] = []
         waiting: list[_Rows] = []
@@ -335,18 +350,32 @@ class BulkPairs:
             made.clear()
             mine.clear()
             waiting.clear()
-            rows = _Rows(w, [_Entry(k, p) for k, (p, _i) in enumerate(group)], unlink=True)
+            rows = _Rows(
+                w, versions=versioned, entries=[_Entry(k, p) for k, (p, _i) in enumerate(group)], unlink=True
+            )
             mine.append(rows)
             waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
             return sum(e.kind == REMOVE for e in rows.entries)
 
         def second(cur: Cursor, _gone: int) -> None:
             # Every inverse row goes, whether its primary row was there or not (as `unlink`).
-            rows = _Rows(w, [_Entry(k, i) for k, (_p, i) in enumerate(group) if i is not None], unlink=True)
+            rows = _Rows(
+                w,
+                versions=versioned,
+                entries=[_Entry(k, i) for k, (_p, i) in enumerate(group) if i is not None],
+                unlink=True,
+            )
             _side(cur, rows, _carried(waiting), made, hope=True, write=True)
 
         def alone(cur: Cursor) -> None:
-            _side(cur, _Rows(w, [], unlink=True), _carried(waiting), made, hope=False, write=True)
+            _side(
+                cur,
+                _Rows(w, versions=versioned, entries=[], unlink=True),
+                _carried(waiting),
+                made,
+                hope=False,
+                write=True,
+            )
 
         n = self._protocol(group, first, second, alone=alone)
         changes += made
@@ -526,9 +555,11 @@ class _Rows:
     DELETE, locks every key it names, as the read does.
     """
 
-    def __init__(self, writer: Any, entries: list[_Entry], *, unlink: bool = False) -> None:
+    def __init__(self, writer: Any, entries: list[_Entry], *, versions: bool, unlink: bool = False) -> None:
         self.writer = writer
         self.repo = writer.repo
+        #: Read the versions the lists are left at (for the list cache, or the log): else not.
+        self.versions = versions
         self.entries = entries
         self.unlink = unlink
         shards: dict[tuple[str, int], list[_Entry]] = {}
@@ -647,8 +678,9 @@ class _Rows:
                     changed: list[Any] = [*whens_n, *whens_v, relation, *[f for f, _c, _n in other]]
                     out.append((sql(side, "count_change", len(other)), changed))
                     sent.append(("count_change", -1))
-                out.append((sql(side, "versions", len(lists)), [relation, *[f for _r, f in lists]]))
-                sent.append(("versions", -1))
+                if self.versions:
+                    out.append((sql(side, "versions", len(lists)), [relation, *[f for _r, f in lists]]))
+                    sent.append(("versions", -1))
             self._sent.append(sent)
             self._lists.append(lists)
         return out

@@ -499,6 +499,40 @@ class RelationService:
         the object rows a link reads)."""
         return self._sides(spec, from_id, to_id, guarded=guarded)
 
+    def sides_many(
+        self, spec: RelationSpec, pairs: Sequence[tuple[int, int]], *, guarded: bool
+    ) -> list[tuple[Side, Side | None]]:
+        """`sides` of each pair, each ID routed once (a batch names one board a hundred times)."""
+        routes: dict[tuple[int, str], tuple[int, Any, int, str]] = {}
+        router = self._router
+
+        def route(id_: int, type_name: str) -> tuple[int, Any, int, str]:
+            got = routes.get((id_, type_name))
+            if got is None:
+                got = routes[(id_, type_name)] = router.route(id_, type_name)
+            return got
+
+        out: list[tuple[Side, Side | None]] = []
+        inverse = None if spec.inverse is None else router.relation(spec.inverse)
+        for from_id, to_id in pairs:
+            shard, _t, key, host = route(from_id, spec.from_type)
+            here = self._shard(shard, host)
+            if inverse is None:
+                router.route(to_id, spec.to_type)  # (None too: it is no ID)
+                out.append((Side(here, spec.name, from_id, to_id), None))
+                continue
+            other_shard, other_t, other_key, other_host = route(to_id, inverse.from_type)
+            there = self._shard(other_shard, other_host)
+            if guarded:
+                mine = Guard(f"{spec.from_type} {from_id}", _t.table, self._object_key, key)
+                theirs = Guard(f"{inverse.from_type} {to_id}", other_t.table, self._object_key, other_key)
+                side = Side(here, spec.name, from_id, to_id, mine)
+                other = Side(there, inverse.name, to_id, from_id, theirs)
+            else:
+                side, other = Side(here, spec.name, from_id, to_id), Side(there, inverse.name, to_id, from_id)
+            out.append((side, other) if spec.primary else (other, side))
+        return out
+
     def apply_changes(self, changes: Sequence[Change]) -> None:
         """Update the cached lists in place with committed pair ``changes``, in their order."""
         self._apply(changes)
