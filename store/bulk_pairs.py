@@ -13,11 +13,23 @@ group is written by the protocol of `store.pairs`, once for all its pairs:
 
 Every write of a pair still takes the pair's primary lock first and writes
 the inverse under it, so a batch racing single `link`/`unlink` calls of the
-same pairs converges as they do (`tests/test_pair_interleavings.py`). Where
-statements can be conditional (`Backend.conditional_writes`: MariaDB), each
-side's writes and counts go in one request: about four requests per group
-(per `CHUNK` pairs) instead of three per pair. Elsewhere the statements run
-one by one inside the same two transactions.
+same pairs converges as they do (`tests/test_pair_interleavings.py`).
+
+Where `Backend.pair_rows` (MariaDB/MySQL), a side is a few multi-row
+statements per shard (`_Rows`), not statements per pair: first, behind a
+savepoint, as if every pair were new (a link) or there (an unlink): the
+objects read in share mode, one INSERT that skips a pair there already (or
+one DELETE), one upsert of the counts, and (where a list cache or the log
+takes them) one read of the lists' versions, in one request; each list's
+count and version change once, by as many as it had changes. If a statement
+changed fewer rows than that assumed, or an object was deleted, back to the
+savepoint: one read of every key ``FOR UPDATE`` (rows, and the gaps where
+absent ones would go) and of the objects, then the writes that read calls
+for. A group of new pairs on one host is three requests in all (each side,
+then the COMMIT). Where statements can be conditional only
+(`Backend.conditional_writes`), each side's per-pair writes and counts go in
+one request; elsewhere the statements run one by one inside the same two
+transactions.
 
 Each group is one step (`store.steps`): a group refused because a shard
 moved wrote nothing (both transactions rolled back); it is routed again and
