@@ -63,6 +63,9 @@ class Cursor(Protocol):
     def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
         """Run several statements (in one request where the backend can); (rowcount, lastrowid) of each."""
 
+    def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
+        """`batch`, reading each statement's rows: (rowcount, rows) of each ([] if it returns none)."""
+
     def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
         """Run ``statements``, then COMMIT (in one request where the backend can); (rowcount,
         lastrowid) of each. What the cursor runs next is a new transaction."""
@@ -147,13 +150,18 @@ class _Txn:
             self._open()
 
     def _send(
-        self, own: Sequence[tuple[str, Sequence[Any] | None]], *, rowless: bool = False
+        self,
+        own: Sequence[tuple[str, Sequence[Any] | None]],
+        *,
+        rowless: bool = False,
+        rows: list[list[Any]] | None = None,
     ) -> list[tuple[int, int]]:
         """BEGIN (if not yet sent), the deferred statements, then ``own``, in one request;
         (rowcount, lastrowid) of each of ``own`` (the cursor is left on the last one's rows).
 
         ``rowless``: no statement of ``own`` returns rows, so where the driver's cursor reads
         such a request's answers in one go (``execute_oks``, the store's PyMySQL cursor), it does.
+        ``rows``, if given, gets each of ``own``'s rows ([] for a statement that returns none).
         """
         if self._pipe:
             return self._pipelined(own)
@@ -193,6 +201,8 @@ class _Txn:
                 tell(int(self._c.lastrowid or 0))
             if i >= mine:
                 results.append(_answer(self._c))
+                if rows is not None:
+                    rows.append(list(self._c.fetchall()) if self._c.description else [])
         return results
 
     def _pipelined(self, own: Sequence[tuple[str, Sequence[Any] | None]]) -> list[tuple[int, int]]:
@@ -245,6 +255,18 @@ class _Txn:
         for sql, params in statements:
             self._c.execute(sql, params)
             out.append(_answer(self._c))
+        return out
+
+    def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
+        """`batch`, reading each statement's rows: (rowcount, rows) of each ([] if it returns none)."""
+        if self._batch:
+            rows: list[list[Any]] = []
+            answers = self._send(statements, rows=rows)
+            return [(n, r) for (n, _id), r in zip(answers, rows, strict=True)]
+        out: list[tuple[int, list[Any]]] = []
+        for sql, params in statements:
+            self.execute(sql, params)
+            out.append((self.rowcount, list(self._c.fetchall()) if self._c.description else []))
         return out
 
     def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from store.backends.statements import GuardedInsertStatements, RelationStatements, with_part
+from store.backends.statements import (
+    GuardedInsertStatements,
+    PairRowsStatements,
+    RelationStatements,
+    expand_rows,
+    with_part,
+)
 from store.cache.follower import log_entries
 from store.cache.lists import ListCache, decode_members, encode_member, lex_bound
 from store.cursors import decode_cursor, encode_cursor
@@ -103,6 +109,7 @@ class RelationRepository:
         self._guarded: dict[tuple[str, int, str, str, str, str], str] = {}
         self._guarded_stmts: dict[tuple[str, str, str, str], GuardedInsertStatements] = {}
         self._heads: dict[tuple[str, int, str, bool], str] = {}
+        self._rows: dict[tuple[str, str, str | None, str | None], PairRowsStatements] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -174,6 +181,17 @@ class RelationRepository:
                 )
             sql = self._guarded[key] = stmts.for_shard(h.shard)[name]
         return sql
+
+    def rows_sql(self, side: Side, name: str, n: int) -> str:
+        """`PairRowsStatements` statement ``name`` for ``n`` rows on ``side``'s shard (its relation,
+        and its guard's object table for ``live``)."""
+        h, g = side.h, side.guard
+        kind = (h.backend.name, side.relation, None if g is None else g.table, None if g is None else g.key)
+        stmts = self._rows.get(kind)
+        if stmts is None:  # compiled once per backend, not per shard
+            ids = "instagram" if g is not None and g.key == "id" else "pinterest"
+            stmts = self._rows[kind] = PairRowsStatements(h.backend, side.relation, kind[2], ids=ids)
+        return expand_rows(stmts.for_shard(h.shard)[name], stmts.row(name), n)
 
     def link_plan(self, side: Side, sequence: int, *, move: bool, insert: bool) -> Plan:
         """`link_in` as statements for one request, where `Backend.conditional_writes`: the move
@@ -480,6 +498,40 @@ class RelationService:
         """The pair's (primary side, inverse side or None), routed and type-checked (``guarded``: with
         the object rows a link reads)."""
         return self._sides(spec, from_id, to_id, guarded=guarded)
+
+    def sides_many(
+        self, spec: RelationSpec, pairs: Sequence[tuple[int, int]], *, guarded: bool
+    ) -> list[tuple[Side, Side | None]]:
+        """`sides` of each pair, each ID routed once (a batch names one board a hundred times)."""
+        routes: dict[tuple[int, str], tuple[int, Any, int, str]] = {}
+        router = self._router
+
+        def route(id_: int, type_name: str) -> tuple[int, Any, int, str]:
+            got = routes.get((id_, type_name))
+            if got is None:
+                got = routes[(id_, type_name)] = router.route(id_, type_name)
+            return got
+
+        out: list[tuple[Side, Side | None]] = []
+        inverse = None if spec.inverse is None else router.relation(spec.inverse)
+        for from_id, to_id in pairs:
+            shard, _t, key, host = route(from_id, spec.from_type)
+            here = self._shard(shard, host)
+            if inverse is None:
+                router.route(to_id, spec.to_type)  # (None too: it is no ID)
+                out.append((Side(here, spec.name, from_id, to_id), None))
+                continue
+            other_shard, other_t, other_key, other_host = route(to_id, inverse.from_type)
+            there = self._shard(other_shard, other_host)
+            if guarded:
+                mine = Guard(f"{spec.from_type} {from_id}", _t.table, self._object_key, key)
+                theirs = Guard(f"{inverse.from_type} {to_id}", other_t.table, self._object_key, other_key)
+                side = Side(here, spec.name, from_id, to_id, mine)
+                other = Side(there, inverse.name, to_id, from_id, theirs)
+            else:
+                side, other = Side(here, spec.name, from_id, to_id), Side(there, inverse.name, to_id, from_id)
+            out.append((side, other) if spec.primary else (other, side))
+        return out
 
     def apply_changes(self, changes: Sequence[Change]) -> None:
         """Update the cached lists in place with committed pair ``changes``, in their order."""

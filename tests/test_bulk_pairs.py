@@ -115,3 +115,62 @@ def test_link_many_takes_five_times_fewer_round_trips_than_links(mariadb_ready: 
         assert unbatched_unlink * 5 <= single
         assert store.count(BHP, boards[0]) == 250
         assert store.count(POB, pins[0]) == 2
+
+
+def test_a_mixed_batch_over_both_hosts_keeps_both_sides_counts_and_cached_lists_exact(store: Store) -> None:
+    """One batch of pairs there already, new pairs and a pair naming a deleted object, over both
+    host names (each side written with a few multi-row statements on MariaDB): the new pairs are
+    counted, the others not, the deleted object's pair refused; then moves and an unlink with
+    pairs that are not there. Cached lists and counts (updated in place where the cache keeps
+    versions) match the database read afresh."""
+    from dataclasses import replace
+
+    from store.config import CacheConfig
+
+    boards = store.create_many("board", [{}], shard=1) + store.create_many("board", [{}], shard=5)
+    pins = store.create_many("pin", [{"p": i} for i in range(4)], shard=2)
+    pins += store.create_many("pin", [{"p": i} for i in range(4)], shard=6)
+    assert store.link_many(BHP, [(b, p) for b in boards for p in pins[:3]]) == 6
+    for b in boards:  # (cached now, where there is a cache: the batches below update them)
+        assert store.count(BHP, b) == 3
+        assert len(store.page(BHP, b).ids) == 3
+    store.delete(pins[7], type_name="pin")
+    batch = [(b, p) for b in boards for p in pins]
+    with pytest.raises(NotFound, match=r"deleted.*\(8 new\)") as err:
+        store.link_many(BHP, batch)
+    assert str(pins[7]) in str(err.value)
+    for b in boards:
+        assert sorted(store.links(BHP, b)) == sorted(pins[:7])
+        assert store.count(BHP, b) == 7
+    for p in pins[:7]:
+        assert sorted(store.links(POB, p)) == sorted(boards)
+        assert store.count(POB, p) == 2
+    assert store.links(POB, pins[7]) == []
+    # A sequence moves the pairs there (in both sides) and places a new one; none is new but it.
+    extra = store.create("pin", {"p": 8})
+    assert (
+        store.link_many(BHP, [(boards[0], pins[5]), (boards[0], pins[1]), (boards[0], extra)], sequence=7)
+        == 1
+    )
+    assert store.page(BHP, boards[0]).ids[:3] == sorted([pins[1], pins[5], extra])
+    assert store.count(BHP, boards[0]) == 8
+    # Again at the same sequence: nothing new, nothing moved.
+    assert store.link_many(BHP, [(boards[0], pins[5]), (boards[0], extra)], sequence=7) == 0
+    # An unlink of pairs there and not there: how many were there.
+    gone = [(boards[0], pins[0]), (boards[0], pins[7]), (boards[1], pins[2]), (boards[1], extra)]
+    assert store.unlink_many(BHP, gone) == 2
+    expected = {
+        boards[0]: sorted([*pins[1:7], extra]),
+        boards[1]: sorted([pins[0], pins[1], *pins[3:7]]),
+    }
+    with Store(replace(store.config, cache=CacheConfig())) as fresh:
+        for b, ids in expected.items():
+            for s in (store, fresh):
+                assert sorted(s.links(BHP, b)) == ids
+                assert s.count(BHP, b) == len(ids)
+                assert s.page(BHP, b).ids == fresh.page(BHP, b).ids
+        for p in [*pins, extra]:
+            linked = sorted(b for b, ids in expected.items() if p in ids)
+            for s in (store, fresh):
+                assert sorted(s.links(POB, p)) == linked
+                assert s.count(POB, p) == len(linked)

@@ -101,6 +101,10 @@ class Backend:
     #: and several go in one request: a pair write and its counts travel together
     #: (`store.backends.statements.RelationStatements`: count_up_if, count_down_if, bump_if).
     conditional_writes: ClassVar[bool] = False
+    #: A side of a batch of pairs is written with a few multi-row statements: one locking read of
+    #: every pair's key (present rows, and the gaps where absent ones would go), then one INSERT,
+    #: one upsert of the moves, one of the counts (`store.backends.statements.PairRowsStatements`).
+    pair_rows: ClassVar[bool] = False
     #: Each shard is a schema of one database (PostgreSQL), not a database or file of its own.
     schema_shards: ClassVar[bool] = False
     #: How an INSERT that meets an existing key updates it instead, in hand-written SQL (benchmark

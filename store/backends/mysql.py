@@ -214,6 +214,7 @@ class MySQLBackend(Backend):
 
     list_versions = True
     conditional_writes = True
+    pair_rows = True
 
     # -- accounts and grants ------------------------------------------------------
 

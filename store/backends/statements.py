@@ -23,12 +23,23 @@ from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause, 
 from store.backends import Backend
 from store.backends.tables import SHARD, counts_table, object_table, relation_table
 
-__all__ = ["GuardedInsertStatements", "ObjectStatements", "RelationStatements", "Statements", "with_part"]
+__all__ = [
+    "GuardedInsertStatements",
+    "ObjectStatements",
+    "PairRowsStatements",
+    "RelationStatements",
+    "Statements",
+    "expand_rows",
+    "with_part",
+]
 
 _ONE: ColumnClause[Any] = literal_column("1")
 _ZERO: ColumnClause[Any] = literal_column("0")
 _PART = "__part__"
 _IN = "__in__"
+_ROWS = "__rows__"
+_CASE_N = "__case_n__"
+_CASE_V = "__case_v__"
 
 
 def _p(name: str) -> BindParameter[Any]:
@@ -351,6 +362,103 @@ class GuardedInsertStatements(Statements):
             ["from_id", "to_id", "sequence"], source.with_for_update(read=True)
         )
         self._add("insert_live", stmt, ["f", "t", "s", "k"])
+
+
+class PairRowsStatements(Statements):
+    """Many pairs of one relation on one shard in a few multi-row statements, where
+    `Backend.pair_rows` (MariaDB/MySQL): `store.bulk_pairs` writes a side of a batch so.
+
+    Each text is for one row; `expand_rows` (name, n) makes it for n. Parameters, per row:
+
+    - locked (from, to): ``SELECT from_id, to_id, sequence ... FOR UPDATE`` through the primary
+      key, with a row-constructor IN: each present row is locked, and under REPEATABLE READ
+      the gap where each absent one would go (no other write can insert it);
+    - dead (key), if the side's ``from`` objects are in ``table``: the keys of those that are
+      deleted (or not live yet), every row read in share mode (as ``live_shared``: a delete of
+      the object waits for the transaction); a key with no row is not dead (as ``live_shared``);
+    - insert (from, to, seq): a plain INSERT; its caller holds each key's lock and knows the row
+      absent, so a duplicate is an error, never skipped;
+    - insert_new (from, to, seq): the same, skipping a pair that exists (rowcount: the new ones);
+    - move (from, to, seq): an upsert of rows known present, setting their sequence;
+    - delete (from, to): through the primary key;
+    - count_add (relation, from, n, k): the count grows by n and the version by k (a new
+      counts row starts at n, version k);
+    - count_change: (from, n) per row, then (from, k) per row, then (relation), then (from) per
+      row: a counts row that is there changes by n, its version by k (none is made);
+    - versions (relation) then (from) per row: one row, one value, ``from:version;`` for each
+      list that has a counts row, read locked (so it is the transaction's own version).
+    """
+
+    def __init__(self, backend: Backend, relation: str, table: str | None, *, ids: str) -> None:
+        super().__init__(backend)
+        md = MetaData()
+        types = backend.column_types()
+        t = relation_table(md, relation, types, schema=self.schema)
+        c = counts_table(md, types, schema=self.schema)
+        pf, pt, ps = _p("f"), _p("t"), _p("s")
+        rows: ColumnClause[Any] = literal_column(f"(from_id, to_id) IN ({_ROWS})")
+        locked = select(t.c.from_id, t.c.to_id, t.c.sequence).where(rows).with_for_update()
+        self._add("locked", locked, [])
+        self._add("delete", delete(t).where(rows), [])
+        for name in ("locked", "delete"):
+            # (through the primary key, as RelationStatements' writes of one pair)
+            self._templates[name] = _by_primary_key(self._templates[name])
+        self._add("insert", insert(t).values(from_id=pf, to_id=pt, sequence=ps), ["f", "t", "s"])
+        skip = backend.upsert_skip(t).values(from_id=pf, to_id=pt, sequence=ps)
+        self._add("insert_new", skip, ["f", "t", "s"])
+        move = backend.upsert_set(t, ("from_id", "to_id"), "sequence", also={})
+        self._add("move", move.values(from_id=pf, to_id=pt, sequence=ps), ["f", "t", "s"])
+        rel, cf = _p("r"), _p("cf")
+        added: ColumnClause[Any] = literal_column("VALUES(version)")
+        up = backend.upsert_add(c, ("relation", "from_id"), "n", also={"version": c.c.version + added})
+        count_add = up.values(relation=rel, from_id=cf, n=_p("n"), version=_p("k"))
+        self._add("count_add", count_add, ["r", "cf", "n", "k"])
+        some = c.c.from_id.in_([literal_column(_ROWS)])
+        change = update(c).where(c.c.relation == rel, some)
+        change = change.values(
+            n=c.c.n + literal_column(_CASE_N), version=c.c.version + literal_column(_CASE_V)
+        )
+        self._add("count_change", change, ["r"])
+        packed: ColumnClause[Any] = literal_column("GROUP_CONCAT(from_id, ':', version, ';' SEPARATOR '')")
+        self._add("versions", select(packed).where(c.c.relation == rel, some).with_for_update(), ["r"])
+        self._rows = {
+            "locked": "(%s, %s)",
+            "delete": "(%s, %s)",
+            "insert": "(%s, %s, %s)",
+            "insert_new": "(%s, %s, %s)",
+            "move": "(%s, %s, %s)",
+            "count_add": "(%s, %s, %s, %s)",
+            "count_change": "%s",
+            "versions": "%s",
+            "dead": "%s",
+        }
+        if table is not None:
+            obj = object_table(md, table, types, ids=ids, schema=self.schema, shard=0)
+            key = obj.c["id" if ids == "instagram" else "local_id"]
+            # (InnoDB locks every row the read reaches, live or not, to the end of the transaction)
+            dead = select(key).where(key.in_([literal_column(_ROWS)]), obj.c.active == _ZERO)
+            self._add("dead", dead.with_for_update(read=True), [])
+        # The texts above are written in PyMySQL's placeholder; a row is repeated as it is.
+        assert backend.param == "%s", backend.param
+
+    def row(self, name: str) -> str:
+        """One row's placeholders in statement ``name``."""
+        return self._rows[name]
+
+
+def expand_rows(text: str, row: str, n: int) -> str:
+    """A `PairRowsStatements` text made for ``n`` rows (``row``: `PairRowsStatements.row`)."""
+    rows = ", ".join([row] * n)
+    if _ROWS in text:
+        text = text.replace(_ROWS, rows, 1)
+        if _CASE_N in text:  # count_change: its two CASEs, one WHEN per row
+            whens = " ".join(["WHEN %s THEN %s"] * n)
+            text = text.replace(_CASE_N, f"CASE from_id {whens} END", 1)
+            text = text.replace(_CASE_V, f"CASE from_id {whens} END", 1)
+        return text
+    head, sep, tail = text.partition(f"VALUES {row}")
+    assert sep, text
+    return f"{head}VALUES {rows}{tail}"
 
 
 def _by_primary_key(text: str) -> str:
