@@ -1,0 +1,38 @@
+"""Small checks every part of the config's validation shares: ints, seconds, names, keys."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from store.exceptions import ConfigError, brief
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_COUNTER = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
+
+
+def _key(key: object) -> str:
+    """A key for a message: as it is if it is a short printable str, else quoted and cut short."""
+    if isinstance(key, str) and len(key) <= 64 and key.isprintable():
+        return key
+    return brief(key)
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise ConfigError(f"{key} is required: an int in {low}..{high}")
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{key} must be an int in {low}..{high}, got {brief(value)}")
+    return value
+
+
+def _seconds(raw: Mapping[str, Any], key: str, default: float, high: float = 3600.0) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:
+        raise ConfigError(f"{key} must be a number of seconds in (0, {high:g}], got {brief(value)}")
+    return float(value)
