@@ -34,21 +34,20 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import orjson
 from sqlalchemy import MetaData, bindparam
 
+from store.admin.repair import repair_unique
 from store.backends import Backend
 from store.backends.statements import Statements
 from store.backends.tables import object_table
 from store.cache.follower import log_entries
 from store.cache.leases import wall_ms
+from store.context import AdminContext, HasAdminContext
 from store.exceptions import BadRecordError, ConfigError, LimitError, StoreError, brief
 from store.scan import Scan, scan_shards, scan_token
-
-if TYPE_CHECKING:
-    from store.store import AdminContext, Store
 
 __all__ = ["FORMAT", "IMPORT_BATCH", "ExportReport", "ImportReport", "export_records", "import_records"]
 
@@ -106,7 +105,7 @@ def _sections(ctx: AdminContext) -> list[tuple[str, str]]:
 
 
 def export_records(
-    store: Store,
+    store: HasAdminContext,
     out: str | os.PathLike[str] | IO[str],
     *,
     shards: Iterable[int] | None = None,
@@ -355,7 +354,7 @@ class _ImportStatements(Statements):
 
 
 def import_records(
-    store: Store,
+    store: HasAdminContext,
     lines: Iterable[str | bytes],
     *,
     batch: int = IMPORT_BATCH,
@@ -382,8 +381,6 @@ def import_records(
     # caller is told (the CLI says so and exits 1).
     report.complete = importer.ended is not None or not importer.began
     if ctx.unique is not None and report.objects_added:
-        from store.admin.repair import repair_unique  # admin imports the store: loaded only when needed
-
         report.unique_added = sum(repair_unique(store).added.values())
     return report
 

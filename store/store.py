@@ -14,7 +14,6 @@ import functools
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -24,6 +23,7 @@ from store.cache import Caches, build_caches
 from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
 from store.cache.lists import ListCache
 from store.config import StoreConfig
+from store.context import AdminContext
 from store.defaults import embedded_config
 from store.engines import Engines, ShardHandle
 from store.exceptions import ConfigError, NotFound, StoreError, brief
@@ -33,7 +33,7 @@ from store.mapsource import MapSource
 from store.object_pages import ObjectPages
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
 from store.relation_reads import RelationReads, id_list, pair_list
-from store.relations import Page, RelationRepository, RelationService
+from store.relations import Page, RelationService
 from store.routing import Location, Router
 from store.scan import Scan
 from store.serde import JsonSerde, Serde
@@ -69,45 +69,6 @@ def _planned(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate
         return method(self, *args, **kwargs)
 
     return wrapper
-
-
-@dataclass(frozen=True)
-class AdminContext:
-    """What admin jobs (init, check, repair, move, promote) and tools reach inside a store.
-
-    The request path never needs it; `Store.admin_context` hands it out.
-    """
-
-    config: StoreConfig
-    engines: Engines
-    router: Router
-    live: LiveMap
-    objects: ObjectService
-    relations: RelationService
-    caches: Caches
-    #: The unique keys (None when the config has no ``unique:``).
-    unique: UniqueKeys | None = None
-    #: What runs the steps of writes' plans (its ``hook`` hears each step's name).
-    steps: Steps | None = None
-
-    @property
-    def relation_repository(self) -> RelationRepository:
-        """The relation SQL, per shard."""
-        return self.relations.repo
-
-    @property
-    def shard_map(self) -> ShardMap:
-        """The map the store routes by now."""
-        return self.live.current
-
-    @property
-    def map_source(self) -> MapSource:
-        """Where the store reads its live map."""
-        return self.live.source
-
-    def refresh_map(self, *, force: bool = False) -> bool:
-        """Reload the map if the source has a newer one; True if it changed."""
-        return self.live.refresh(force=force)
 
 
 class Store:

@@ -42,10 +42,10 @@ from sqlalchemy.engine import URL
 
 from store.admin.ownership import ServerInventory, ShardCopy
 from store.backends import backend_for
+from store.context import AdminContext, HasAdminContext
 from store.exceptions import StoreError
 from store.naming import COUNTS_TABLE, TOMBSTONE_TABLE
 from store.specs import RelationSpec
-from store.store import AdminContext, Store
 
 __all__ = ["CheckReport", "Finding", "check_store", "load_report", "save_report"]
 
@@ -126,7 +126,7 @@ def server_identity(url: URL) -> str:
 
 
 def check_store(
-    store: Store,
+    store: HasAdminContext,
     *,
     full: bool = False,
     sample: int = SAMPLE,
@@ -235,7 +235,7 @@ def _heartbeats(ctx: AdminContext, report: CheckReport) -> None:
             report.problem("stale heartbeat", None, host, detail, fix)
 
 
-def _unique_keys(store: Store, report: CheckReport) -> None:
+def _unique_keys(store: HasAdminContext, report: CheckReport) -> None:
     """Key rows that back nothing, and values held with no row (`repair_unique`'s dry run)."""
     from store.admin.repair import repair_unique
 

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from store.context import AdminContext, HasAdminContext
 from store.exceptions import StoreError, UnknownRelationError
 from store.ids import encode_pinterest
 from store.specs import RelationSpec
-from store.store import AdminContext, Store
 from store.unique import UniqueRepairReport
 
 __all__ = ["RepairReport", "repair_relations", "repair_unique"]
@@ -54,7 +54,7 @@ class RepairReport:
 
 
 def repair_relations(
-    store: Store,
+    store: HasAdminContext,
     relation: str | None = None,
     *,
     shards: Iterable[int] | None = None,
@@ -62,14 +62,15 @@ def repair_relations(
     on_shard: Callable[[int], None] | None = None,
 ) -> RepairReport:
     """Scan ``shards`` (default: all) and fix inverse pairs and counts of ``relation`` (default: all)."""
-    config = store.config
+    ctx = store.admin_context()
+    config = ctx.config
     if relation is not None and relation not in config.relations:
         known = ", ".join(config.relations) or "none"
         raise UnknownRelationError(f"unknown relation {relation!r}; the config defines: {known}")
     specs = _selected(config.relations, relation)
     wanted = sorted(set(range(config.shards) if shards is None else shards))
     report = RepairReport(dry_run=dry_run)
-    repair = _Repair(store.admin_context(), report)
+    repair = _Repair(ctx, report)
     for shard in wanted:
         for spec in specs:
             if spec.inverse is not None and spec.primary:
@@ -158,7 +159,7 @@ class _Repair:
 
 
 def repair_unique(
-    store: Store, *, dry_run: bool = False, shards: Iterable[int] | None = None
+    store: HasAdminContext, *, dry_run: bool = False, shards: Iterable[int] | None = None
 ) -> UniqueRepairReport:
     """Make the unique keys' rows (config ``unique:``) match the live objects; see `UniqueKeys.repair`.
 
