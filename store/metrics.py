@@ -13,9 +13,12 @@ The hot path takes no lock: every thread counts into its own bucket lists
 (plain integer increments under the GIL), and a custom collector sums them
 when Prometheus scrapes. Everything else (cache counters, breakers, pools,
 the live map version, a running move) is read at scrape time from the
-objects that already keep it, so it costs nothing between scrapes. The
-map's age (``store_map_age_seconds``) is how long ago the map source last
-confirmed the map in use: it grows while the source cannot be read.
+objects that already keep it, so it costs nothing between scrapes: cache
+servers as `store.cache.Caches.servers` names them (`CacheServer`: an
+address and a breaker) and pools by `store.pool.PoolLoad`, never by
+reaching into a backend's attributes. The map's age
+(``store_map_age_seconds``) is how long ago the map source last confirmed
+the map in use: it grows while the source cannot be read.
 
 Metric names (all prefixed ``store_``) are listed in `METRIC_NAMES` and in
 the README.
@@ -28,11 +31,13 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store.cache.stats import CacheServer, CacheServers
 from store.forks import at_fork
+from store.pool import PoolLoad
 from store.threadends import on_thread_end
 
 if TYPE_CHECKING:
@@ -355,7 +360,8 @@ class Metrics:
                     mine[n] += stats.get(n, 0)
             for key, is_open in cache_breakers(store).items():
                 breakers[key] = max(breakers.get(key, 0), int(is_open))
-            for name, pool in store.admin_context().engines.pools().items():
+            loads: Mapping[str, PoolLoad] = store.admin_context().engines.pools()
+            for name, pool in loads.items():
                 got = pools.setdefault(name, [0, 0, 0])
                 got[0] += pool.in_use
                 got[1] += pool.waiting
@@ -457,35 +463,18 @@ def _le(bound: float) -> str:
 
 def cache_breakers(store: Store) -> dict[tuple[str, str], bool]:
     """``(cache, server) -> open?`` for each cache server of ``store`` (in-process caches have none)."""
-    caches = store.admin_context().caches
-    out: dict[tuple[str, str], bool] = {}
-    if caches.objects is not None:
-        for server in getattr(caches.objects.store, "servers", []):
-            out[("memcached", str(server.address))] = not server.breaker.allow()
-    if caches.lists is not None:
-        for server in redis_servers(caches.lists.backend):
-            out[("redis", redis_address(server))] = not server.breaker.allow()
-    return out
+    servers = store.admin_context().caches.servers()
+    return {(kind, s.address): not s.breaker.allow() for kind, group in servers.items() for s in group}
 
 
 def redis_servers(backend: Any) -> list[Any]:
     """The Redis servers' backends (`RedisListBackend`) behind a list backend: one, several, or none."""
-    servers = getattr(backend, "servers", None)
-    if servers is not None:
-        return list(servers)
-    return [backend] if getattr(backend, "breaker", None) is not None else []
+    return list(backend.cache_servers()) if isinstance(backend, CacheServers) else []
 
 
-def redis_address(backend: Any) -> str:
+def redis_address(backend: CacheServer) -> str:
     """``host:port/db`` of a Redis list backend (never its password)."""
-    address = getattr(backend, "address", None)
-    if isinstance(address, str):
-        return address
-    try:
-        kw = backend.client.connection_pool.connection_kwargs
-        return f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
-    except AttributeError:
-        return "redis"
+    return backend.address
 
 
 def instrument(store: Store, metrics: Metrics) -> Metrics:
