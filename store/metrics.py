@@ -43,7 +43,7 @@ from store.threadends import on_thread_end
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from store.store import Store
+    from store.context import HasAdminContext
 
 __all__ = [
     "BUCKETS_S",
@@ -202,7 +202,7 @@ class Metrics:
         self._ended: dict[tuple[str, str], list[int]] = {}
         self._local = _Local(weakref.ref(self))
         self._errors: dict[tuple[str, str], int] = {}
-        self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self._stores: weakref.WeakSet[HasAdminContext] = weakref.WeakSet()
         self.move_journal = None if move_journal is None else Path(move_journal)
         self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
@@ -264,7 +264,7 @@ class Metrics:
 
     # -- wiring --------------------------------------------------------------------
 
-    def attach(self, store: Store) -> None:
+    def attach(self, store: HasAdminContext) -> None:
         """Time ``store``'s calls and export its caches, pools and map (see `instrument`)."""
         for op in INSTRUMENTED_OPS:
             method = getattr(store, op, None)
@@ -354,20 +354,21 @@ class Metrics:
         # Stores with a map source: the oldest confirmation, the newest change, every failed read.
         ages: list[tuple[float, float, int]] = []
         for store in list(self._stores):
-            for cache, stats in store.stats().items():
+            ctx = store.admin_context()
+            for cache, stats in ctx.caches.stats().items():
                 mine = totals.setdefault(cache, dict.fromkeys(names, 0))
                 for n in names:
                     mine[n] += stats.get(n, 0)
             for key, is_open in cache_breakers(store).items():
                 breakers[key] = max(breakers.get(key, 0), int(is_open))
-            loads: Mapping[str, PoolLoad] = store.admin_context().engines.pools()
+            loads: Mapping[str, PoolLoad] = ctx.engines.pools()
             for name, pool in loads.items():
                 got = pools.setdefault(name, [0, 0, 0])
                 got[0] += pool.in_use
                 got[1] += pool.waiting
                 got[2] += pool.idle
-            newest = max(newest, store.shard_map.version)
-            live = store.admin_context().live
+            newest = max(newest, ctx.shard_map.version)
+            live = ctx.live
             # A scrape checks the map like a call does: an idle process's map would otherwise
             # show as old however well its source answers.
             live.tick()
@@ -461,7 +462,7 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def cache_breakers(store: Store) -> dict[tuple[str, str], bool]:
+def cache_breakers(store: HasAdminContext) -> dict[tuple[str, str], bool]:
     """``(cache, server) -> open?`` for each cache server of ``store`` (in-process caches have none)."""
     servers = store.admin_context().caches.servers()
     return {(kind, s.address): not s.breaker.allow() for kind, group in servers.items() for s in group}
@@ -477,7 +478,7 @@ def redis_address(backend: CacheServer) -> str:
     return backend.address
 
 
-def instrument(store: Store, metrics: Metrics) -> Metrics:
+def instrument(store: HasAdminContext, metrics: Metrics) -> Metrics:
     """Time ``store``'s public calls into ``metrics`` and export its caches, pools and map; returns it.
 
     What ``Store(metrics=...)`` calls. Calling it twice on one store wraps once.
