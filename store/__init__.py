@@ -43,7 +43,7 @@ from store.ids import (
     instagram_datetime,
 )
 from store.objects import Versioned
-from store.relations import Page
+from store.relations.repository import Page
 from store.scan import Scan
 from store.serde import JsonSerde, Serde
 from store.shardmap import ShardMap, ShardRange

@@ -61,7 +61,7 @@ from store.exceptions import ConfigError, StoreError, brief
 from store.exchange import ExportReport, ImportReport
 from store.forks import at_fork
 from store.objects import Updater, Versioned
-from store.relations import Page
+from store.relations.repository import Page
 from store.routing import Location
 from store.scan import Scan
 from store.store import AdminContext, Store

@@ -45,7 +45,7 @@ from store.exceptions import (
 )
 from store.ids import encode_pinterest
 from store.objects import ObjectService
-from store.relations import RelationService
+from store.relations.service import RelationService
 from store.routing import MAX_LOCAL_ID, Router
 from store.specs import TypeSpec
 from store.steps import Steps

@@ -16,7 +16,8 @@ from store.engines import Engines
 from store.livemap import LiveMap
 from store.mapsource import MapSource
 from store.objects import ObjectService
-from store.relations import RelationRepository, RelationService
+from store.relations.repository import RelationRepository
+from store.relations.service import RelationService
 from store.routing import Router
 from store.shardmap import ShardMap
 from store.steps import Steps

@@ -13,9 +13,12 @@ The hot path takes no lock: every thread counts into its own bucket lists
 (plain integer increments under the GIL), and a custom collector sums them
 when Prometheus scrapes. Everything else (cache counters, breakers, pools,
 the live map version, a running move) is read at scrape time from the
-objects that already keep it, so it costs nothing between scrapes. The
-map's age (``store_map_age_seconds``) is how long ago the map source last
-confirmed the map in use: it grows while the source cannot be read.
+objects that already keep it, so it costs nothing between scrapes: cache
+servers as `store.cache.Caches.servers` names them (`CacheServer`: an
+address and a breaker) and pools by `store.pool.PoolLoad`, never by
+reaching into a backend's attributes. The map's age
+(``store_map_age_seconds``) is how long ago the map source last confirmed
+the map in use: it grows while the source cannot be read.
 
 Metric names (all prefixed ``store_``) are listed in `METRIC_NAMES` and in
 the README.
@@ -28,17 +31,19 @@ import threading
 import time
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store.cache.stats import CacheServer, CacheServers
 from store.forks import at_fork
+from store.pool import PoolLoad
 from store.threadends import on_thread_end
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
-    from store.store import Store
+    from store.context import HasAdminContext
 
 __all__ = [
     "BUCKETS_S",
@@ -197,7 +202,7 @@ class Metrics:
         self._ended: dict[tuple[str, str], list[int]] = {}
         self._local = _Local(weakref.ref(self))
         self._errors: dict[tuple[str, str], int] = {}
-        self._stores: weakref.WeakSet[Store] = weakref.WeakSet()
+        self._stores: weakref.WeakSet[HasAdminContext] = weakref.WeakSet()
         self.move_journal = None if move_journal is None else Path(move_journal)
         self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
         self.registry.register(self)
@@ -259,7 +264,7 @@ class Metrics:
 
     # -- wiring --------------------------------------------------------------------
 
-    def attach(self, store: Store) -> None:
+    def attach(self, store: HasAdminContext) -> None:
         """Time ``store``'s calls and export its caches, pools and map (see `instrument`)."""
         for op in INSTRUMENTED_OPS:
             method = getattr(store, op, None)
@@ -349,19 +354,21 @@ class Metrics:
         # Stores with a map source: the oldest confirmation, the newest change, every failed read.
         ages: list[tuple[float, float, int]] = []
         for store in list(self._stores):
-            for cache, stats in store.stats().items():
+            ctx = store.admin_context()
+            for cache, stats in ctx.caches.stats().items():
                 mine = totals.setdefault(cache, dict.fromkeys(names, 0))
                 for n in names:
                     mine[n] += stats.get(n, 0)
             for key, is_open in cache_breakers(store).items():
                 breakers[key] = max(breakers.get(key, 0), int(is_open))
-            for name, pool in store.admin_context().engines.pools().items():
+            loads: Mapping[str, PoolLoad] = ctx.engines.pools()
+            for name, pool in loads.items():
                 got = pools.setdefault(name, [0, 0, 0])
                 got[0] += pool.in_use
                 got[1] += pool.waiting
                 got[2] += pool.idle
-            newest = max(newest, store.shard_map.version)
-            live = store.admin_context().live
+            newest = max(newest, ctx.shard_map.version)
+            live = ctx.live
             # A scrape checks the map like a call does: an idle process's map would otherwise
             # show as old however well its source answers.
             live.tick()
@@ -455,40 +462,23 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-def cache_breakers(store: Store) -> dict[tuple[str, str], bool]:
+def cache_breakers(store: HasAdminContext) -> dict[tuple[str, str], bool]:
     """``(cache, server) -> open?`` for each cache server of ``store`` (in-process caches have none)."""
-    caches = store.admin_context().caches
-    out: dict[tuple[str, str], bool] = {}
-    if caches.objects is not None:
-        for server in getattr(caches.objects.store, "servers", []):
-            out[("memcached", str(server.address))] = not server.breaker.allow()
-    if caches.lists is not None:
-        for server in redis_servers(caches.lists.backend):
-            out[("redis", redis_address(server))] = not server.breaker.allow()
-    return out
+    servers = store.admin_context().caches.servers()
+    return {(kind, s.address): not s.breaker.allow() for kind, group in servers.items() for s in group}
 
 
 def redis_servers(backend: Any) -> list[Any]:
     """The Redis servers' backends (`RedisListBackend`) behind a list backend: one, several, or none."""
-    servers = getattr(backend, "servers", None)
-    if servers is not None:
-        return list(servers)
-    return [backend] if getattr(backend, "breaker", None) is not None else []
+    return list(backend.cache_servers()) if isinstance(backend, CacheServers) else []
 
 
-def redis_address(backend: Any) -> str:
+def redis_address(backend: CacheServer) -> str:
     """``host:port/db`` of a Redis list backend (never its password)."""
-    address = getattr(backend, "address", None)
-    if isinstance(address, str):
-        return address
-    try:
-        kw = backend.client.connection_pool.connection_kwargs
-        return f"{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
-    except AttributeError:
-        return "redis"
+    return backend.address
 
 
-def instrument(store: Store, metrics: Metrics) -> Metrics:
+def instrument(store: HasAdminContext, metrics: Metrics) -> Metrics:
     """Time ``store``'s public calls into ``metrics`` and export its caches, pools and map; returns it.
 
     What ``Store(metrics=...)`` calls. Calling it twice on one store wraps once.

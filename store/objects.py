@@ -38,8 +38,8 @@ from store.exceptions import (
     brief,
 )
 from store.ids import MAX_ID, encode_pinterest
-from store.relation_reads import id_list
-from store.relations import RelationService
+from store.relations.inputs import id_list
+from store.relations.service import RelationService
 from store.routing import MAX_LOCAL_ID, Router
 from store.serde import Serde
 from store.specs import TypeSpec

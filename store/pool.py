@@ -34,15 +34,34 @@ import time
 from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 from store.exceptions import BackendError
 from store.forks import at_fork, forget_connection
 
-__all__ = ["ConnectionPool", "PooledConnection"]
+__all__ = ["ConnectionPool", "PoolLoad", "PooledConnection"]
 
 POOL_TIMEOUT_S = 30.0
 RECYCLE_S = 3600.0
+
+
+class PoolLoad(Protocol):
+    """What a pool tells of its load: the gauges metrics export (`ConnectionPool` implements it)."""
+
+    @property
+    def in_use(self) -> int:
+        """How many connections are checked out."""
+        ...
+
+    @property
+    def waiting(self) -> int:
+        """How many callers wait for a connection."""
+        ...
+
+    @property
+    def idle(self) -> int:
+        """How many connections are idle."""
+        ...
 
 
 class _ReusedCursor:

@@ -18,7 +18,6 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.bulk_create import BulkCreates
-from store.bulk_pairs import BulkPairs
 from store.cache import Caches, build_caches
 from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
 from store.cache.lists import ListCache
@@ -30,10 +29,12 @@ from store.exceptions import ConfigError, NotFound, StoreError, brief
 from store.exchange import ExportReport, ImportReport, export_records, import_records
 from store.livemap import LiveMap
 from store.mapsource import MapSource
-from store.object_pages import ObjectPages
 from store.objects import ObjectRepository, ObjectService, Updater, Versioned
-from store.relation_reads import RelationReads, id_list, pair_list
-from store.relations import Page, RelationService
+from store.relations.bulk import BulkPairs
+from store.relations.inputs import id_list, pair_list
+from store.relations.reads import ObjectPages, RelationReads
+from store.relations.repository import Page
+from store.relations.service import RelationService
 from store.routing import Location, Router
 from store.scan import Scan
 from store.serde import JsonSerde, Serde

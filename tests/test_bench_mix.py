@@ -220,12 +220,12 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
 
 
 def test_a_worker_that_fails_says_why_in_the_parent() -> None:
-    from store.tools.mix.bench import MixOptions, _config
     from store.tools.mix.dataset_db import Copy, mix_schema
+    from store.tools.mix.options import MixOptions, mix_config
     from store.tools.mix.procs import WorkerError, Workers
 
     options = MixOptions(shape=Shape(users=10, pins=50), threads=[1])
-    config = _config(options)
+    config = mix_config(options)
     schema = mix_schema(config, [2048])
     workers = Workers("no-such-system", config, schema, options, Copy([], [], []), 2)
     try:
@@ -315,7 +315,7 @@ def test_system_names_are_checked_before_anything_runs() -> None:
     knob or value is refused with what to write instead."""
     from store.config import StoreConfig
     from store.exceptions import ConfigError
-    from store.tools.mix import bench
+    from store.tools.mix import bench, systems
     from store.tools.mix.dataset_db import default_config
 
     url = "mysql+pymysql://root@127.0.0.1:3306"
@@ -335,7 +335,7 @@ def test_system_names_are_checked_before_anything_runs() -> None:
         ("store-mysqldb:follow=true", "--mysqldb URL runs on the mix's own config"),
     ):
         with pytest.raises(ConfigError, match=re.escape(said)):
-            bench._system(name, config, schema, options)  # type: ignore[arg-type]
+            systems.make_system(name, config, schema, options)  # type: ignore[arg-type]
 
 
 def test_cpu_per_call_vs_the_floor_counts_the_client_and_every_server() -> None:
@@ -383,8 +383,9 @@ def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Pat
         assert p["connections"] >= 1
     # 24 tasks, min(32, pool_size) workers, two host names: at most one connection per worker per host.
     from store.aio import default_max_workers
+    from store.tools.mix.options import mix_config
 
-    workers = default_max_workers(bench._config(options))
+    workers = default_max_workers(mix_config(options))
     assert workers < 24
     for temperature in ("cold", "warm"):
         assert phases[("store:async", 24, temperature)]["connections"] <= 2 * workers

@@ -13,8 +13,18 @@ from click.testing import CliRunner
 pytest.importorskip("prometheus_client")
 
 from store import Store
+from store.cache import CacheServers
 from store.cli import main
-from store.metrics import METRIC_NAMES, Metrics, instrument, move_progress_path
+from store.config import redis_server_name
+from store.metrics import (
+    METRIC_NAMES,
+    Metrics,
+    cache_breakers,
+    instrument,
+    move_progress_path,
+    redis_address,
+    redis_servers,
+)
 from tests.conftest import sqlite_config
 
 
@@ -127,6 +137,48 @@ def test_instrument_twice_wraps_once(store: Store) -> None:
     wrapped = vars(store)["get"]
     instrument(store, m)
     assert vars(store)["get"] is wrapped
+
+
+def test_cache_servers_and_their_breakers_are_exported(
+    tmp_path: Path, memcached_pair: list[str], redis_ready: str
+) -> None:
+    """Each memcached and Redis server is a `store_cache_breaker_open` gauge, 1 while this process's
+    breaker on it is open; the servers are what `Caches.servers` names (in-process caches: none)."""
+    raw = sqlite_config(tmp_path)
+    raw["cache"] = {"memcached": memcached_pair, "redis": redis_ready, "prefix": "tm:"}
+    with Store.from_config(raw) as s:
+        m = instrument(s, Metrics())
+        caches = s.admin_context().caches
+        servers = caches.servers()
+        redis_name = redis_server_name(redis_ready)
+        assert [x.address for x in servers["memcached"]] == memcached_pair
+        assert [x.address for x in servers["redis"]] == [redis_name]
+        assert caches.lists is not None
+        assert [redis_address(b) for b in redis_servers(caches.lists.backend)] == [redis_name]
+
+        def gauge(cache: str, server: str) -> float:
+            return samples(m)[("store_cache_breaker_open", (("cache", cache), ("server", server)))]
+
+        assert gauge("memcached", memcached_pair[0]) == gauge("memcached", memcached_pair[1]) == 0
+        assert gauge("redis", redis_name) == 0
+        servers["memcached"][1].breaker.trip()
+        servers["redis"][0].breaker.trip()
+        assert gauge("memcached", memcached_pair[0]) == 0
+        assert gauge("memcached", memcached_pair[1]) == 1
+        assert gauge("redis", redis_name) == 1
+        assert cache_breakers(s) == {
+            ("memcached", memcached_pair[0]): False,
+            ("memcached", memcached_pair[1]): True,
+            ("redis", redis_name): True,
+        }
+
+
+def test_in_process_caches_have_no_servers(store: Store) -> None:
+    caches = store.admin_context().caches
+    assert caches.servers() == {}
+    assert cache_breakers(store) == {}
+    assert caches.lists is not None
+    assert not isinstance(caches.lists.backend, CacheServers)
 
 
 def test_move_progress_is_exported(tmp_path: Path) -> None:

@@ -193,7 +193,8 @@ def test_the_checker_finds_the_race_of_writing_each_side_in_its_own_transaction(
 ) -> None:
     """The protocol as it was before: commit the primary side, then write the inverse. It fails here."""
     from store.engines import Cursor
-    from store.pairs import PairWriter, Side
+    from store.relations.repository import Side
+    from store.relations.writer import PairWriter
 
     def separate(
         self: PairWriter,

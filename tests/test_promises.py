@@ -103,7 +103,7 @@ def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(
     mariadb_ready: StoreConfig, where: str
 ) -> None:
     # Two pools: a transaction a side. One pool: both sides in one transaction, each side's
-    # write sent with the other's in one request (`store.pairs`, at once), moves included.
+    # write sent with the other's in one request (`store.relations.writer`, at once), moves included.
     with Store(mariadb_ready) as store:
         board = store.create("board", {}, shard=0)  # host MySQL001A
         if where == "two pools":

@@ -33,8 +33,8 @@ from store import (
     encode_pinterest,
 )
 from store.config import CacheConfig
-from store.pairs import Side
 from store.pool import ConnectionPool
+from store.relations.repository import Side
 from tests.conftest import sqlite_config
 
 BHP = "board_has_pins"
@@ -776,7 +776,7 @@ ODD = st.sampled_from([True, False, -1, 0, 1 << 62, 1 << 63, (1 << 64) + 5, "7",
 def test_the_quick_check_of_many_ids_refuses_what_routing_refuses(
     shards: int, parts: list[tuple[int, int, int]], fill: int, odd: list[tuple[int, Any]]
 ) -> None:
-    from store.relation_reads import check_to_ids
+    from store.relations.reads import check_to_ids
     from store.routing import Router
     from tests.conftest import base_config
 
@@ -803,7 +803,7 @@ def test_the_quick_check_of_many_ids_refuses_what_routing_refuses(
 
 @pytest.mark.parametrize("shards", [8, 4096])
 def test_the_quick_check_passes_good_ids_without_routing_each(shards: int) -> None:
-    from store.relation_reads import check_to_ids
+    from store.relations.reads import check_to_ids
     from store.routing import Router
     from tests.conftest import base_config
 

@@ -1,7 +1,7 @@
 """`store relations repair`: make inverse relations match their primary, and counts exact.
 
 Link and unlink write both sides of an inverse pair by the protocol of
-`store.pairs`; a crash between the two commits leaves one of two states,
+`store.relations.writer`; a crash between the two commits leaves one of two states,
 and this job fixes both:
 
 * a primary pair whose inverse is missing (a link stopped half way): the

@@ -172,7 +172,7 @@ class RelationStatements(Statements):
       (from, seq, seq, to, limit), part_count
       (relation, from), part_head_fits (from, relation, from, fits, limit: the head, only if the
       list's count is <= fits), part_linked (from, tos...): rows labelled with a part number
-      (`with_part`), for one UNION ALL query over many lists (`store.relation_reads`);
+      (`with_part`), for one UNION ALL query over many lists (`store.relations.reads`);
     - head_packed (relation, from, from, limit), MariaDB/MySQL only: "count:version" and the
       first entries packed in one value (a list fill's read); head_packed_desc: the same with
       the last entries (still packed in list order);
@@ -366,7 +366,7 @@ class GuardedInsertStatements(Statements):
 
 class PairRowsStatements(Statements):
     """Many pairs of one relation on one shard in a few multi-row statements, where
-    `Backend.pair_rows` (MariaDB/MySQL): `store.bulk_pairs` writes a side of a batch so.
+    `Backend.pair_rows` (MariaDB/MySQL): `store.relations.bulk` writes a side of a batch so.
 
     Each text is for one row; `expand_rows` (name, n) makes it for n. Parameters, per row:
 

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 from store.cache.leases import LeaseStore, MemoryLeaseStore, ObjectCache
 from store.cache.lists import ListBackend, ListCache, MemoryListBackend
-from store.cache.stats import Breaker, CacheStats
+from store.cache.stats import Breaker, CacheServer, CacheServers, CacheStats
 from store.config import CacheConfig
 from store.naming import DEFAULT_NAMES, Names
 
 __all__ = [
     "Breaker",
+    "CacheServer",
+    "CacheServers",
     "CacheStats",
     "Caches",
     "LeaseStore",
@@ -44,6 +46,18 @@ class Caches:
         for cache in (self.objects, self.lists):
             if cache is not None:
                 out[cache.stats.name] = cache.stats.as_dict()
+        return out
+
+    def servers(self) -> dict[str, list[CacheServer]]:
+        """The servers of each cache on servers, by kind (``memcached``, ``redis``); in-process caches,
+        and backends that name no servers (`CacheServers`), have none."""
+        out: dict[str, list[CacheServer]] = {}
+        for kind, backend in (
+            ("memcached", None if self.objects is None else self.objects.store),
+            ("redis", None if self.lists is None else self.lists.backend),
+        ):
+            if isinstance(backend, CacheServers):
+                out[kind] = list(backend.cache_servers())
         return out
 
     def last_errors(self) -> dict[str, str]:

@@ -395,6 +395,10 @@ class MemcachedLeaseStore:
                     out[key] = value
         return out
 
+    def cache_servers(self) -> list[MemcachedServer]:
+        """Every configured server (`store.cache.stats.CacheServers`)."""
+        return list(self.servers)
+
     def close(self) -> None:
         """Close every server's pooled sockets."""
         for server in self.servers:

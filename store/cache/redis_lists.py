@@ -495,6 +495,10 @@ class RedisListBackend:
             self.breaker.dirty = False
             return True
 
+    def cache_servers(self) -> list[RedisListBackend]:
+        """This one server (`store.cache.stats.CacheServers`)."""
+        return [self]
+
     def close(self) -> None:
         """Close the connection pool and this backend's own connections."""
         while self._idle:
@@ -744,6 +748,10 @@ class RedisListServers:
         """`RedisListBackend.settle` on each server."""
         for i, positions in self._group([key for key, _v in entries]).items():
             self.servers[i].settle([entries[p] for p in positions], ttl_s)
+
+    def cache_servers(self) -> list[RedisListBackend]:
+        """Every configured server (`store.cache.stats.CacheServers`)."""
+        return list(self.servers)
 
     def close(self) -> None:
         """Close every server's connections."""

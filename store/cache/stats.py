@@ -5,12 +5,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 from store.forks import at_fork
 from store.threadends import on_thread_end
 
-__all__ = ["Breaker", "CacheStats"]
+__all__ = ["Breaker", "CacheServer", "CacheServers", "CacheStats"]
 
 
 #: The counters of a `CacheStats`, in the order `as_dict` lists them.
@@ -179,3 +180,29 @@ class Breaker:
 def _new_lock(owner: CacheStats | Breaker) -> None:
     """In a forked child: a lock of its own (a thread of the parent may have held the old one)."""
     owner._lock = threading.Lock()
+
+
+class CacheServer(Protocol):
+    """One cache server as metrics and the operator page read it: its name and this process's breaker."""
+
+    @property
+    def address(self) -> str:
+        """``host:port`` (Redis: ``host:port/db``), never a password: the server's label."""
+        ...
+
+    @property
+    def breaker(self) -> Breaker:
+        """This process's breaker on the server."""
+        ...
+
+
+@runtime_checkable
+class CacheServers(Protocol):
+    """A cache backend on servers (memcached's, Redis'): the servers it spreads keys over.
+
+    In-process backends, and a user's own, need not implement it: they have no server to show.
+    """
+
+    def cache_servers(self) -> Sequence[CacheServer]:
+        """Every configured server, in the configured order (down or not)."""
+        ...

@@ -161,8 +161,8 @@ class Panels:
         breakers = cache_breakers(self.store)
         out: list[dict[str, Any]] = []
         if caches.objects is not None:
-            for server in getattr(caches.objects.store, "servers", []):
-                address = str(server.address)
+            for server in caches.servers().get("memcached", []):
+                address = server.address
                 row: dict[str, Any] = {"kind": "memcached", "server": address, "hits": None, "misses": None}
                 try:
                     from pymemcache.client.base import Client

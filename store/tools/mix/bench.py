@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import click
@@ -16,10 +13,8 @@ from store.admin import init_shards
 from store.backends import backend_for
 from store.config import StoreConfig
 from store.exceptions import ConfigError
-from store.store import Store
 from store.tools.mix.dataset_db import (
     Copy,
-    default_config,
     load_copy,
     mix_schema,
     raw_connection,
@@ -27,10 +22,16 @@ from store.tools.mix.dataset_db import (
     truth,
 )
 from store.tools.mix.invalidation import DaemonProcess, cache_deletes, daemon_config, idle_queries_per_s
+from store.tools.mix.options import (
+    ASYNC_SYSTEM,
+    DEFAULT_SYSTEMS,
+    QUICK_SHAPE,
+    MixOptions,
+    mix_config,
+    system_config,
+)
 from store.tools.mix.pg import (
-    PgFloor,
     PgTruth,
-    default_pg_config,
     load_copy_pg,
     pg_connection,
     remove_copy_pg,
@@ -41,65 +42,10 @@ from store.tools.mix.runner import Check, Phase, check_system, count_round_trips
 from store.tools.mix.servers_cpu import server_cpu_s, since
 from store.tools.mix.store_system import StoreSystem
 from store.tools.mix.system import MixSchema, System
-from store.tools.mix.workload import DataSet, Shape, make_data_set
+from store.tools.mix.systems import make_system
+from store.tools.mix.workload import DataSet, make_data_set
 
 __all__ = ["ASYNC_SYSTEM", "DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
-
-#: ``--quick``: a data set small enough that the whole run takes well under a minute.
-QUICK_SHAPE = Shape(users=200, boards_per_user=2, pins=3000, likes_per_user=5)
-SYSTEMS = ("floor", "horizontal_shard", "store")
-#: Systems that run when named: the floor with the store's write promises, by hand.
-OTHER_SYSTEMS = ("floor:promised", "store-mysqldb")
-#: `store.aio.AsyncStore`, its phases run by tasks on one event loop (`--async`, `--concurrency`).
-ASYNC_SYSTEM = "store:async"
-#: What `store bench mix` runs unless told: the peers, and the store with its defaults and with the
-#: invalidation log (its faster setting: entries trusted at any age while the log is followed).
-DEFAULT_SYSTEMS = (*SYSTEMS, "store:follow=true")
-
-
-@dataclass
-class MixOptions:
-    """What `store bench mix` was asked for."""
-
-    config: StoreConfig | None = None
-    shards: int = 64
-    shape: Shape = field(default_factory=Shape)
-    threads: list[int] = field(default_factory=lambda: [1, 4, 16])
-    seconds: float = 10.0
-    requests: int | None = None
-    systems: tuple[str, ...] = DEFAULT_SYSTEMS
-    #: A ``mysql+mysqldb://`` URL: the store also runs on mysqlclient, on the same server(s).
-    mysqldb_url: str | None = None
-    seed: int = 7
-    #: The warm phase runs in this many slices, the systems taking turns, so that
-    #: a burst of machine noise lands on all of them alike.
-    rounds: int = 3
-    trips: int = 400
-    out: Path = Path("mix-results")
-    keep: bool = False
-    #: Worker processes each phase runs in (each with the phase's threads); 1: in this process.
-    processes: int = 1
-    #: Seconds each system is held open idle after the run, its database queries counted (0: not).
-    idle_s: float = 4.0
-    #: Tasks on one event loop for each phase of ``store:async`` (empty: the thread counts).
-    concurrency: list[int] = field(default_factory=list)
-    #: ``store:async``'s ``max_workers`` (None: `store.aio.default_max_workers`).
-    async_workers: int | None = None
-
-
-def _config(options: MixOptions) -> StoreConfig:
-    if options.config is not None:
-        return options.config
-    url = os.environ.get("STORE_MIX_URL", "mysql+pymysql://root@127.0.0.1:3306")
-    # A postgresql:// URL: Instagram IDs, a schema per shard (the URL names the database).
-    make = default_pg_config if url.startswith("postgresql") else default_config
-    return StoreConfig.from_dict(
-        make(
-            os.environ.get("STORE_MIX_URL_A", url),
-            os.environ.get("STORE_MIX_URL_B", url),
-            shards=options.shards,
-        )
-    )
 
 
 def _flush_memcached(servers: tuple[str, ...]) -> None:
@@ -150,18 +96,6 @@ def _versions(schema: MixSchema, config: StoreConfig) -> dict[str, str]:
     return out
 
 
-#: Cache settings a ``store:KEY=VALUE`` system may change, and their types.
-_CACHE_KNOBS: dict[str, Callable[[str], Any]] = {
-    "max_stale_s": float,
-    "list_entries": int,
-    "ttl_s": int,
-    "follow": lambda text: {"true": True, "false": False}[text.lower()],
-    "follow_poll_s": float,
-    # A `store invalidate` daemon for the system's hosts (the run starts one per system).
-    "invalidation": lambda text: {"window": "window", "log": "log", "binlog": "binlog"}[text.lower()],
-}
-
-
 def _check_connections(schema: MixSchema, names: list[str], threads: int, processes: int = 1) -> None:
     """Refuse to start when the server would run out of connections half way (error 1040)."""
     # Per host name: the floor one per thread, the store's and the peer's pools up to two.
@@ -194,79 +128,6 @@ def _check_connections(schema: MixSchema, names: list[str], threads: int, proces
             f"the mix at {callers} threads may open about {need} connections, and the server allows "
             f"{allowed} with {used} in use: raise it ({fix}) or run fewer threads or systems"
         )
-
-
-def _system_config(name: str, config: StoreConfig, options: MixOptions) -> StoreConfig | None:
-    """The config a store system ``name`` runs on (its cache knobs applied); None for the floor and
-    the peer, which are not the store."""
-    if name in ("floor", "floor:promised", "horizontal_shard"):
-        return None
-    if name == ASYNC_SYSTEM:
-        return config
-    base, _, knobs = name.partition(":")
-    if base == "store":
-        cfg = config
-    elif base == "store-mysqldb":
-        if options.config is not None or options.mysqldb_url is None:
-            raise ConfigError("--mysqldb URL runs on the mix's own config: leave out --config")
-        url = options.mysqldb_url
-        cfg = StoreConfig.from_dict(default_config(url, url, shards=options.shards))
-    else:
-        raise ConfigError(
-            f"unknown system {name!r}; choose from {', '.join((*SYSTEMS, *OTHER_SYSTEMS, ASYNC_SYSTEM))}"
-        )
-    if knobs:
-        # A variant of the store's cache settings, e.g. store:max_stale_s=3600 (named as given).
-        changes: dict[str, Any] = {}
-        for item in knobs.split(","):
-            key, _, value = item.partition("=")
-            if key not in _CACHE_KNOBS or not value:
-                raise ConfigError(
-                    f"system {name!r}: give {base}:KEY=VALUE with KEY one of {', '.join(_CACHE_KNOBS)}"
-                )
-            try:
-                changes[key] = _CACHE_KNOBS[key](value)
-            except (KeyError, ValueError):
-                raise ConfigError(f"system {name!r}: {value!r} is not a value of {key}") from None
-        if "invalidation" in changes:
-            changes["invalidation_hosts"] = ()
-        cfg = replace(cfg, cache=replace(cfg.cache, **changes))
-        if cfg.cache.follow and cfg.cache.daemon_hosts(sorted(cfg.hosts)):
-            raise ConfigError(f"system {name!r}: follow and invalidation are two ways of one thing: give one")
-    return cfg
-
-
-def _system(name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> System:
-    pool = max(options.threads)
-    pg = config.ids == "instagram"
-    if name == "floor":
-        from store.tools.mix.floor import Floor
-
-        floor = PgFloor if pg else Floor
-        return floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
-    if name == "floor:promised":
-        from store.tools.mix.promised import PromisedFloor
-
-        if pg:
-            raise ConfigError("floor:promised is written for MariaDB/MySQL (Pinterest IDs) only so far")
-        return PromisedFloor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
-    if name == "horizontal_shard":
-        from store.tools.mix.peer import ShardedPeer
-        from store.tools.mix.peer_pg import PgShardedPeer
-
-        peer = PgShardedPeer if pg else ShardedPeer
-        return peer(schema, pool_size=pool)
-    if name == ASYNC_SYSTEM:
-        from store.tools.mix.async_system import AsyncStoreSystem
-
-        return AsyncStoreSystem(
-            Store(replace(config, pool_size=max(config.pool_size, pool))),
-            name=name,
-            max_workers=options.async_workers,
-        )
-    cfg = _system_config(name, config, options)
-    assert cfg is not None
-    return StoreSystem(Store(replace(cfg, pool_size=max(cfg.pool_size, pool))), name=name)
 
 
 def _timed(
@@ -337,7 +198,7 @@ def _timed(
 
 def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     """Run the whole benchmark; write the JSON and charts into ``options.out``; the JSON document."""
-    config = _config(options)
+    config = mix_config(options)
     if not (config.cache.memcached and config.cache.redis):
         raise ConfigError(
             "the mix needs memcached and Redis in the config's cache: section (the floor uses both)"
@@ -375,12 +236,12 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     trips: dict[str, dict[str, float]] = {}
     try:
         for n in names:
-            systems[n] = _system(n, config, schema, options)
+            systems[n] = make_system(n, config, schema, options)
         for n in names:
             with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
                 copies[n] = load(schema, data, shards, progress=bar.update)
         for n in names:  # after the loads: a daemon starts at the log's end, as a new deployment's does
-            own = _system_config(n, config, options)
+            own = system_config(n, config, options)
             if own is not None and daemon_config(own) is not None:
                 say(f"invalidation: {n} runs a `store invalidate` daemon of its own")
                 daemons[n] = DaemonProcess(own)

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from store.config import StoreConfig
 from store.exceptions import ConfigError, StoreError
+from store.tools.mix.options import MixOptions, system_config
+from store.tools.mix.systems import make_system
 
 if TYPE_CHECKING:
-    from store.tools.mix.bench import MixOptions
     from store.tools.mix.system import MixSchema
 
 __all__ = [
@@ -189,10 +190,8 @@ class QueryCounter:
 
 def _idle_main(conn: Any, name: str, config: StoreConfig, schema: MixSchema, options: MixOptions) -> None:
     """A process holding one system open, idle, until the parent says stop."""
-    from store.tools.mix.bench import _system
-
     try:
-        system = _system(name, config, schema, options)
+        system = make_system(name, config, schema, options)
     except BaseException as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -252,9 +251,7 @@ def idle_queries_per_s(
 ) -> float:
     """Database statements a second while system ``name`` is open in ``processes`` processes (with its
     daemon, if it has one) and no call is made; the counter reads' own statements left out."""
-    from store.tools.mix.bench import _system_config
-
-    own = _system_config(name, config, options)
+    own = system_config(name, config, options)
     daemon = DaemonProcess(own) if own is not None and daemon_config(own) is not None else None
     counter = QueryCounter(schema, connect)
     try:

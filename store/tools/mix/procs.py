@@ -25,16 +25,16 @@ import multiprocessing
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from store.config import StoreConfig
 from store.exceptions import StoreError
 from store.tools.mix.dataset_db import Copy
+from store.tools.mix.options import MixOptions
 from store.tools.mix.runner import Phase, merge_processes, run_phase
 from store.tools.mix.system import MixSchema
-
-if TYPE_CHECKING:
-    from store.tools.mix.bench import MixOptions
+from store.tools.mix.systems import make_system
+from store.tools.mix.workload import make_data_set
 
 __all__ = ["PROCESS_SEED_STEP", "WorkerError", "Workers"]
 
@@ -66,12 +66,9 @@ def _worker(
     copy: Copy,
 ) -> None:
     """A worker process's life: build the system, then run phases until told to stop."""
-    from store.tools.mix.bench import _system
-    from store.tools.mix.workload import make_data_set
-
     try:
         data = make_data_set(options.shape)
-        system = _system(name, config, schema, options)
+        system = make_system(name, config, schema, options)
     except BaseException as exc:
         conn.send(("error", _describe(exc), []))
         return

@@ -50,9 +50,10 @@ from typing import Any
 
 from store.engines import Cursor, transaction_pair
 from store.exceptions import DataError, NotFound, StoreError, brief
-from store.pairs import ADD, MOVE, REMOVE, Change, Side
-from store.relation_reads import pair_list
-from store.relations import Plan, RelationService
+from store.relations.inputs import pair_list
+from store.relations.repository import ADD, MOVE, REMOVE, Plan, Side
+from store.relations.service import RelationService
+from store.relations.writer import Change
 from store.specs import RelationSpec
 
 __all__ = ["CHUNK", "BulkPairs"]
@@ -256,7 +257,7 @@ class BulkPairs:
         inverse: its insert reads no object, as `link` does not)."""
         repo = self._rel.pairs.repo
         if side.guard is not None:
-            return repo.link_plan(side, seq, move=move, insert=True)  # type: ignore[no-any-return]
+            return repo.link_plan(side, seq, move=move, insert=True)
         plan: Plan = repo.link_plan(side, seq, move=move, insert=False)
         sql = repo.sql(side.h, side.relation)
         f, t = side.from_id, side.to_id
