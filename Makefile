@@ -4,7 +4,16 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: invalidate demo test faults moves deploy browser check lint typecheck services bench clean
+.PHONY: invalidate demo test test-fast faults moves deploy browser check lint typecheck services bench clean
+
+# pytest-xdist workers for the independent tiers (each worker has its own namespace, caches and
+# ports: tests/conftest.py). `make test XDIST=` runs them in one process.
+XDIST ?= -n 2
+# The tiers that run one test at a time, after the others: moves and fault scenarios time their
+# phases, and the fault report is gathered in one process.
+SERIAL := moves or faults or browser
+# The tests that need no server (tests/conftest.py marks the others `servers`).
+FAST := not servers and not moves and not faults and not browser and not deploy and not packaging
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +30,16 @@ demo: $(STAMP)
 	$(BIN)/store demo
 
 ## test: start services if down, then format check, lint, type check, whole test suite
+## (the independent tiers on pytest-xdist workers, then moves, faults and browser one at a time;
+## pytest's exit code 5, no tests collected, fails the target like any other)
 test: $(STAMP) services $(VENV)/.mysqlclient lint typecheck
 	bash scripts/browser.sh
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST) -m "not ($(SERIAL))"
+	$(BIN)/pytest -m "$(SERIAL)"
+
+## test-fast: the tests that need no server (under a minute), on pytest-xdist workers
+test-fast: $(STAMP)
+	$(BIN)/pytest $(XDIST) -m "$(FAST)"
 
 # mysqlclient compiles against MariaDB's client headers, which services.sh installs.
 $(VENV)/.mysqlclient: $(STAMP) | services
