@@ -6,12 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: invalidate demo test test-fast faults moves deploy browser check lint typecheck services bench clean
 
-# pytest-xdist workers for the independent tiers (each worker has its own namespace, caches and
-# ports: tests/conftest.py). `make test XDIST=` runs them in one process.
-XDIST ?= -n 2
-# The tiers that run one test at a time, after the others: moves and fault scenarios time their
-# phases, and the fault report is gathered in one process.
-SERIAL := moves or faults or browser
+# pytest-xdist workers (each has its own namespace, caches and ports: tests/conftest.py), a test
+# module to a worker. `make test XDIST=` runs the suite in one process.
+XDIST ?= -n 2 --dist loadscope
+# The tier that runs by itself, after the others: the browser test (Chromium, timed against a
+# move) and the tests marked `alone` (they measure the machine, or a busy one fails them).
+SERIAL := browser or alone
 # The tests that need no server (tests/conftest.py marks the others `servers`).
 FAST := not servers and not moves and not faults and not browser and not deploy and not packaging
 
@@ -30,8 +30,8 @@ demo: $(STAMP)
 	$(BIN)/store demo
 
 ## test: start services if down, then format check, lint, type check, whole test suite
-## (the independent tiers on pytest-xdist workers, then moves, faults and browser one at a time;
-## pytest's exit code 5, no tests collected, fails the target like any other)
+## (on pytest-xdist workers, then the browser and `alone` tests by themselves; pytest's exit
+## code 5, no tests collected, fails the target like any other)
 test: $(STAMP) services $(VENV)/.mysqlclient lint typecheck
 	bash scripts/browser.sh
 	$(BIN)/pytest $(XDIST) -m "not ($(SERIAL))"
