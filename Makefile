@@ -37,9 +37,10 @@ test: $(STAMP) services $(VENV)/.mysqlclient lint typecheck
 	$(BIN)/pytest $(XDIST) -m "not ($(SERIAL))"
 	$(BIN)/pytest -m "$(SERIAL)"
 
-## test-fast: the tests that need no server (under a minute), on pytest-xdist workers
+## test-fast: the tests that need no server (under a minute), on pytest-xdist workers (test by
+## test: no server fixtures to share)
 test-fast: $(STAMP)
-	$(BIN)/pytest $(XDIST) -m "$(FAST)"
+	$(BIN)/pytest -n 2 -m "$(FAST)"
 
 # mysqlclient compiles against MariaDB's client headers, which services.sh installs.
 $(VENV)/.mysqlclient: $(STAMP) | services
