@@ -4,7 +4,16 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: invalidate demo test faults moves deploy browser check lint typecheck services bench clean
+.PHONY: invalidate demo test test-fast faults moves deploy browser check lint typecheck services bench clean
+
+# pytest-xdist workers (each has its own namespace, caches and ports: tests/conftest.py), a test
+# module to a worker. `make test XDIST=` runs the suite in one process.
+XDIST ?= -n 2 --dist loadscope
+# The tier that runs by itself, after the others: the browser test (Chromium, timed against a
+# move) and the tests marked `alone` (they measure the machine, or a busy one fails them).
+SERIAL := browser or alone
+# The tests that need no server (tests/conftest.py marks the others `servers`).
+FAST := not servers and not moves and not faults and not browser and not deploy and not packaging
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +30,17 @@ demo: $(STAMP)
 	$(BIN)/store demo
 
 ## test: start services if down, then format check, lint, type check, whole test suite
+## (on pytest-xdist workers, then the browser and `alone` tests by themselves; pytest's exit
+## code 5, no tests collected, fails the target like any other)
 test: $(STAMP) services $(VENV)/.mysqlclient lint typecheck
 	bash scripts/browser.sh
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST) -m "not ($(SERIAL))"
+	$(BIN)/pytest -m "$(SERIAL)"
+
+## test-fast: the tests that need no server (under a minute), on pytest-xdist workers (test by
+## test: no server fixtures to share)
+test-fast: $(STAMP)
+	$(BIN)/pytest -n 2 -m "$(FAST)"
 
 # mysqlclient compiles against MariaDB's client headers, which services.sh installs.
 $(VENV)/.mysqlclient: $(STAMP) | services

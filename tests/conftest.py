@@ -3,16 +3,26 @@
 Integration tests talk to the real MariaDB on 127.0.0.1:3306. When it is not
 reachable they skip on a developer's laptop; with STORE_REQUIRE_SERVICES=1
 (set by .ci/run) they fail instead, so CI can never pass on skipped tests.
+
+Each test process (a session, or each pytest-xdist worker) has a namespace of
+its own, `NAMESPACE` (config ``namespace:``, a random name), for every
+database, schema and account it makes on the shared MariaDB and PostgreSQL,
+and memcached and Redis servers of its own on ports the OS picks: two runs at
+once, or two workers, never see each other's data, never touch the databases
+of ``config/local.yaml``, and never flush a cache they do not own. The session
+drops what its namespace made when it ends.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import secrets
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +31,29 @@ import pytest
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.defaults import EMBEDDED
-from tests.servers import start_memcached
+from store.naming import Names, like_escape
+from tests.servers import free_port, free_ports, start_memcached, start_redis
+
+
+def _namespace() -> str:
+    """This process's namespace: ``t``, 8 random hex digits, and the xdist worker's number if any."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ... under pytest-xdist
+    return "t" + secrets.token_hex(4) + "".join(c for c in worker if c.isdigit())[:6]
+
+
+#: The namespace of everything this test process makes on the shared servers (see the docstring).
+NAMESPACE = _namespace()
+#: Its names: ``NAMES.database_name(3)``, ``NAMES.log_database``, ``NAMES.meta_database``, ...
+NAMES = Names(NAMESPACE)
 
 #: The admin account of the test MariaDB (init, moves, repairs, DDL the tests make).
 MARIADB_URL = os.environ.get("STORE_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306")
 TEST_SHARDS = 8
 #: The request-path tests run as this application account (no CREATE, DROP, ALTER, GRANT):
 #: `app_account` creates it and gives it `store grants`' GRANTs. Its password comes from the
-#: environment (password_env), as an application's would.
-APP_USER = "store_app_test"
+#: environment (password_env), as an application's would. One account per namespace: another
+#: run's REVOKE never reaches this one's.
+APP_USER = f"app_{NAMESPACE}"
 APP_PASSWORD_ENV = "STORE_TEST_APP_PASSWORD"
 os.environ.setdefault(APP_PASSWORD_ENV, "app-pw-7f3c1e")
 
@@ -101,9 +125,31 @@ def sqlite_config(folder: Path) -> dict[str, Any]:
     )
 
 
+@contextmanager
+def one_run_at_a_time(name: str) -> Iterator[None]:
+    """Hold the machine-wide lock ``name`` (a file in the system's temporary folder): for the few
+    tests whose tools have no namespace, so two test runs at once take turns there."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / f"store-tests-{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def db(shard: int) -> str:
+    """The database of ``shard`` in this process's namespace (``NAMESPACE_db00003``)."""
+    return NAMES.database_name(shard)
+
+
 def mariadb_config() -> dict[str, Any]:
-    """Eight shards on the one MariaDB, under two host names (to exercise per-host batching)."""
+    """Eight shards on the one MariaDB, under two host names (to exercise per-host batching), in
+    this process's namespace."""
     return base_config(
+        namespace=NAMESPACE,
         shards=TEST_SHARDS,
         hosts={"MySQL001A": app_host(), "MySQL002A": app_host()},
         map=[
@@ -114,16 +160,58 @@ def mariadb_config() -> dict[str, Any]:
 
 
 def reset_mariadb_shards(shards: range) -> None:
-    """Drop and re-create the test shards so every session starts empty."""
+    """Drop the test shards of this namespace so every session starts empty."""
     import pymysql
 
     conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     try:
         with conn.cursor() as cur:
             for s in shards:
-                cur.execute(f"DROP DATABASE IF EXISTS db{s:05d}")
+                cur.execute(f"DROP DATABASE IF EXISTS {db(s)}")
     finally:
         conn.close()
+
+
+def _drop_namespace() -> None:
+    """Drop this namespace's databases and accounts on the shared MariaDB and PostgreSQL (what is
+    reachable: a server that was never up has nothing of ours)."""
+    try:
+        import pymysql
+
+        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True, connect_timeout=2)
+    except Exception:  # nothing to clean where the server is down
+        conn = None
+    if conn is not None:
+        try:
+            with conn.cursor() as cur:
+                # NAMESPACE_db00000, ..., and the namespaces tests derive from it (NAMESPACE + "x")
+                cur.execute("SHOW DATABASES LIKE %s", (like_escape(NAMESPACE) + "%",))
+                for (name,) in cur.fetchall():
+                    cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+                cur.execute(f"DROP USER IF EXISTS '{APP_USER}'@'%'")
+        finally:
+            conn.close()
+    try:
+        import psycopg
+
+        with psycopg.connect(
+            "host=127.0.0.1 user=postgres dbname=postgres", autocommit=True, connect_timeout=2
+        ) as pg:
+            pattern = "%\\_" + like_escape(NAMESPACE)  # storetest_NAMESPACE and other tests' NAME_NAMESPACE
+            for (name,) in pg.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", (pattern,)
+            ).fetchall():
+                pg.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            pg.execute(f"DROP ROLE IF EXISTS {APP_USER}")
+    except Exception:  # as above: a PostgreSQL that is down holds nothing of ours
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _namespace_dropped_at_the_end() -> Iterator[None]:
+    """After the session, nothing this namespace made stays on the shared servers."""
+    yield
+    _drop_namespace()
 
 
 def make_app_account(config: StoreConfig) -> None:
@@ -172,34 +260,45 @@ def mariadb_ready() -> StoreConfig:
     return config
 
 
-REDIS_TEST_URL = "redis://127.0.0.1:6379/15"
-MEMCACHED_SECOND_PORT = 11212
+#: This process's own memcached servers and Redis (`own_caches` starts them), on ports the OS picked.
+MEMCACHED_PORTS = free_ports(2)
+REDIS_PORT = free_port()
+while REDIS_PORT in MEMCACHED_PORTS:
+    REDIS_PORT = free_port()
+REDIS_TEST_URL = f"redis://127.0.0.1:{REDIS_PORT}/15"
 
 
 def memcached_flush(port: int) -> None:
+    """Empty the memcached on ``port`` (only ever one of this process's own)."""
     with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
         sock.sendall(b"flush_all\r\n")
         assert sock.recv(100) == b"OK\r\n"
 
 
 @pytest.fixture(scope="session")
-def memcached_pair() -> Iterator[list[str]]:
-    """The memcached on 11211 and a second one the tests start on 11212, both empty."""
-    require_port("memcached", 11211)
-    second = start_memcached(MEMCACHED_SECOND_PORT)
+def own_caches() -> Iterator[None]:
+    """Start this process's two memcached servers and its Redis (`MEMCACHED_PORTS`, `REDIS_PORT`)."""
+    procs = [start_memcached(port) for port in MEMCACHED_PORTS]
     try:
-        for port in (11211, MEMCACHED_SECOND_PORT):
-            memcached_flush(port)
-        yield ["127.0.0.1:11211", f"127.0.0.1:{MEMCACHED_SECOND_PORT}"]
+        procs.append(start_redis(REDIS_PORT))
+        yield
     finally:
-        second.kill()
-        second.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="session")
-def redis_ready() -> str:
-    """Redis on 6379, database 15 emptied for the tests."""
-    require_port("Redis", 6379)
+def memcached_pair(own_caches: None) -> list[str]:
+    """Two memcached servers of this process's own, both empty at the start."""
+    for port in MEMCACHED_PORTS:
+        memcached_flush(port)
+    return [f"127.0.0.1:{port}" for port in MEMCACHED_PORTS]
+
+
+@pytest.fixture(scope="session")
+def redis_ready(own_caches: None) -> str:
+    """A Redis of this process's own; database 15 emptied for the tests."""
     import redis
 
     redis.Redis.from_url(REDIS_TEST_URL).flushdb()
@@ -229,6 +328,98 @@ def backend(request: pytest.FixtureRequest) -> str:
 def face() -> str:
     """Which API the ``store`` fixture is: ``sync`` (`Store`), or ``async`` (see `pytest_generate_tests`)."""
     return "sync"
+
+
+#: Fixtures that reach a server (the shared ones, or this process's own caches).
+SERVER_FIXTURES = frozenset(
+    {"mariadb_ready", "postgres_ready", "memcached_pair", "redis_ready", "own_caches"}
+)
+#: Fixtures whose code names servers but that reach one only for a parameter that says so (above),
+#: or only to clean up after the session.
+DISPATCH_FIXTURES = frozenset({"config", "store", "backend", "face", "_namespace_dropped_at_the_end"})
+#: Words in a test's code (its function, its fixtures, and the functions and classes of the tests
+#: they call) that say it reaches a server.
+SERVER_WORDS = (
+    "MariaDBServer", "binlog_pair", "PostgresServer", "ZooKeeperServer", "start_memcached", "start_redis",
+    "require_port", "root_sql", "MARIADB_URL", "PG_URL", "pymysql.connect", "psycopg.connect", "free_port",
+    "mariadb_ready", "postgres_ready", "own_caches", "redis_ready", "memcached_pair", "mariadb_config",
+    "instagram_pg_config", "REDIS_TEST_URL", "MEMCACHED_PORTS",
+)  # fmt: skip
+
+
+_sources: dict[Any, str] = {}
+
+
+def _source(obj: Any) -> str:
+    """``inspect.getsource(obj)``, once per object ("" where there is none)."""
+    import inspect
+
+    if obj not in _sources:
+        try:
+            _sources[obj] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            _sources[obj] = ""
+    return _sources[obj]
+
+
+def _code_words(obj: Any, seen: set[int], depth: int = 0) -> str:
+    """The source of ``obj`` (a function or class), and of the test helpers it names, 4 calls deep."""
+    import inspect
+
+    if id(obj) in seen or depth > 4:
+        return ""
+    seen.add(id(obj))
+    text = _source(obj)
+    if not text:
+        return ""
+    names: set[str] = set()
+    codes = [obj.__code__] if inspect.isfunction(obj) else []
+    if inspect.isclass(obj):
+        codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+    glob = obj.__globals__ if inspect.isfunction(obj) else vars(sys.modules[obj.__module__])
+    for name in names:
+        helper = glob.get(name)
+        if (inspect.isfunction(helper) or inspect.isclass(helper)) and helper.__module__.startswith("tests"):
+            text += _code_words(helper, seen, depth + 1)
+    return text
+
+
+def _reaches_servers(item: pytest.Item) -> bool:
+    """Whether ``item`` may need a server: `SERVER_FIXTURES`, a parameter naming MariaDB or
+    PostgreSQL, or `SERVER_WORDS` in its code or its fixtures' (see `_code_words`)."""
+    names = set(getattr(item, "fixturenames", ()))
+    if names & SERVER_FIXTURES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    for value in callspec.params.values() if callspec is not None else ():
+        if isinstance(value, str) and value.startswith(("mariadb", "postgres")):
+            return True
+    function = getattr(item, "function", None)
+    if function is None:
+        return True
+    seen: set[int] = set()
+    text = _code_words(function, seen)
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in info.name2fixturedefs.items() if info is not None else ():
+        if name not in DISPATCH_FIXTURES:
+            for fixturedef in defs:
+                text += _code_words(fixturedef.func, seen)
+    return any(word in text for word in SERVER_WORDS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that may need a server ``servers``: `make test-fast` runs the others.
+    (Only where ``-m`` names the marker: reading the tests' code takes a few seconds.)"""
+    if "servers" not in (config.option.markexpr or ""):
+        return
+    for item in items:
+        if _reaches_servers(item):
+            item.add_marker(pytest.mark.servers)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the fixtures' own params: these replace backend's
@@ -294,7 +485,8 @@ def row_count(store: Store, table: str) -> int:
     return int(total)
 
 
-PG_TEST_DB = "storetest"
+#: This process's PostgreSQL database (the namespace in its name, as in its schemas').
+PG_TEST_DB = f"storetest_{NAMESPACE}"
 PG_URL = f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_TEST_DB}"
 IG_SHARDS = 16
 
@@ -309,8 +501,9 @@ def pg_app_host() -> dict[str, Any]:
 
 
 def instagram_pg_config() -> dict[str, Any]:
-    """Instagram IDs: 16 logical shards (schemas shard0000-shard0015) under two host names."""
+    """Instagram IDs: 16 logical shards (schemas NAMESPACE_shard0000-...0015) under two host names."""
     return base_config(
+        namespace=NAMESPACE,
         ids="instagram",
         shards=IG_SHARDS,
         hosts={"PG1": pg_app_host(), "PG2": pg_app_host()},

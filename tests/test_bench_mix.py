@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,15 @@ from click.testing import CliRunner
 from store.cli import main
 from store.tools.mix.servers_cpu import server_cpu_s, since
 from store.tools.mix.workload import MIX, Shape, Zipf, make_data_set, requests
-from tests.conftest import require_port
+from tests.conftest import one_run_at_a_time, require_port
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_mix_at_a_time() -> Iterator[None]:
+    """The mix has no namespace: it uses shards 2048-2111 of the shared MariaDB and the caches of its
+    config; two test runs at once take turns here."""
+    with one_run_at_a_time("mix-bench"):
+        yield
 
 
 def test_the_data_set_and_streams_repeat_for_the_same_seed() -> None:
@@ -64,6 +73,7 @@ def test_zipf_ranks_fall_off() -> None:
 
 
 @pytest.mark.mariadb
+@pytest.mark.alone  # it counts every mariadbd's CPU: another test's server ending mid-phase hides it
 def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) -> None:
     for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
         require_port(name, port)

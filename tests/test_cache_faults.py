@@ -20,12 +20,11 @@ from store import Store, StoreConfig
 from store.cache.leases import ENTRY_TAG
 from store.cache.lists import decode_member
 from tests.conftest import cached_mariadb_config, mariadb_config, require_port
-from tests.servers import start_memcached, start_redis
+from tests.servers import free_ports, start_memcached, start_redis
 
 BHP = "board_has_pins"
 TIMEOUT_MS = 50
-MEMCACHED_PORT = 11213
-REDIS_PORT = 6391
+MEMCACHED_PORT, REDIS_PORT = free_ports(2)
 
 
 class Servers:

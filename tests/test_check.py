@@ -37,7 +37,7 @@ def run_check(config_file: Path, *args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    with binlog_pair(3345, 3346) as servers:
+    with binlog_pair() as servers:
         yield servers
 
 

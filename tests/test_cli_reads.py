@@ -127,7 +127,7 @@ def test_ping_on_mariadb_memcached_and_redis(
     assert report["ok"] is True, report
     assert sorted(report["hosts"]) == ["MySQL001A", "MySQL002A"]
     assert sorted(report["caches"]["memcached"]) == sorted(memcached_pair)
-    assert list(report["caches"]["redis"]) == ["127.0.0.1:6379/15"]
+    assert list(report["caches"]["redis"]) == [redis_ready.removeprefix("redis://")]
 
 
 def test_instagram_ids_need_type_on_the_command_line(tmp_path: Path) -> None:

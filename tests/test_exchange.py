@@ -11,7 +11,7 @@ import pytest
 
 from store import BadRecordError, Store, StoreConfig, StoreError
 from store.admin import init_shards
-from tests.conftest import sqlite_config
+from tests.conftest import NAMESPACE, sqlite_config
 
 
 def _workload(store: Store) -> dict[str, Any]:
@@ -187,8 +187,8 @@ def test_the_cli_exports_and_imports(tmp_path: Path) -> None:
 
 # -- MariaDB (Pinterest IDs) and PostgreSQL (Instagram IDs): export, drop, init, import ---------
 
-MARIADB_NS = "xchgtest"
-PG_NS = "xchgpgtest"
+MARIADB_NS = NAMESPACE + "x"  # namespaces of this process's own (see tests/conftest.py)
+PG_NS = NAMESPACE + "p"
 
 
 def _drop_mariadb(ns: str) -> None:

@@ -21,11 +21,11 @@ from store.engines import FANOUT_WORKERS, ShardHandle
 from store.exceptions import ConnectionLostError
 from store.objects import ObjectRepository
 from tests.conftest import base_config
-from tests.servers import MariaDBServer
+from tests.servers import MariaDBServer, free_ports
 
 pytestmark = pytest.mark.moves
 
-PORTS = (3371, 3372, 3373, 3374)
+PORTS = free_ports(4)
 HOSTS = tuple(f"DB{i + 1}" for i in range(len(PORTS)))
 SHARDS = 16
 PER_HOST = SHARDS // len(HOSTS)

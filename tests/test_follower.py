@@ -21,10 +21,12 @@ import pytest
 from store import Store, StoreConfig
 from store.admin import init_shards
 from store.cache.follower import Follower, LogSource, parse_entries
-from store.naming import database_name
-from tests.conftest import cached_mariadb_config, root_sql
+from tests.conftest import NAMES, cached_mariadb_config, db, root_sql
 
 BHP = "board_has_pins"
+#: The invalidation log database of this namespace, and its cache keys' prefix (config ``t:``).
+LOG = NAMES.log_database
+T = NAMES.cache_prefix("t:")
 
 
 def _raw(memcached: list[str], redis_url: str, **cache: Any) -> dict[str, Any]:
@@ -58,15 +60,15 @@ def _wait_for(check: Any, *, within_s: float) -> float:
 
 
 def _log_rows() -> list[str]:
-    return [str(r[0]) for r in root_sql("SELECT entries FROM store_log.cache_log ORDER BY id DESC LIMIT 20")]
+    return [str(r[0]) for r in root_sql(f"SELECT entries FROM {LOG}.cache_log ORDER BY id DESC LIMIT 20")]
 
 
 def _log_count() -> int:
-    return int(root_sql("SELECT COUNT(*) FROM store_log.cache_log")[0][0])
+    return int(root_sql(f"SELECT COUNT(*) FROM {LOG}.cache_log")[0][0])
 
 
 def _table(s: Store, from_id: int, relation: str) -> str:
-    return f"{database_name(s.locate(from_id).shard)}.{relation}"
+    return f"{db(s.locate(from_id).shard)}.{relation}"
 
 
 def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
@@ -80,20 +82,20 @@ def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
         # Both sides: one transaction on one host, one row, naming the version each list is left
         # at (a new list's first is 1).
         _objects, lists = parse_entries(_log_rows()[:1])
-        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@1", f"t:l:pin_owned_by_board:{pin}@1"])
+        assert sorted(lists) == sorted([f"{T}l:{BHP}:{board}@1", f"{T}l:pin_owned_by_board:{pin}@1"])
         elsewhere = s.create("pin", {"n": 2}, shard=s.locate(board).shard ^ 4)  # the other host
         assert s.locate(elsewhere).host != s.locate(board).host
         s.link(BHP, board, elsewhere)
         first, second = _log_rows()[:2]  # a transaction on each host, a row each
         assert sorted([parse_entries([first])[1], parse_entries([second])[1]]) == sorted(
-            [[f"t:l:{BHP}:{board}@2"], [f"t:l:pin_owned_by_board:{elsewhere}@1"]]
+            [[f"{T}l:{BHP}:{board}@2"], [f"{T}l:pin_owned_by_board:{elsewhere}@1"]]
         )
         s.link(BHP, board, elsewhere, sequence=5)  # a move: both lists' versions go up too
         _objects, lists = parse_entries(_log_rows()[:2])  # (a row on each host)
-        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@3", f"t:l:pin_owned_by_board:{elsewhere}@2"])
+        assert sorted(lists) == sorted([f"{T}l:{BHP}:{board}@3", f"{T}l:pin_owned_by_board:{elsewhere}@2"])
         s.unlink(BHP, board, elsewhere)  # an unlink too: the inverse's row goes with its COMMIT
         _objects, lists = parse_entries(_log_rows()[:2])
-        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@4", f"t:l:pin_owned_by_board:{elsewhere}@3"])
+        assert sorted(lists) == sorted([f"{T}l:{BHP}:{board}@4", f"{T}l:pin_owned_by_board:{elsewhere}@3"])
         before = _log_count()
         s.link(BHP, board, pin)  # changes nothing: logs nothing
         assert s.unlink(BHP, board, elsewhere) is False  # nor does an unlink of nothing
@@ -106,7 +108,7 @@ def test_writes_log_the_keys_they_invalidate(raw: dict[str, Any]) -> None:
         assert s.link(BHP, board, elsewhere, sequence=8) is True
         assert _log_count() == before + 2  # a row on each host
         _objects, lists = parse_entries(_log_rows()[:2])
-        assert sorted(lists) == sorted([f"t:l:{BHP}:{board}@6", f"t:l:pin_owned_by_board:{elsewhere}@5"])
+        assert sorted(lists) == sorted([f"{T}l:{BHP}:{board}@6", f"{T}l:pin_owned_by_board:{elsewhere}@5"])
         assert s.page("pin_owned_by_board", elsewhere).ids == [board]
         s.unlink(BHP, board, pin)
         s.delete(pin)
@@ -168,9 +170,9 @@ def test_rows_committed_out_of_id_order_are_not_missed(mariadb_ready: StoreConfi
 
     setup = connect()
     with setup.cursor() as cur:
-        cur.execute("CREATE DATABASE IF NOT EXISTS store_log")
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS {LOG}")
         cur.execute(
-            "CREATE TABLE IF NOT EXISTS store_log.cache_log (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT "
+            f"CREATE TABLE IF NOT EXISTS {LOG}.cache_log (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT "
             "PRIMARY KEY, at_ms BIGINT NOT NULL, entries MEDIUMTEXT NOT NULL) ENGINE=InnoDB"
         )
     seen: list[str] = []
@@ -183,7 +185,7 @@ def test_rows_committed_out_of_id_order_are_not_missed(mariadb_ready: StoreConfi
         def __exit__(self, *exc: object) -> None:
             self.c.close()
 
-    source = LogSource("local", Conn, "`store_log`.`cache_log`")
+    source = LogSource("local", Conn, f"`{LOG}`.`cache_log`")
     follower = Follower(lambda: [source], lambda objects, _lists: seen.extend(objects))
     follower.run_pass()  # starts near the end
     slow, fast = connect(), connect()
@@ -191,13 +193,9 @@ def test_rows_committed_out_of_id_order_are_not_missed(mariadb_ready: StoreConfi
     try:
         with slow.cursor() as a, fast.cursor() as b:
             a.execute("BEGIN")
-            a.execute(
-                "INSERT INTO store_log.cache_log (at_ms, entries) VALUES (0, %s)", ("o" + tag + "slow",)
-            )
+            a.execute(f"INSERT INTO {LOG}.cache_log (at_ms, entries) VALUES (0, %s)", ("o" + tag + "slow",))
             slow_id = a.lastrowid
-            b.execute(
-                "INSERT INTO store_log.cache_log (at_ms, entries) VALUES (0, %s)", ("o" + tag + "fast",)
-            )
+            b.execute(f"INSERT INTO {LOG}.cache_log (at_ms, entries) VALUES (0, %s)", ("o" + tag + "fast",))
             follower.run_pass()
             assert tag + "fast" in seen
             assert tag + "slow" not in seen
@@ -230,18 +228,18 @@ def test_old_rows_are_deleted_a_short_batch_a_pass(mariadb_ready: StoreConfig) -
     every row up to the old checkpoint is gone; newer rows stay."""
     from store.cache.follower import CLEAN_BATCH, KEEP_S
 
-    root_sql("CREATE DATABASE IF NOT EXISTS store_log")
-    root_sql("DROP TABLE IF EXISTS store_log.clean_test")
+    root_sql(f"CREATE DATABASE IF NOT EXISTS {LOG}")
+    root_sql(f"DROP TABLE IF EXISTS {LOG}.clean_test")
     root_sql(
-        "CREATE TABLE store_log.clean_test (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
+        f"CREATE TABLE {LOG}.clean_test (id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY, "
         "at_ms BIGINT NOT NULL, entries MEDIUMTEXT NOT NULL) ENGINE=InnoDB"
     )
     total = 2 * CLEAN_BATCH + 500
     values = ", ".join(["(0, 'x')"] * total)
-    root_sql(f"INSERT INTO store_log.clean_test (at_ms, entries) VALUES {values}")
-    ids = [int(r[0]) for r in root_sql("SELECT id FROM store_log.clean_test ORDER BY id")]
+    root_sql(f"INSERT INTO {LOG}.clean_test (at_ms, entries) VALUES {values}")
+    ids = [int(r[0]) for r in root_sql(f"SELECT id FROM {LOG}.clean_test ORDER BY id")]
     upto = ids[2 * CLEAN_BATCH + 100]  # the checkpoint: more than two batches old
-    source = LogSource("local", None, "`store_log`.`clean_test`", checkpoints=[(0.0, upto)])
+    source = LogSource("local", None, f"`{LOG}`.`clean_test`", checkpoints=[(0.0, upto)])
     follower = Follower(lambda: [source], lambda _objects, _lists: None)
     conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     left = [total]
@@ -249,13 +247,13 @@ def test_old_rows_are_deleted_a_short_batch_a_pass(mariadb_ready: StoreConfig) -
         with conn.cursor() as cur:
             for k in range(5):
                 follower._clean(cur, source, KEEP_S + 100.0 + k)
-                left.append(int(root_sql("SELECT COUNT(*) FROM store_log.clean_test")[0][0]))
+                left.append(int(root_sql(f"SELECT COUNT(*) FROM {LOG}.clean_test")[0][0]))
                 if source.clean_upto is None:
                     break
     finally:
         conn.close()
-        remaining = [int(r[0]) for r in root_sql("SELECT id FROM store_log.clean_test ORDER BY id")]
-        root_sql("DROP TABLE store_log.clean_test")
+        remaining = [int(r[0]) for r in root_sql(f"SELECT id FROM {LOG}.clean_test ORDER BY id")]
+        root_sql(f"DROP TABLE {LOG}.clean_test")
     assert [a - b for a, b in itertools.pairwise(left)] == [CLEAN_BATCH, CLEAN_BATCH, 101]
     assert remaining == [i for i in ids if i > upto]
     assert source.clean_upto is None

@@ -32,6 +32,10 @@ from tests.conftest import (
 )
 from tests.forkload import Known, seed
 
+#: Alone: a read that times out on a busy machine is retried on a new connection, and the
+#: server then no longer lists the one a worker reported.
+pytestmark = pytest.mark.alone
+
 WORKERS = 8
 READS_PER_WORKER = 500
 #: A read that waits on a socket another process emptied ends after this, as an error.

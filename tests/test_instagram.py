@@ -13,7 +13,7 @@ import pytest
 from store import IdError, Store, StoreConfig, decode_instagram
 from store.admin import init_shards
 from store.ids import INSTAGRAM_EPOCH_MS
-from tests.conftest import MARIADB_URL, base_config, require_port
+from tests.conftest import MARIADB_URL, NAMESPACE, base_config, db, require_port
 
 BHP = "board_has_pins"
 
@@ -170,10 +170,11 @@ def mariadb_instagram() -> StoreConfig:
     try:
         with conn.cursor() as cur:
             for s in IG_MARIADB_SHARDS:
-                cur.execute(f"DROP DATABASE IF EXISTS db{s:05d}")
+                cur.execute(f"DROP DATABASE IF EXISTS {db(s)}")
     finally:
         conn.close()
     raw = base_config(
+        namespace=NAMESPACE,
         ids="instagram",
         shards=32,
         open_shards=[24, 29],  # 30 and 31 stay empty for the burst test
@@ -205,14 +206,14 @@ def test_mariadb_burst_in_one_statement_has_no_duplicates(mariadb_instagram: Sto
     conn: Any = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     try:
         with conn.cursor() as cur:
-            cur.execute("INSERT INTO db00030.pins (data) SELECT '{}' FROM db00030.seq_1_to_3000")
-            cur.execute("SELECT COUNT(*), COUNT(DISTINCT id) FROM db00030.pins")
+            cur.execute(f"INSERT INTO {db(30)}.pins (data) SELECT '{{}}' FROM {db(30)}.seq_1_to_3000")
+            cur.execute(f"SELECT COUNT(*), COUNT(DISTINCT id) FROM {db(30)}.pins")
             assert cur.fetchone() == (3000, 3000)
             # The clock pinned to one millisecond: the published next_id() would
             # repeat the 1,025th ID; the shard's counter borrows the next ms instead.
             cur.execute(f"SET @store_clock_ms = {INSTAGRAM_EPOCH_MS + now_ms()}")
-            cur.execute("INSERT INTO db00031.pins (data) SELECT '{}' FROM db00031.seq_1_to_2000")
-            cur.execute("SELECT COUNT(*), COUNT(DISTINCT id), MIN(id) < MAX(id) FROM db00031.pins")
+            cur.execute(f"INSERT INTO {db(31)}.pins (data) SELECT '{{}}' FROM {db(31)}.seq_1_to_2000")
+            cur.execute(f"SELECT COUNT(*), COUNT(DISTINCT id), MIN(id) < MAX(id) FROM {db(31)}.pins")
             assert cur.fetchone() == (2000, 2000, 1)
     finally:
         conn.close()

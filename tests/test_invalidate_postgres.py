@@ -23,12 +23,12 @@ from store import ConfigError, Store, StoreConfig
 from store.admin import init_shards
 from store.invalidate import Daemon
 from store.invalidate.view import invalidators
-from tests.conftest import APP_PASSWORD_ENV, APP_USER, base_config, make_app_account, require_port
+from tests.conftest import APP_PASSWORD_ENV, APP_USER, NAMESPACE, base_config, make_app_account, require_port
 from tests.servers import free_port, start_memcached, start_redis
 from tests.test_follower import _lose_deletes, _wait_for
 from tests.test_invalidate import _config_file, _daemon_process, _roles_seen, _stale_heartbeats
 
-DB = "storeinv"
+DB = f"storeinv_{NAMESPACE}"
 ADMIN = f"postgresql+psycopg://postgres@127.0.0.1:5432/{DB}"
 
 

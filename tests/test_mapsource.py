@@ -20,13 +20,13 @@ from store import StaleMapError, Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.mapsource import FileMapSource, MapSource, TableMapSource, ZooKeeperMapSource
 from store.shardmap import ShardMap, ShardRange
-from tests.conftest import MARIADB_URL, base_config, require_port
+from tests.conftest import MARIADB_URL, NAMES, NAMESPACE, base_config, db, require_port
 from tests.servers import MariaDBServer, ZooKeeperServer
 
 
 @pytest.fixture(scope="module")
 def zookeeper() -> Iterator[ZooKeeperServer]:
-    server = ZooKeeperServer(2182)
+    server = ZooKeeperServer()
     try:
         yield server
     finally:
@@ -62,9 +62,10 @@ def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MapSource
         src.close()
         return
     require_port("MariaDB", 3306)
-    src = TableMapSource(MARIADB_URL, database="store_meta_test", poll_s=0.01)
+    meta = f"{NAMESPACE}_meta_test"
+    src = TableMapSource(MARIADB_URL, database=meta, poll_s=0.01)
     src.create()
-    src._run("DELETE FROM `store_meta_test`.`shard_maps`")
+    src._run(f"DELETE FROM `{meta}`.`shard_maps`")
     yield src
 
 
@@ -131,11 +132,13 @@ def test_a_running_store_sees_a_new_map_without_a_restart(tmp_path: Path) -> Non
 # -- a stale writer, fenced on the old host, lands on the new one -----------------
 
 SHARD = 12  # outside the shards 0-7 that the other MariaDB tests share
+SHARD_DB = db(SHARD)
+MOVED_DB = NAMES.archive(SHARD_DB)
 
 
 @pytest.fixture
 def second_server() -> Iterator[MariaDBServer]:
-    server = MariaDBServer(3319)
+    server = MariaDBServer()
     server.start()
     try:
         yield server
@@ -149,9 +152,10 @@ def test_a_process_with_the_old_map_is_refused_reloads_and_writes_once(
     require_port("MariaDB", 3306)
     conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS db{SHARD:05d}")
-        cur.execute(f"DROP DATABASE IF EXISTS moved_db{SHARD:05d}")
+        cur.execute(f"DROP DATABASE IF EXISTS {SHARD_DB}")
+        cur.execute(f"DROP DATABASE IF EXISTS {MOVED_DB}")
     raw = base_config(
+        namespace=NAMESPACE,
         shards=16,
         hosts={"A": MARIADB_URL, "B": second_server.url},
         map=[{"range": [0, 15], "master": "A"}],
@@ -172,17 +176,17 @@ def test_a_process_with_the_old_map_is_refused_reloads_and_writes_once(
                 "-P3306",
                 "--single-transaction",
                 "--databases",
-                f"db{SHARD:05d}",
+                SHARD_DB,
             ],
             check=True,
             capture_output=True,
         ).stdout
         subprocess.run([client, "-uroot", "-h127.0.0.1", f"-P{second_server.port}"], input=data, check=True)
         with conn.cursor() as cur:  # fence: the source copy is renamed away at once
-            cur.execute(f"CREATE DATABASE moved_db{SHARD:05d}")
-            cur.execute(f"SHOW TABLES FROM db{SHARD:05d}")
+            cur.execute(f"CREATE DATABASE {MOVED_DB}")
+            cur.execute(f"SHOW TABLES FROM {SHARD_DB}")
             for (table,) in cur.fetchall():
-                cur.execute(f"RENAME TABLE db{SHARD:05d}.{table} TO moved_db{SHARD:05d}.{table}")
+                cur.execute(f"RENAME TABLE {SHARD_DB}.{table} TO {MOVED_DB}.{table}")
         moved = operator.shard_map.with_move(SHARD, SHARD, "B")
         operator.map_source.write(moved, expected_version=operator.shard_map.version)
 
@@ -193,13 +197,13 @@ def test_a_process_with_the_old_map_is_refused_reloads_and_writes_once(
         assert stale.update(board, {"n": 2}) == {"n": 2}
         b = pymysql.connect(host="127.0.0.1", port=second_server.port, user="root")
         with b.cursor() as cur:
-            cur.execute(f"SELECT data FROM db{SHARD:05d}.pins")
+            cur.execute(f"SELECT data FROM {SHARD_DB}.pins")
             assert cur.fetchall() == (('{"n":1}',),)  # exactly once, on the new host
         b.close()
         with conn.cursor() as cur:
-            cur.execute(f"SELECT COUNT(*) FROM moved_db{SHARD:05d}.pins")
+            cur.execute(f"SELECT COUNT(*) FROM {MOVED_DB}.pins")
             assert cur.fetchone() == (0,)  # nothing on the old host after the fence
-            cur.execute(f"DROP DATABASE moved_db{SHARD:05d}")
+            cur.execute(f"DROP DATABASE {MOVED_DB}")
     conn.close()
 
 
@@ -210,10 +214,12 @@ def test_cli_map_show_and_diff_read_the_table_source(tmp_path: Path) -> None:
     from store.cli import main
 
     require_port("MariaDB", 3306)
-    src = TableMapSource(MARIADB_URL, database="store_meta")
+    meta = NAMES.meta_database  # the namespace's: the config below names it
+    src = TableMapSource(MARIADB_URL, database=meta)
     src.create()
-    src._run("DELETE FROM `store_meta`.`shard_maps`")
+    src._run(f"DELETE FROM `{meta}`.`shard_maps`")
     raw = base_config(
+        namespace=NAMESPACE,
         shards=8,
         hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
         map=[{"range": [0, 7], "master": "A"}],
@@ -233,7 +239,7 @@ def test_cli_map_show_and_diff_read_the_table_source(tmp_path: Path) -> None:
     assert "map version 1 -> 2: 1 span(s) changed master" in out.output
     assert "shards 4-7: A -> B" in out.output
     assert "version 2" in runner.invoke(main, ["map", "show", "--config", str(cfg)]).output
-    src._run("DELETE FROM `store_meta`.`shard_maps`")
+    src._run(f"DELETE FROM `{meta}`.`shard_maps`")
 
 
 def test_a_map_file_that_cannot_be_read_keeps_the_last_map(tmp_path: Path) -> None:

@@ -27,7 +27,10 @@ from store import (
 )
 from store.admin import init_shards
 from store.engines import ShardHandle
-from tests.conftest import TEST_SHARDS, make_app_account, mariadb_config
+from tests.conftest import NAMESPACE, TEST_SHARDS, db, make_app_account, mariadb_config
+
+#: A scratch database of this namespace's own.
+OKS = f"{NAMESPACE}_oks_test"
 
 
 def root() -> Any:
@@ -40,7 +43,7 @@ def test_object_is_where_its_id_says(mariadb_ready: StoreConfig) -> None:
         pin = store.create("pin", {"title": "granite", "board": board}, near=board)
     shard, type_id, local_id = decode_pinterest(pin)
     assert type_id == 1
-    query = f"SELECT data, active FROM db{shard:05d}.pins WHERE local_id = {local_id}"
+    query = f"SELECT data, active FROM {db(shard)}.pins WHERE local_id = {local_id}"
     client = shutil.which("mariadb") or shutil.which("mysql")
     if client is not None:  # the operator's view: the command-line client
         out = subprocess.run(
@@ -56,7 +59,7 @@ def test_object_is_where_its_id_says(mariadb_ready: StoreConfig) -> None:
             cur.execute(query)
             assert cur.fetchone() == (f'{{"title":"granite","board":{board}}}', 1)
             cur.execute(
-                f"SELECT data FROM db{shard:05d}.boards WHERE local_id = {decode_pinterest(board).local_id}"
+                f"SELECT data FROM {db(shard)}.boards WHERE local_id = {decode_pinterest(board).local_id}"
             )
             assert cur.fetchone() == ('{"name":"kitchen","é":"ü"}',)
     finally:
@@ -69,12 +72,12 @@ def test_init_is_idempotent_and_makes_the_documented_tables(mariadb_ready: Store
     conn = root()
     try:
         with conn.cursor() as cur:
-            cur.execute("SHOW CREATE TABLE db00003.board_has_pins")
+            cur.execute(f"SHOW CREATE TABLE {db(3)}.board_has_pins")
             ddl = cur.fetchone()[1]
             assert "PRIMARY KEY (`from_id`,`to_id`)" in ddl
             assert "KEY `board_has_pins_from_sequence_to` (`from_id`,`sequence`,`to_id`)" in ddl
             assert "`from_id` bigint(20) unsigned NOT NULL" in ddl
-            cur.execute("SHOW CREATE TABLE db00003.pins")
+            cur.execute(f"SHOW CREATE TABLE {db(3)}.pins")
             ddl = cur.fetchone()[1]
             assert "`local_id` bigint(20) unsigned NOT NULL AUTO_INCREMENT" in ddl
             assert "timestamp(3) NOT NULL DEFAULT current_timestamp(3) ON UPDATE current_timestamp(3)" in ddl
@@ -83,7 +86,7 @@ def test_init_is_idempotent_and_makes_the_documented_tables(mariadb_ready: Store
             # (unique_keys too where a test with unique keys ran init first on these shared shards)
             cur.execute(
                 "SELECT COUNT(*) FROM information_schema.tables "
-                "WHERE table_schema = 'db00005' AND table_name <> 'unique_keys'"
+                f"WHERE table_schema = '{db(5)}' AND table_name <> 'unique_keys'"
             )
             expected = len(mariadb_ready.types) + len(mariadb_ready.relations) + 1  # + relation_counts
             assert cur.fetchone()[0] == expected
@@ -98,7 +101,7 @@ def test_missing_shard_says_to_run_init(mariadb_ready: StoreConfig) -> None:
     conn = root()
     try:
         with conn.cursor() as cur:
-            cur.execute("DROP DATABASE IF EXISTS db00009")
+            cur.execute(f"DROP DATABASE IF EXISTS {db(9)}")
     finally:
         conn.close()
     make_app_account(StoreConfig.from_dict(raw))  # the application account serves all 10 shards
@@ -117,7 +120,7 @@ def test_init_with_a_small_pool_waits_for_no_connection(mariadb_ready: StoreConf
     try:
         with conn.cursor() as cur:
             for s in range(TEST_SHARDS):
-                cur.execute(f"DROP DATABASE IF EXISTS db{s:05d}")
+                cur.execute(f"DROP DATABASE IF EXISTS {db(s)}")
     finally:
         conn.close()
     raw = mariadb_config()
@@ -395,20 +398,20 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
     conn = connect()
     try:
         cur = conn.cursor()
-        cur.execute("CREATE DATABASE IF NOT EXISTS store_oks_test")
+        cur.execute(f"CREATE DATABASE IF NOT EXISTS {OKS}")
 
         def fresh() -> None:
-            cur.execute("DROP TABLE IF EXISTS store_oks_test.t")
+            cur.execute(f"DROP TABLE IF EXISTS {OKS}.t")
             cur.execute(
-                "CREATE TABLE store_oks_test.t (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, v INT) "
+                f"CREATE TABLE {OKS}.t (id BIGINT UNSIGNED AUTO_INCREMENT PRIMARY KEY, v INT) "
                 "AUTO_INCREMENT = 72057594037927936"  # 2^56: an 8-byte insert id
             )
 
         fresh()
         request = (
-            "BEGIN; INSERT INTO store_oks_test.t (v) VALUES (%s), (%s); "
-            "UPDATE store_oks_test.t SET v = v + 1 WHERE v < %s; SELECT LAST_INSERT_ID(300) INTO @x; "
-            "DELETE FROM store_oks_test.t WHERE v = %s; COMMIT"
+            f"BEGIN; INSERT INTO {OKS}.t (v) VALUES (%s), (%s); "
+            f"UPDATE {OKS}.t SET v = v + 1 WHERE v < %s; SELECT LAST_INSERT_ID(300) INTO @x; "
+            f"DELETE FROM {OKS}.t WHERE v = %s; COMMIT"
         )
         ours = cur.execute_oks(request, (1, 2, 100, 3))
         fresh()
@@ -425,7 +428,7 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
         assert cur.fetchone()[0] == 300
         # an error half way: the driver's exception, later statements not run, connection in step
         with pytest.raises(pymysql.err.ProgrammingError):
-            cur.execute_oks("DO 1; INSERT INTO store_oks_test.nope VALUES (1); DO 2")
+            cur.execute_oks(f"DO 1; INSERT INTO {OKS}.nope VALUES (1); DO 2")
         assert cur.execute_oks("DO 3") == [(0, 0)]
         # rows where none were expected: refused, and the connection is not reused
         with pytest.raises(pymysql.err.InternalError):
@@ -434,5 +437,5 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
     finally:
         conn.close()
         other = connect()
-        other.cursor().execute("DROP DATABASE IF EXISTS store_oks_test")
+        other.cursor().execute(f"DROP DATABASE IF EXISTS {OKS}")
         other.close()

@@ -13,7 +13,7 @@ from store import StoreConfig
 from store.admin import init_shards
 from store.tools.mix.peer import ShardedPeer, local_of, make_id, shard_of, type_of
 from store.tools.mix.system import MixSchema, System
-from tests.conftest import MARIADB_URL, base_config, require_port, root_sql
+from tests.conftest import MARIADB_URL, base_config, one_run_at_a_time, require_port, root_sql
 
 pytestmark = pytest.mark.mariadb
 
@@ -32,6 +32,14 @@ SCHEMA = MixSchema(
         "pin_liked_by_user": ("pin", "user", None),
     },
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_mix_at_a_time() -> Iterator[None]:
+    """The mix has no namespace: it uses shards 3000-3003 of the shared MariaDB and the caches of its
+    config; two test runs at once take turns here."""
+    with one_run_at_a_time("mix-peer"):
+        yield
 
 
 def near(shard: int) -> int:

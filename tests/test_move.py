@@ -26,7 +26,7 @@ import yaml
 from store import Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Journal, MoveError, Mover
-from tests.conftest import base_config, require_port
+from tests.conftest import MEMCACHED_PORTS, REDIS_TEST_URL, base_config
 from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
 from tests.servers import MariaDBServer, binlog_pair
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.moves
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    with binlog_pair(3331, 3332) as servers:
+    with binlog_pair() as servers:
         yield servers
 
 
@@ -79,7 +79,7 @@ def rows(server: MariaDBServer, sql: str) -> list[tuple[Any, ...]]:
 
 @pytest.fixture
 def meta() -> Iterator[MariaDBServer]:
-    server = MariaDBServer(3333)  # the third server: it holds the live map
+    server = MariaDBServer()  # the third server: it holds the live map
     try:
         server.start()
         yield server
@@ -92,13 +92,11 @@ BIG_MOVING = range(32, 64)
 
 
 def test_move_with_writers_loses_nothing(
-    pair: tuple[MariaDBServer, MariaDBServer], meta: MariaDBServer, tmp_path: Path
+    pair: tuple[MariaDBServer, MariaDBServer], meta: MariaDBServer, tmp_path: Path, own_caches: None
 ) -> None:
     import uuid
 
     source, target = pair
-    require_port("memcached", 11211)
-    require_port("Redis", 6379)
     prefix = f"mv{uuid.uuid4().hex[:8]}:"  # these servers' IDs repeat other tests' IDs
 
     def raw_config(poll_s: float) -> dict[str, Any]:
@@ -107,7 +105,11 @@ def test_move_with_writers_loses_nothing(
             hosts={"A": source.url, "B": target.url},
             map=[{"range": [0, BIG_SHARDS - 1], "master": "A"}],
             map_source={"table": meta.url, "poll_s": poll_s},
-            cache={"memcached": ["127.0.0.1:11211"], "redis": "redis://127.0.0.1:6379/14", "prefix": prefix},
+            cache={
+                "memcached": [f"127.0.0.1:{MEMCACHED_PORTS[0]}"],
+                "redis": REDIS_TEST_URL,
+                "prefix": prefix,
+            },
         )
 
     config = StoreConfig.from_dict(raw_config(0.2))

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.moves
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    with binlog_pair(3375, 3376) as servers:
+    with binlog_pair() as servers:
         yield servers
 
 

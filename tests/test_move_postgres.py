@@ -33,9 +33,9 @@ from store.cli import main
 from store.ids import INSTAGRAM_EPOCH_MS
 from tests.conftest import base_config
 from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
-from tests.servers import PostgresServer, TLSFiles
+from tests.servers import PostgresServer, TLSFiles, free_ports
 
-SOURCE_PORT, TARGET_PORT = 5495, 5496
+SOURCE_PORT, TARGET_PORT = free_ports(2)
 BHP = "board_has_pins"
 
 pytestmark = pytest.mark.moves

@@ -96,7 +96,7 @@ def _read_all(fd: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bytes
 
 @pytest.mark.moves
 def test_store_move_on_a_terminal_draws_a_bar_per_phase(tmp_path: Path) -> None:
-    with binlog_pair(3395, 3396) as (source, target):
+    with binlog_pair() as (source, target):
         raw = base_config(
             shards=16,
             hosts={"A": source.url, "B": target.url},

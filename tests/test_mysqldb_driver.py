@@ -19,10 +19,10 @@ from sqlalchemy.engine import URL, make_url
 from store import ConfigError, Store, StoreConfig
 from store.backends import ErrorKind, backend_for
 from store.backends.mysql import TOMBSTONE_ERRNO, MySQLBackend, mysql_connector, mysql_driver_error
-from tests.conftest import MARIADB_URL, mariadb_config
+from tests.conftest import MARIADB_URL, NAMESPACE, mariadb_config
 
 DRIVERS = ["pymysql", "mysqldb"]
-SCRATCH_DB = "store_mysqldb_test"
+SCRATCH_DB = f"{NAMESPACE}_mysqldb_test"
 
 
 def driver_url(driver: str) -> URL:

@@ -8,6 +8,7 @@ data, while running at once.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,9 @@ from store.grants import apply_grants, grant_plan
 from store.naming import DEFAULT_NAMES, Names
 from tests.conftest import (
     MARIADB_URL,
+    MEMCACHED_PORTS,
+    NAMES,
+    NAMESPACE,
     PG_TEST_DB,
     PG_URL,
     REDIS_TEST_URL,
@@ -36,7 +40,9 @@ from tests.conftest import (
     root_sql,
 )
 
-A, B = "nsa", "nsb"
+#: Two namespaces of this test process's own (`NAMESPACE` + a letter), so that two runs at once
+#: never share them.
+A, B = NAMESPACE + "a", NAMESPACE + "b"
 SHARDS = 4
 UNIQUE = {"user_by_username": {"type": "user", "field": "username"}}
 BHP, ULP = "board_has_pins", "users_likes_pins"
@@ -125,17 +131,17 @@ def test_config_namespace_reaches_tickets_and_grants() -> None:
     config = StoreConfig.from_dict(raw)
     assert config.namespace == A
     assert config.tickets is not None
-    assert config.tickets.database == "nsa_tickets"
-    assert backend_for(config.hosts["M1"], config.names).namespace(3) == "nsa_db00003"
+    assert config.tickets.database == f"{A}_tickets"
+    assert backend_for(config.hosts["M1"], config.names).namespace(3) == f"{A}_db00003"
     statements = [s for g in grant_plan(config, "someone") for s in g.statements]
     # `_` is a wildcard in a GRANT's database name: escaped, each grant names one database.
     assert all("`" not in s or "_db" not in s or "\\_db" in s for s in statements)
     named = sorted({s.split("`")[1].replace("\\_", "_") for s in statements})
-    assert named == [*[f"nsa_db0000{i}" for i in range(SHARDS)], "nsa_store_log", "nsa_store_meta"]
+    assert named == [*[f"{A}_db0000{i}" for i in range(SHARDS)], f"{A}_store_log", f"{A}_store_meta"]
     pg = StoreConfig.from_dict(_pg_raw(A))
     statements = [s for g in grant_plan(pg, "someone") for s in g.statements]
     schemas = {s.split('"')[1] for s in statements if "SCHEMA" in s}
-    assert schemas == {f"nsa_shard000{i}" for i in range(SHARDS)}
+    assert schemas == {f"{A}_shard000{i}" for i in range(SHARDS)}
 
 
 def test_two_namespaces_in_one_sqlite_folder(tmp_path: Path) -> None:
@@ -166,11 +172,9 @@ def test_local_config_and_the_tests_use_different_namespaces() -> None:
 
 
 @pytest.fixture
-def mariadb_namespaces() -> Iterator[None]:
-    """Nothing of namespaces nsa and nsb on the test MariaDB, before and after."""
+def mariadb_namespaces(own_caches: None) -> Iterator[None]:
+    """Nothing of namespaces A and B on the test MariaDB, before and after."""
     require_port("MariaDB", 3306)
-    require_port("memcached", 11211)
-    require_port("Redis", 6379)
     _forget_cached()
     _drop_mariadb_namespaces()
     yield
@@ -181,7 +185,7 @@ def _forget_cached() -> None:
     """No cache entries of an earlier run: the IDs come back with other objects behind them."""
     import redis
 
-    memcached_flush(11211)
+    memcached_flush(MEMCACHED_PORTS[0])
     client = redis.Redis.from_url(REDIS_TEST_URL)
     for ns in (A, B):
         for key in client.scan_iter(match=f"{ns}:*", count=1000):
@@ -193,19 +197,19 @@ def test_two_namespaces_share_mariadb_memcached_and_redis(mariadb_namespaces: No
     before = _databases()
     init_shards(configs[0])
     after_a = _databases()
-    mine = {f"nsa_db0000{i}" for i in range(SHARDS)} | {"nsa_store_meta", "nsa_store_log"}
+    mine = {f"{A}_db0000{i}" for i in range(SHARDS)} | {f"{A}_store_meta", f"{A}_store_log"}
     assert after_a - before == mine
     assert before - after_a == set()
     init_shards(configs[1])
     after_b = _databases()
-    assert after_b - after_a == {d.replace("nsa_", "nsb_") for d in mine}
+    assert after_b - after_a == {d.replace(f"{A}_", f"{B}_") for d in mine}
     # Each namespace's backend finds its own databases only; the default finds neither.
     for config, ns in ((configs[0], A), (configs[1], B), (replace(configs[0], names=DEFAULT_NAMES), None)):
         backend = backend_for(config.for_admin().hosts["M1"], config.names)
         with _root() as cur:
             found = {name for name, _what in backend.existing(cur)}
         if ns is None:
-            assert not {n for n in found if n.startswith(("nsa_", "nsb_"))}
+            assert not {n for n in found if n.startswith((f"{A}_", f"{B}_"))}
         else:
             assert found == {f"{ns}_db0000{i}" for i in range(SHARDS)}
 
@@ -221,8 +225,8 @@ def test_two_namespaces_share_mariadb_memcached_and_redis(mariadb_namespaces: No
         # Cache keys differ by namespace, and hold each namespace's own object.
         u0 = made[0]["users"][0]
         keys = [s.cache_key(u0) for s in stores]
-        assert keys[0].startswith("nsa:t:")
-        assert keys[1].startswith("nsb:t:")
+        assert keys[0].startswith(f"{A}:t:")
+        assert keys[1].startswith(f"{B}:t:")
         # A write in one namespace leaves the other's cached copy alone.
         stores[0].update(u0, {"note": "a only"})
         assert stores[0].get(u0)["note"] == "a only"
@@ -254,7 +258,7 @@ def test_grants_give_one_namespace_only(mariadb_namespaces: None) -> None:
     configs = [StoreConfig.from_dict(_mariadb_raw(ns)) for ns in (A, B)]
     for c in configs:
         init_shards(c)
-    user = "store_ns_test"
+    user = f"ns_{NAMESPACE}"
     root_sql(f"DROP USER IF EXISTS '{user}'@'%'")
     root_sql(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'ns-pw-5b1d'")
     try:
@@ -265,19 +269,19 @@ def test_grants_give_one_namespace_only(mariadb_namespaces: None) -> None:
             "SELECT DISTINCT Db FROM mysql.db WHERE User = %s ORDER BY Db", user
         )  # the grants as the server keeps them
         assert [str(r[0]).replace("\\_", "_") for r in rows] == sorted(
-            [*[f"nsa_db0000{i}" for i in range(SHARDS)], "nsa_store_log", "nsa_store_meta"]
+            [*[f"{A}_db0000{i}" for i in range(SHARDS)], f"{A}_store_log", f"{A}_store_meta"]
         )
         conn = pymysql.connect(host="127.0.0.1", port=3306, user=user, password="ns-pw-5b1d", autocommit=True)
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM nsa_db00000.users")
-                for other in ("nsb_db00000", "db00000"):
+                cur.execute(f"SELECT COUNT(*) FROM {A}_db00000.users")
+                for other in (f"{B}_db00000", "db00000"):
                     with pytest.raises(pymysql.err.OperationalError) as denied:
                         cur.execute(f"SELECT COUNT(*) FROM {other}.users")
                     assert denied.value.args[0] in (1044, 1142)
                 cur.execute("SHOW DATABASES")
                 seen = {str(r[0]) for r in cur.fetchall()} - {"information_schema"}
-            assert seen == {f"nsa_db0000{i}" for i in range(SHARDS)} | {"nsa_store_log", "nsa_store_meta"}
+            assert seen == {f"{A}_db0000{i}" for i in range(SHARDS)} | {f"{A}_store_log", f"{A}_store_meta"}
         finally:
             conn.close()
     finally:
@@ -296,7 +300,7 @@ def test_ticket_counters_per_namespace(mariadb_namespaces: None) -> None:
         firsts = [[alloc.next() for _ in range(3)] for alloc in allocators]
         assert firsts[0] == firsts[1]  # dense per namespace: neither took the other's IDs
         assert firsts[0] == list(range(firsts[0][0], firsts[0][0] + 3))
-        assert {"nsa_tickets", "nsb_tickets"} <= _databases()
+        assert {f"{A}_tickets", f"{B}_tickets"} <= _databases()
     finally:
         for alloc in allocators:
             alloc.close()
@@ -305,9 +309,7 @@ def test_ticket_counters_per_namespace(mariadb_namespaces: None) -> None:
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 
-def test_two_namespaces_share_a_postgres_database(postgres_ready: StoreConfig) -> None:
-    require_port("memcached", 11211)
-    require_port("Redis", 6379)
+def test_two_namespaces_share_a_postgres_database(postgres_ready: StoreConfig, own_caches: None) -> None:
     _forget_cached()
     _drop_pg_namespaces()
     try:
@@ -315,11 +317,11 @@ def test_two_namespaces_share_a_postgres_database(postgres_ready: StoreConfig) -
         before = _schemas()
         init_shards(configs[0])
         after_a = _schemas()
-        assert after_a - before == {f"nsa_shard000{i}" for i in range(SHARDS)}
+        assert after_a - before == {f"{A}_shard000{i}" for i in range(SHARDS)}
         init_shards(configs[1])
-        assert _schemas() - after_a == {f"nsb_shard000{i}" for i in range(SHARDS)}
+        assert _schemas() - after_a == {f"{B}_shard000{i}" for i in range(SHARDS)}
         # The default shard schemas of the test database are still there, and untouched by init.
-        assert {f"shard{i:04d}" for i in range(16)} <= _schemas()
+        assert {NAMES.schema_name(i) for i in range(16)} <= _schemas()
         stores = [Store(c) for c in configs]
         uncached = [Store(replace(c, cache=CacheConfig())) for c in configs]
         try:
@@ -440,7 +442,12 @@ def _mariadb_raw(ns: str) -> dict[str, Any]:
         map=[{"range": [0, 1], "master": "M1"}, {"range": [2, 3], "master": "M2"}],
         unique=UNIQUE,
         map_source={"table": MARIADB_URL},
-        cache={"memcached": ["127.0.0.1:11211"], "redis": REDIS_TEST_URL, "prefix": "t:", "follow": True},
+        cache={
+            "memcached": [f"127.0.0.1:{MEMCACHED_PORTS[0]}"],
+            "redis": REDIS_TEST_URL,
+            "prefix": "t:",
+            "follow": True,
+        },
     )
 
 
@@ -455,7 +462,11 @@ def _pg_raw(ns: str, *, cache: bool = False) -> dict[str, Any]:
         unique=UNIQUE,
     )
     if cache:
-        raw["cache"] = {"memcached": ["127.0.0.1:11211"], "redis": REDIS_TEST_URL, "prefix": "t:"}
+        raw["cache"] = {
+            "memcached": [f"127.0.0.1:{MEMCACHED_PORTS[0]}"],
+            "redis": REDIS_TEST_URL,
+            "prefix": "t:",
+        }
     return raw
 
 
@@ -481,7 +492,10 @@ def _root() -> Iterator[Any]:
 
 
 def _databases() -> set[str]:
-    return {str(r[0]) for r in root_sql("SHOW DATABASES")}
+    """The test MariaDB's databases, less those of other test processes' namespaces (running at once)."""
+    other = re.compile(r"t[0-9a-f]{6}[0-9]*[a-z]?_")
+    names = {str(r[0]) for r in root_sql("SHOW DATABASES")}
+    return {n for n in names if n.startswith(NAMESPACE) or not other.match(n)}
 
 
 def _drop_mariadb_namespaces() -> None:
@@ -542,18 +556,18 @@ def test_a_move_in_one_namespace_leaves_the_other_alone(tmp_path: Path) -> None:
             )
             on_source = {str(r[0]) for r in _rows(source.port, "SHOW DATABASES")}
             on_target = {str(r[0]) for r in _rows(target.port, "SHOW DATABASES")}
-            assert {f"nsa_moved_db0000{i}" for i in range(4, 8)} <= on_source
-            assert {f"nsb_db0000{i}" for i in range(8)} <= on_source
-            assert not {d for d in on_source if d.startswith("nsb_moved") or d.startswith("moved_")}
-            assert {d for d in on_target if d.startswith(("nsa_", "nsb_"))} == {
-                f"nsa_db0000{i}" for i in range(4, 8)
+            assert {f"{A}_moved_db0000{i}" for i in range(4, 8)} <= on_source
+            assert {f"{B}_db0000{i}" for i in range(8)} <= on_source
+            assert not {d for d in on_source if d.startswith(f"{B}_moved") or d.startswith("moved_")}
+            assert {d for d in on_target if d.startswith((f"{A}_", f"{B}_"))} == {
+                f"{A}_db0000{i}" for i in range(4, 8)
             }
             # nsa's moved shards have tombstones; nsb's shards of the same numbers serve on.
             tomb = _rows(
                 source.port,
                 "SELECT table_schema FROM information_schema.tables WHERE table_name = 'store_tombstone'",
             )
-            assert {str(r[0]) for r in tomb} == {f"nsa_db0000{i}" for i in range(4, 8)}
+            assert {str(r[0]) for r in tomb} == {f"{A}_db0000{i}" for i in range(4, 8)}
             for s, ns, own in zip(stores, (A, B), pins, strict=True):
                 s.refresh_map(force=True)
                 assert [s.get(p)["ns"] for p in own] == [ns] * 8
@@ -562,12 +576,12 @@ def test_a_move_in_one_namespace_leaves_the_other_alone(tmp_path: Path) -> None:
             assert stores[1].shard_map.master(5) == "S"
             notes = check_store(stores[0]).notes
             assert {n.detail.split()[0] for n in notes if n.kind == "archive"} == {
-                f"nsa_moved_db0000{i}" for i in range(4, 8)
+                f"{A}_moved_db0000{i}" for i in range(4, 8)
             }
             assert check_store(stores[1]).ok
             dropped = Mover(stores[0], tmp_path / "move.json", say=lambda _m: None).cleanup()
-            assert sorted(dropped) == [f"nsa_moved_db0000{i}" for i in range(4, 8)]
-            assert {f"nsb_db0000{i}" for i in range(8)} <= {
+            assert sorted(dropped) == [f"{A}_moved_db0000{i}" for i in range(4, 8)]
+            assert {f"{B}_db0000{i}" for i in range(8)} <= {
                 str(r[0]) for r in _rows(source.port, "SHOW DATABASES")
             }
         finally:

@@ -62,8 +62,8 @@ class Moved:
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moved]:
-    source = MariaDBServer(3343, log_bin=True, server_id=1)
-    target = MariaDBServer(3344, log_bin=True, server_id=2)
+    source = MariaDBServer(log_bin=True, server_id=1)
+    target = MariaDBServer(log_bin=True, server_id=2)
     try:
         source.start()
         target.start()

@@ -27,7 +27,7 @@ from store import NotFound, Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Mover
 from tests.conftest import base_config, cached_mariadb_config, run_cli
-from tests.servers import MariaDBServer, binlog_pair
+from tests.servers import MariaDBServer, binlog_pair, free_port
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -39,7 +39,7 @@ POB = "pin_owned_by_board"
 
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    with binlog_pair(3341, 3342) as servers:
+    with binlog_pair() as servers:
         yield servers
 
 
@@ -183,7 +183,7 @@ def test_a_link_mends_a_split_pair_whichever_side_is_missing(mariadb_ready: Stor
 
 # -- 3. a lost invalidation, seen from another process -----------------------------
 
-DEAD_PORT = 11299  # nothing listens here: every cache call of the writer fails
+DEAD_PORT = free_port()  # nothing listens here: every cache call of the writer fails
 
 
 cli = run_cli
@@ -333,6 +333,7 @@ def test_deletes_racing_links_leave_no_deleted_object_in_any_list(
 
 def test_instagram_get_of_another_type_is_none_cached_or_not(postgres_ready: StoreConfig) -> None:
     raw = base_config(
+        namespace=postgres_ready.namespace,
         ids="instagram",
         shards=postgres_ready.shards,
         hosts={name: str(url) for name, url in postgres_ready.hosts.items()},

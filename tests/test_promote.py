@@ -17,8 +17,8 @@ from tests.servers import MariaDBServer
 
 @pytest.fixture
 def replicated(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer, StoreConfig]]:
-    master = MariaDBServer(3341, log_bin=True, server_id=11)
-    slave = MariaDBServer(3342, log_bin=True, server_id=12)
+    master = MariaDBServer(log_bin=True, server_id=11)
+    slave = MariaDBServer(log_bin=True, server_id=12)
     try:
         master.start()
         slave.start()

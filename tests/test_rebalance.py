@@ -35,7 +35,7 @@ from store.admin.rebalance import PlannedMove, apply_plan, minimum_shards_moved,
 from store.cli import main
 from store.shardmap import ShardMap, ShardRange
 from tests.conftest import base_config
-from tests.servers import MariaDBServer
+from tests.servers import MariaDBServer, free_ports
 
 NAMES = ["A", "B", "C", "D", "E", "F"]
 
@@ -214,7 +214,7 @@ def test_move_status_without_a_journal_is_one_line(tmp_path: Path) -> None:
 # -- a real run ------------------------------------------------------------------------
 
 SHARDS = 64
-PORTS = (3385, 3386, 3387, 3388)
+PORTS = free_ports(4)
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
+from typing import Any
 
-import pymysql
 import pytest
 
 from store import (
@@ -19,6 +19,7 @@ from store import (
     WrongTypeError,
     encode_pinterest,
 )
+from store.backends import pymysql_fast
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -372,7 +373,9 @@ def test_deleting_a_pin_takes_it_out_of_every_list_of_every_relation(store: Stor
 
 
 @pytest.mark.parametrize("backend", ["mariadb"], indirect=True)
-def test_a_fills_packed_head_is_the_head_the_rows_give(store: Store, board: int) -> None:
+def test_a_fills_packed_head_is_the_head_the_rows_give(
+    store: Store, board: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """MariaDB packs a fill's head into one value: the same entries, in the same order, as the rows.
 
     Sequences below zero, at both ends of BIGINT, and ties broken by to_id;
@@ -401,27 +404,32 @@ def test_a_fills_packed_head_is_the_head_the_rows_give(store: Store, board: int)
         cur.execute("SET SESSION group_concat_max_len = DEFAULT")
     assert (n_cut.decode() if isinstance(n_cut, bytes) else n_cut) == "12:12"  # count:version
     assert len(cut) == 40
-    root = pymysql.connect(host="127.0.0.1", port=3306, user="root")
-    try:
-        rc = root.cursor()
-        rc.execute("SELECT @@GLOBAL.group_concat_max_len")
-        (old,) = rc.fetchone()
-        rc.execute("SET GLOBAL group_concat_max_len = 40")  # the new store's connections start so
-        try:
-            with Store(store.config) as short:
-                sh = short.admin_context().relations
-                side = sh.handle(short.config.relations[BHP], board)
-                assert sh.repo.head_and_count(side, BHP, board, 12) == (
-                    12,
-                    rows,
-                    None,
-                    0,
-                )  # rows, not a cut head (and no version: the list is dropped on its next change)
-                assert short.page(BHP, board, limit=12).ids == [p for _s, p in rows]
-        finally:
-            rc.execute("SET GLOBAL group_concat_max_len = %s", (int(old),))
-    finally:
-        root.close()
+    # The new store's connections start so, as under a server whose global setting is 40 (set
+    # here on this process's new connections only: the server's global setting is everyone's).
+    real_adopt = pymysql_fast.adopt
+
+    def adopt_short(conn: Any, module: Any) -> None:
+        real_adopt(conn, module)
+        cur = conn.cursor()
+        cur.execute("SET SESSION group_concat_max_len = 40")
+        cur.close()
+
+    monkeypatch.setattr(pymysql_fast, "adopt", adopt_short)
+    with Store(store.config) as short:
+        sh = short.admin_context().relations
+        side = sh.handle(short.config.relations[BHP], board)
+        with sh.handle(short.config.relations[BHP], board).connect() as conn:
+            cur = conn.cursor()
+            cur.execute("SELECT @@SESSION.group_concat_max_len")
+            assert int(cur.fetchone()[0]) == 40
+        assert sh.repo.head_and_count(side, BHP, board, 12) == (
+            12,
+            rows,
+            None,
+            0,
+        )  # rows, not a cut head (and no version: the list is dropped on its next change)
+        assert short.page(BHP, board, limit=12).ids == [p for _s, p in rows]
+    monkeypatch.undo()
     # The cache gets the same members either way, and pages from it are the rows'.
     assert store.page(BHP, board, limit=12).ids == [p for _s, p in rows]
     assert store.page(BHP, board, limit=12).ids == [p for _s, p in rows]

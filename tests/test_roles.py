@@ -24,44 +24,57 @@ from store.backends.mysql import mysql_connector
 from store.backends.postgres import postgres_connector
 from store.grants import access_denied, grant_plan
 from store.ids import encode_pinterest
-from tests.conftest import APP_PASSWORD_ENV, APP_USER, MARIADB_URL, base_config, mariadb_config, run_cli
+from store.naming import like_escape
+from tests.conftest import (
+    APP_PASSWORD_ENV,
+    APP_USER,
+    MARIADB_URL,
+    NAMES,
+    base_config,
+    db,
+    mariadb_config,
+    run_cli,
+)
+
+#: Shard 0's database (MariaDB) and schema (PostgreSQL) in this namespace.
+DB0, SCHEMA0 = NAMES.database_name(0), NAMES.schema_name(0)
 
 #: Statements the application account must be refused on MariaDB, each with its kind.
 MYSQL_REFUSED = [
-    ("CREATE TABLE", "CREATE TABLE `db00000`.`evil` (id INT)"),
-    ("DROP TABLE", "DROP TABLE `db00000`.`pins`"),
-    ("ALTER TABLE", "ALTER TABLE `db00000`.`pins` ADD COLUMN evil INT"),
-    ("RENAME TABLE", "RENAME TABLE `db00000`.`pins` TO `db00000`.`pins_x`"),
-    ("TRUNCATE", "TRUNCATE TABLE `db00000`.`pins`"),
-    ("CREATE INDEX", "CREATE INDEX evil ON `db00000`.`pins` (id)"),
-    ("CREATE VIEW", "CREATE VIEW `db00000`.`evil` AS SELECT 1"),
+    ("CREATE TABLE", f"CREATE TABLE `{DB0}`.`evil` (id INT)"),
+    ("DROP TABLE", f"DROP TABLE `{DB0}`.`pins`"),
+    ("ALTER TABLE", f"ALTER TABLE `{DB0}`.`pins` ADD COLUMN evil INT"),
+    ("RENAME TABLE", f"RENAME TABLE `{DB0}`.`pins` TO `{DB0}`.`pins_x`"),
+    ("TRUNCATE", f"TRUNCATE TABLE `{DB0}`.`pins`"),
+    ("CREATE INDEX", f"CREATE INDEX evil ON `{DB0}`.`pins` (id)"),
+    ("CREATE VIEW", f"CREATE VIEW `{DB0}`.`evil` AS SELECT 1"),
     (
         "CREATE TRIGGER",
-        "CREATE TRIGGER `db00000`.`evil` BEFORE INSERT ON `db00000`.`pins` FOR EACH ROW SET @x = 1",
+        f"CREATE TRIGGER `{DB0}`.`evil` BEFORE INSERT ON `{DB0}`.`pins` FOR EACH ROW SET @x = 1",
     ),
-    ("CREATE FUNCTION", "CREATE FUNCTION `db00000`.`evil`() RETURNS INT RETURN 1"),
+    ("CREATE FUNCTION", f"CREATE FUNCTION `{DB0}`.`evil`() RETURNS INT RETURN 1"),
     ("CREATE DATABASE", "CREATE DATABASE `evil_db`"),
-    ("DROP DATABASE", "DROP DATABASE `db00000`"),
-    ("GRANT", "GRANT SELECT ON `db00000`.* TO 'root'@'localhost'"),
+    ("DROP DATABASE", f"DROP DATABASE `{DB0}`"),
+    ("GRANT", f"GRANT SELECT ON `{DB0}`.* TO 'root'@'localhost'"),
     ("CREATE USER", "CREATE USER 'evil'@'%'"),
     ("read mysql.user", "SELECT * FROM mysql.user"),
     ("another database", "SELECT 1 FROM `store_meta`.`nothing`"),
-    ("LOCK TABLES", "LOCK TABLES `db00000`.`pins` WRITE"),
+    ("LOCK TABLES", f"LOCK TABLES `{DB0}`.`pins` WRITE"),
 ]
 
 PG_REFUSED = [
-    ("CREATE TABLE", 'CREATE TABLE "shard0000"."evil" (id int)'),
-    ("DROP TABLE", 'DROP TABLE "shard0000"."pins"'),
-    ("ALTER TABLE", 'ALTER TABLE "shard0000"."pins" ADD COLUMN evil int'),
-    ("TRUNCATE", 'TRUNCATE "shard0000"."pins"'),
-    ("CREATE INDEX", 'CREATE INDEX evil ON "shard0000"."pins" (id)'),
-    ("CREATE FUNCTION", "CREATE FUNCTION \"shard0000\".evil() RETURNS int AS 'SELECT 1' LANGUAGE sql"),
+    ("CREATE TABLE", f'CREATE TABLE "{SCHEMA0}"."evil" (id int)'),
+    ("DROP TABLE", f'DROP TABLE "{SCHEMA0}"."pins"'),
+    ("ALTER TABLE", f'ALTER TABLE "{SCHEMA0}"."pins" ADD COLUMN evil int'),
+    ("TRUNCATE", f'TRUNCATE "{SCHEMA0}"."pins"'),
+    ("CREATE INDEX", f'CREATE INDEX evil ON "{SCHEMA0}"."pins" (id)'),
+    ("CREATE FUNCTION", f"CREATE FUNCTION \"{SCHEMA0}\".evil() RETURNS int AS 'SELECT 1' LANGUAGE sql"),
     ("CREATE SCHEMA", 'CREATE SCHEMA "evil"'),
-    ("DROP SCHEMA", 'DROP SCHEMA "shard0000" CASCADE'),
+    ("DROP SCHEMA", f'DROP SCHEMA "{SCHEMA0}" CASCADE'),
     ("CREATE in public", "CREATE TABLE public.evil (id int)"),
     ("GRANT", f"GRANT pg_read_all_data TO {APP_USER}"),
     ("CREATE ROLE", "CREATE ROLE evil"),
-    ("ALTER SEQUENCE", 'ALTER SEQUENCE "shard0000"."id_seq" RESTART WITH 1'),
+    ("ALTER SEQUENCE", f'ALTER SEQUENCE "{SCHEMA0}"."id_seq" RESTART WITH 1'),
 ]
 
 
@@ -120,8 +133,9 @@ def test_the_application_account_sees_only_the_store_databases(mariadb_ready: St
         seen = {str(r[0]) for r in cur.fetchall()} - {"information_schema"}
     finally:
         conn.close()
-    shard_dbs = {f"db{s:05d}" for s in range(mariadb_ready.shards)}
-    others = {name for name in seen if not re.fullmatch(r"db[0-9]{5}", name)} - {"store_log"}
+    shard_dbs = {db(s) for s in range(mariadb_ready.shards)}
+    shard_name = re.escape(NAMES.database_prefix) + r"[0-9]{5}"
+    others = {name for name in seen if not re.fullmatch(shard_name, name)} - {NAMES.log_database}
     assert not others, f"the application account sees {sorted(others)}"
     assert shard_dbs <= seen
 
@@ -134,7 +148,7 @@ def test_init_with_only_the_application_account_says_to_use_the_admin_url(mariad
     conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     try:
         with conn.cursor() as cur:
-            cur.execute("DROP DATABASE IF EXISTS db00011")  # shard 11 does not exist
+            cur.execute(f"DROP DATABASE IF EXISTS {db(11)}")  # shard 11 does not exist
     finally:
         conn.close()
     with pytest.raises(BackendError, match=r"admin URL") as info:
@@ -151,8 +165,9 @@ def test_grants_prints_row_privileges_for_every_shard_and_nothing_more(tmp_path:
     lines = [line for line in out.splitlines() if line and not line.startswith("--")]
     assert len(lines) == 8 + 2  # every shard's database, the log, the map table
     for s in range(8):
-        assert f"GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON `db{s:05d}`.* TO 'reader'@'%';" in lines
-    assert "GRANT SELECT ON `store\\_meta`.* TO 'reader'@'%';" in lines
+        shard_db = like_escape(db(s))  # a GRANT's database name is a pattern: its _ escaped
+        assert f"GRANT SELECT, INSERT, UPDATE, DELETE, EXECUTE ON `{shard_db}`.* TO 'reader'@'%';" in lines
+    assert f"GRANT SELECT ON `{like_escape(NAMES.meta_database)}`.* TO 'reader'@'%';" in lines
     for line in lines:
         assert line.startswith("GRANT ")
         assert line.endswith(" TO 'reader'@'%';")
@@ -167,8 +182,8 @@ def test_grants_for_postgresql_cover_each_schema_and_what_admins_make_later() ->
     assert [g.kind for g in plan] == ["postgresql"]
     text = "\n".join(plan[0].statements)
     for s in range(16):
-        assert f'GRANT USAGE ON SCHEMA "shard{s:04d}" TO "reader"' in text
-        assert f'ALTER DEFAULT PRIVILEGES IN SCHEMA "shard{s:04d}" GRANT' in text
+        assert f'GRANT USAGE ON SCHEMA "{NAMES.schema_name(s)}" TO "reader"' in text
+        assert f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{NAMES.schema_name(s)}" GRANT' in text
     for word in ("CREATE", "ALL PRIVILEGES", "WITH GRANT OPTION", "SUPERUSER"):
         assert word not in text
 

@@ -27,8 +27,8 @@ import yaml
 
 from store import Store, StoreConfig, StoreError
 from store.cli import main
-from tests.conftest import base_config, require_port
-from tests.servers import MariaDBServer, binlog_pair
+from tests.conftest import MEMCACHED_PORTS, REDIS_PORT, base_config
+from tests.servers import MariaDBServer, binlog_pair, free_ports
 
 APP_PW = "app-Zq9secretA1"
 ADMIN_PW = "adm-Xk7secretB2"
@@ -36,7 +36,7 @@ WRONG_PW = "bad-Yy3secretC3"
 CURSOR_SECRET = "cur-Wv5secretD4-signs-page-cursors"
 SECRETS = (APP_PW, ADMIN_PW, WRONG_PW, CURSOR_SECRET)
 ADMIN_PW_ENV = "STORE_SECRETS_TEST_ADMIN_PW"
-PORTS = (3351, 3352)
+PORTS = free_ports(2)
 SHARDS = 16
 
 pytestmark = pytest.mark.moves  # two servers of its own and a real move
@@ -95,8 +95,8 @@ def _raw(folder: Path, app_pw: str = APP_PW, port_a: int = PORTS[0]) -> dict[str
         unique={"username": {"type": "user", "field": "name"}},
         cursor_secret_file="cursor-secret",
         cache={
-            "memcached": ["127.0.0.1:11211"],
-            "redis": f"redis://:{app_pw}@127.0.0.1:6379/14",
+            "memcached": [f"127.0.0.1:{MEMCACHED_PORTS[0]}"],
+            "redis": f"redis://:{app_pw}@127.0.0.1:{REDIS_PORT}/14",
             "prefix": "sec:",
         },
         tickets={
@@ -198,10 +198,8 @@ def _leaks(text: str) -> list[str]:
 
 
 def test_no_command_prints_or_writes_a_password(
-    servers: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+    servers: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, own_caches: None
 ) -> None:
-    require_port("memcached", 11211)
-    require_port("Redis", 6379)
     work = tmp_path / "work"
     work.mkdir()
     config = tmp_path / "store.yaml"

@@ -61,7 +61,7 @@ def free_port() -> int:
 @pytest.fixture
 def pair() -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
     require_chromium()
-    with binlog_pair(3381, 3382) as servers:
+    with binlog_pair() as servers:
         yield servers
 
 

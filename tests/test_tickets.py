@@ -24,15 +24,12 @@ from store.config import TicketsConfig
 from store.tickets import TicketAllocator, TicketError
 from tests.servers import MariaDBServer
 
-PORTS = (3317, 3318)
-FRESH_PORT = 3319  # a server that `store tickets init` never saw
-UPGRADE_PORTS = (3320, 3321)  # a pair set up the way the REPLACE version did it
 COUNTERS = ["photos", "accounts", "groups", "split", "contended", "deadlocked", "vanished"]
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[list[MariaDBServer]]:
-    pair = [MariaDBServer(port) for port in PORTS]
+    pair = [MariaDBServer() for _ in range(2)]
     try:
         for s in pair:
             s.start()
@@ -267,8 +264,8 @@ def test_a_reordered_or_shorter_server_list_is_refused(servers: list[MariaDBServ
     for _ in range(2):  # and it stays refused
         with pytest.raises(
             TicketError,
-            match=r"server 1 \(mysql\+pymysql://root@127\.0\.0\.1:3318\) was set up as offset 2 of 2 by "
-            r"`store tickets init`; this client lists it at position 1 of 2: put the servers in the same "
+            match=rf"server 1 \(mysql\+pymysql://root@127\.0\.0\.1:{s2.port}\) was set up as offset 2 of 2 "
+            r"by `store tickets init`; this client lists it at position 1 of 2: put the servers in the same "
             r"order as when they were initialised",
         ):
             swapped.next("photos")
@@ -401,7 +398,7 @@ class Until:
 
 
 def test_an_upgrade_from_replace_while_old_clients_run() -> None:
-    pair = [MariaDBServer(port) for port in UPGRADE_PORTS]
+    pair = [MariaDBServer() for _ in range(2)]  # set up the way the REPLACE version did it
     try:
         for position, s in enumerate(pair, 1):
             s.start()
@@ -507,13 +504,13 @@ def test_a_counter_row_deleted_by_hand_is_not_started_again(servers: list[MariaD
 
 
 def test_a_server_never_initialised_says_to_run_init() -> None:
-    fresh = MariaDBServer(FRESH_PORT)
+    fresh = MariaDBServer()  # a server that `store tickets init` never saw
     try:
         fresh.start()
         alloc = allocator([fresh])
         with pytest.raises(
             TicketError,
-            match=r"server 1 \(mysql\+pymysql://root@127\.0\.0\.1:3319\) has no recorded place .*"
+            match=rf"server 1 \(mysql\+pymysql://root@127\.0\.0\.1:{fresh.port}\) has no recorded place .*"
             r"run `store tickets init`",
         ):
             alloc.next("photos")

@@ -28,12 +28,17 @@ from store.backends.mysql import dump_databases, mysql_connector
 from store.backends.postgres import postgres_connector
 from store.tls import mysql_tls, postgres_tls
 from tests.conftest import base_config
-from tests.servers import MariaDBServer, PostgresServer, TLSFiles, TLSMariaDBServer, start_redis_tls
+from tests.servers import (
+    MariaDBServer,
+    PostgresServer,
+    TLSFiles,
+    TLSMariaDBServer,
+    free_ports,
+    start_redis_tls,
+)
 
-TLS_PORT = 3391  # MariaDB with TLS (and a binlog, for mariadb-dump)
-PLAIN_PORT = 3392  # MariaDB without TLS
-PG_PORT = 5491
-REDIS_PORT = 6393
+#: MariaDB with TLS (and a binlog, for mariadb-dump), MariaDB without TLS, PostgreSQL, Redis.
+TLS_PORT, PLAIN_PORT, PG_PORT, REDIS_PORT = free_ports(4)
 DRIVERS = ["pymysql", "mysqldb"]
 TLS_USER, TLS_PASSWORD = "store_tls", "tls-secret"  # REQUIRE SSL
 X509_USER, X509_PASSWORD = "store_x509", "x509-secret"  # REQUIRE X509: a client certificate

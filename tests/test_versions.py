@@ -18,7 +18,7 @@ import pytest
 
 from store import CacheConfig, ConflictError, DataError, NotFound, Store, StoreConfig, Versioned
 from store.admin import init_shards
-from tests.conftest import sqlite_config
+from tests.conftest import db, sqlite_config
 
 #: The ``store`` fixture's tests run on the sync and the async face (`tests.asyncface`).
 BOTH_FACES = True
@@ -148,16 +148,17 @@ def test_instagram_ids_on_postgresql_carry_versions(postgres_ready: StoreConfig,
 def test_init_adds_the_version_column_to_older_tables_once(mariadb_ready: StoreConfig) -> None:
     import pymysql
 
+    shard1 = db(1)
     with Store(mariadb_ready) as store:
         pin = store.create("pin", {"old": True}, shard=1)
     conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     try:
         with conn.cursor() as cur:
-            cur.execute("ALTER TABLE db00001.pins DROP COLUMN version")
+            cur.execute(f"ALTER TABLE {shard1}.pins DROP COLUMN version")
             report = init_shards(mariadb_ready, shards=[1])
             assert report.tables_created == 0
             cur.execute(
-                "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = 'db00001' "
+                f"SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = '{shard1}' "
                 "AND table_name = 'pins' AND column_name = 'version'"
             )
             assert cur.fetchone()[0] == 1

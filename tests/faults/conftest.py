@@ -6,7 +6,8 @@
 - the session fixture ``fault_report``: scenarios ``add()`` a ScenarioResult;
 - after the session, the results are printed as a Markdown table in the
   terminal summary and, if STORE_FAULT_REPORT names a file, written there as
-  JSON.
+  JSON (under pytest-xdist, each worker hands its rows to the controller,
+  which prints and writes them all).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,9 +81,23 @@ def fault_report(pytestconfig: pytest.Config) -> FaultReport:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its rows go to the controller's report
+        workeroutput["fault_results"] = session.config.stash[REPORT_KEY].to_json()
+        return
     path = os.environ.get(REPORT_ENV)
     if path:
         Path(path).write_text(session.config.stash[REPORT_KEY].to_json() + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: called on the controller as a worker ends
+def pytest_testnodedown(node: Any, error: object) -> None:
+    text = getattr(node, "workeroutput", {}).get("fault_results")
+    if text:
+        report = node.config.stash[REPORT_KEY]
+        for row in json.loads(text)["results"]:
+            row.pop("passed", None)
+            report.add(ScenarioResult(**row))
 
 
 def pytest_terminal_summary(

@@ -1,7 +1,7 @@
 """The fault harness's own tests: owned by tests/faults.
 
-The proxy against the real memcached on 127.0.0.1:11211 and an echo server of
-the test's own (pass-through, delay, blackhole, reset, refuse, restore, close);
+The proxy against a real memcached and an echo server, both of the tests'
+own (pass-through, delay, blackhole, reset, refuse, restore, close);
 the checkers on planted histories with a fake clock; the report end to end in
 a child pytest.
 """
@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_port
 from tests.faults.conftest import FaultReport
 from tests.faults.history import (
     CountMismatch,
@@ -38,8 +37,8 @@ from tests.faults.history import (
     format_table,
 )
 from tests.faults.proxy import FaultProxy, Mode
+from tests.servers import free_port, start_memcached
 
-MEMCACHED_PORT = 11211
 REPO = Path(__file__).resolve().parents[2]
 # Generous for a loaded two-CPU machine; "at once" means well under this.
 PROMPT_S = 1.0
@@ -135,10 +134,16 @@ class EchoServer:
         self.listener.close()
 
 
-@pytest.fixture
-def memcached() -> int:
-    require_port("memcached", MEMCACHED_PORT)
-    return MEMCACHED_PORT
+@pytest.fixture(scope="module")
+def memcached() -> Iterator[int]:
+    """A memcached of the module's own (its port)."""
+    port = free_port()
+    proc = start_memcached(port)
+    try:
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ from tests.conftest import base_config
 from tests.faults.history import History, ScenarioResult
 from tests.faults.proxy import FaultProxy
 from tests.faults.workload import BHP, DEFINITE, Owned, Workload, final_state, prepare, seed_history, verdict
-from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
+from tests.servers import MariaDBServer, free_port, free_ports, start_memcached, start_redis
 
 #: The staleness bound every scenario's caches keep (cache.max_stale_s), and the checker checks.
 MAX_STALE_S = 2.0
@@ -106,7 +106,7 @@ class Caches:
 
 @pytest.fixture
 def mariadb() -> Iterator[MariaDBServer]:
-    server = MariaDBServer(3361)
+    server = MariaDBServer()
     try:
         server.start()
         yield server
@@ -116,7 +116,7 @@ def mariadb() -> Iterator[MariaDBServer]:
 
 @pytest.fixture
 def caches() -> Iterator[Caches]:
-    c = Caches(11231, 6401)
+    c = Caches(*free_ports(2))
     try:
         yield c
     finally:
@@ -573,8 +573,8 @@ with Store.from_config(raw) as store:
 def test_a_move_with_writers_an_old_map_process_and_an_init_in_the_middle(
     caches: Caches, fault_report: Any, tmp_path: Path
 ) -> None:
-    source = MariaDBServer(3362, log_bin=True, server_id=1)
-    target = MariaDBServer(3363, log_bin=True, server_id=2)
+    source = MariaDBServer(log_bin=True, server_id=1)
+    target = MariaDBServer(log_bin=True, server_id=2)
     try:
         source.start()
         target.start()
