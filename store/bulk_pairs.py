@@ -25,8 +25,13 @@ count and version change once, by as many as it had changes. If a statement
 changed fewer rows than that assumed, or an object was deleted, back to the
 savepoint: one read of every key ``FOR UPDATE`` (rows, and the gaps where
 absent ones would go) and of the objects, then the writes that read calls
-for. A group of new pairs on one host is three requests in all (each side,
-then the COMMIT). Where statements can be conditional only
+for. Where one transaction holds both sides (one pool reaches both), both
+are tried so in one request, the primary side's statements first (each
+inverse row is written under its primary row's lock, as the second side
+would write it), and if either was wrong both go back to the savepoint and
+the sides are written one after the other: a group of new pairs on one host
+is two requests in all (both sides, then the COMMIT). The changes are noted
+(and the lists' versions read) only where a list cache or the log takes them. Where statements can be conditional only
 (`Backend.conditional_writes`), each side's per-pair writes and counts go in
 one request; elsewhere the statements run one by one inside the same two
 transactions.
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from store.engines import Cursor, transaction_pair
@@ -138,11 +144,9 @@ class BulkPairs:
             first = [[routed[k] for k in members]]
 
             def step(members: list[int] = members, first: list[list[Sides]] = first) -> int:
-                sides = (
-                    first.pop()
-                    if first
-                    else self._rel.sides_many(spec, [wanted[k] for k in members], guarded=guarded)
-                )
+                if first:  # (routed as `_groups` grouped them: one group, in order)
+                    return write(first.pop())
+                sides = self._rel.sides_many(spec, [wanted[k] for k in members], guarded=guarded)
                 return sum(write([sides[j] for j in part]) for part in _groups(sides))
 
             total += self._rel.steps(name, step)
@@ -268,25 +272,40 @@ class BulkPairs:
         made: list[Change] = []
         versioned = self._rel.lists is not None or self._rel.pairs.log is not None
         together = _one_transaction(group)
+        both = _both_sides(group)
         mine: list[_Rows] = []  # the primary side, and (where together) whether its writes wait
         waiting: list[_Rows] = []
+        folded: list[bool] = []  # [True]: both sides were written by `first`'s one request
         w = self._rel.pairs
 
         def first(cur: Cursor) -> int:
             made.clear()
             mine.clear()
             waiting.clear()
+            folded.clear()
             rows = _Rows(
                 w,
                 versions=versioned,
                 entries=[_Entry(k, p, seq, move, move, move) for k, (p, _i) in enumerate(group)],
             )
             mine.append(rows)
+            if both:
+                # As `second` would write the inverse side if every pair is new on the primary side.
+                inverse = [
+                    _Entry(e.k, i, seq, True) for e in rows.entries if (i := group[e.k][1]) is not None
+                ]
+                if _both(cur, rows, _Rows(w, versions=versioned, entries=inverse), made):
+                    folded.append(True)
+                else:
+                    waiting.extend(_side(cur, rows, None, made, hope=False, write=False, back=True))
+                return sum(e.kind == ADD for e in rows.entries)
             # (its own transaction: written before the inverse side's begins; else with its reads)
             waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
             return sum(e.kind == ADD for e in rows.entries)
 
         def second(cur: Cursor, _new: int) -> None:
+            if folded:
+                return  # (written with the primary side)
             # Only the pairs whose primary row changed (as `_link_once`).
             entries = []
             for e in mine[0].entries:
@@ -354,30 +373,38 @@ class BulkPairs:
         made: list[Change] = []
         versioned = self._rel.lists is not None or self._rel.pairs.log is not None
         together = _one_transaction(group)
+        both = _both_sides(group)
         mine: list[_Rows] = []
         waiting: list[_Rows] = []
+        folded: list[bool] = []  # [True]: both sides were written by `first`'s one request
         w = self._rel.pairs
+
+        def inverse() -> _Rows:
+            # Every inverse row goes, whether its primary row was there or not (as `unlink`).
+            entries = [_Entry(k, i) for k, (_p, i) in enumerate(group) if i is not None]
+            return _Rows(w, versions=versioned, entries=entries, unlink=True)
 
         def first(cur: Cursor) -> int:
             made.clear()
             mine.clear()
             waiting.clear()
+            folded.clear()
             rows = _Rows(
                 w, versions=versioned, entries=[_Entry(k, p) for k, (p, _i) in enumerate(group)], unlink=True
             )
             mine.append(rows)
-            waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
+            if both:
+                if _both(cur, rows, inverse(), made):
+                    folded.append(True)
+                else:
+                    waiting.extend(_side(cur, rows, None, made, hope=False, write=False, back=True))
+            else:
+                waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
             return sum(e.kind == REMOVE for e in rows.entries)
 
         def second(cur: Cursor, _gone: int) -> None:
-            # Every inverse row goes, whether its primary row was there or not (as `unlink`).
-            rows = _Rows(
-                w,
-                versions=versioned,
-                entries=[_Entry(k, i) for k, (_p, i) in enumerate(group) if i is not None],
-                unlink=True,
-            )
-            _side(cur, rows, _carried(waiting), made, hope=True, write=True)
+            if not folded:
+                _side(cur, inverse(), _carried(waiting), made, hope=True, write=True)
 
         def alone(cur: Cursor) -> None:
             _side(
@@ -478,6 +505,9 @@ def _one_transaction(group: list[Sides]) -> bool:
 Statement = tuple[str, Sequence[Any]]
 Answer = tuple[int, list[Any]]
 
+#: How a change moves its list's count; the order of a side's rows (the order their locks are taken).
+_DELTA = {ADD: 1, MOVE: 0, REMOVE: -1}
+_KEY_ORDER = attrgetter("side.from_id", "side.to_id")
 _SAVEPOINT = "SAVEPOINT pair_rows"
 _BACK = "ROLLBACK TO SAVEPOINT pair_rows"
 
@@ -494,12 +524,42 @@ def _exchange(cur: Cursor, parts: list[list[Statement]]) -> list[list[Answer]]:
     return out
 
 
+def _both_sides(group: list[Sides]) -> bool:
+    """Whether one transaction writes the group's two sides (one pool reaches both): then both are
+    tried in one request (`_both`)."""
+    i = group[0][1]
+    return bool(group) and i is not None and i.h.pool is group[0][0].h.pool
+
+
+def _both(cur: Cursor, rows: _Rows, inverse: _Rows, made: list[Change]) -> bool:
+    """Both sides of a group in one request, as if every pair were new (a link) or there (an
+    unlink) on both: the primary side's statements first, after the savepoint, then the inverse
+    side's, so each inverse row is written under its primary row's lock, as `second` would write
+    it. True if both were right (every change noted); else nothing is noted and the caller goes
+    back to the savepoint (`_side` with ``back``)."""
+    mine, theirs = _exchange(cur, [rows.speculate(), inverse.speculate(savepoint=False)])
+    first = rows.checked(mine)
+    then = None if first is None else inverse.checked(theirs)
+    if first is None or then is None:
+        return False
+    rows.noted(cur, first, made)
+    inverse.noted(cur, then, made)
+    return True
+
+
 def _carried(waiting: list[_Rows]) -> _Rows | None:
     return waiting[0] if waiting else None
 
 
 def _side(
-    cur: Cursor, rows: _Rows, carried: _Rows | None, made: list[Change], *, hope: bool, write: bool
+    cur: Cursor,
+    rows: _Rows,
+    carried: _Rows | None,
+    made: list[Change],
+    *,
+    hope: bool,
+    write: bool,
+    back: bool = False,
 ) -> list[_Rows]:
     """Write one side of a group (`_Rows`), with ``carried``'s writes (a side decided, not yet
     written) first in the first request; ``[rows]`` if ``write`` is False and its writes are
@@ -508,9 +568,12 @@ def _side(
     ``hope``: first as if every pair were new (a link) or there (an unlink), in one request:
     the writes behind a savepoint, checked by what they changed (`_Rows.speculate`); if that
     was wrong, back to the savepoint, and the side is read under locks and then written
-    (`_Rows.reads`, `decide`, `writes`).
+    (`_Rows.reads`, `decide`, `writes`). ``back``: back to the savepoint first (a speculation
+    of `_both` was wrong).
     """
     before = [] if carried is None else carried.writes()
+    if back:
+        before = [(_BACK, ()), *before]
     reads: list[Statement] = rows.reads()
     if hope and rows.entries:
         done, tried = _exchange(cur, [before, rows.speculate()])
@@ -570,7 +633,8 @@ class _Rows:
     def __init__(self, writer: Any, entries: list[_Entry], *, versions: bool, unlink: bool = False) -> None:
         self.writer = writer
         self.repo = writer.repo
-        #: Read the versions the lists are left at (for the list cache, or the log): else not.
+        #: Read the versions the lists are left at and note each change (for the list cache, or the
+        #: log): else neither.
         self.versions = versions
         self.entries = entries
         self.unlink = unlink
@@ -583,6 +647,7 @@ class _Rows:
         #: Per shard: (relation, from_id) -> [changes, count delta] of the lists `writes` changed.
         self._lists: list[dict[tuple[str, int], list[int]]] = []
         self._hoped = False
+        self._savepoint = False
 
     def _dead(self, entries: list[_Entry]) -> Statement | None:
         side = entries[0].side
@@ -637,11 +702,14 @@ class _Rows:
             refused.sort(key=lambda r: r[0])
             raise _RefusedError(refused)
 
-    def speculate(self) -> list[Statement]:
+    def speculate(self, *, savepoint: bool = True) -> list[Statement]:
+        """`writes` as if each pair were new (a link) or there (an unlink), after a savepoint
+        (``savepoint`` False: the caller's, set before another side's speculation in the same request)."""
         for e in self.entries:
             e.kind, e.write, e.settled = (REMOVE if self.unlink else ADD), True, e.seq
         self._hoped = True
-        return [(_SAVEPOINT, ()), *self.writes()]
+        self._savepoint = savepoint
+        return [(_SAVEPOINT, ()), *self.writes()] if savepoint else self.writes()
 
     def writes(self) -> list[Statement]:
         out: list[Statement] = []
@@ -656,11 +724,26 @@ class _Rows:
                 if dead is not None:
                     out.append(dead)
                     sent.append(("dead", 0))
+            rows_of: dict[str, list[_Entry]] = {}
+            lists: dict[tuple[str, int], list[int]] = {}
+            for e in entries:
+                kind = e.kind
+                if kind is None:
+                    continue
+                if e.write:
+                    rows_of.setdefault(kind, []).append(e)
+                key = (e.side.relation, e.side.from_id)
+                got = lists.get(key)
+                if got is None:
+                    lists[key] = [1, _DELTA[kind]]
+                else:
+                    got[0] += 1
+                    got[1] += _DELTA[kind]
             for role, kind in (("insert", ADD), ("move", MOVE), ("delete", REMOVE)):
-                rows = [e for e in entries if e.kind == kind and e.write]
+                rows = rows_of.get(kind)
                 if not rows:
                     continue
-                rows.sort(key=lambda e: (e.side.from_id, e.side.to_id))  # (locks taken in key order)
+                rows.sort(key=_KEY_ORDER)  # (locks taken in key order)
                 if role == "delete":
                     params = [x for e in rows for x in (e.side.from_id, e.side.to_id)]
                 else:
@@ -670,12 +753,6 @@ class _Rows:
                 out.append((sql(side, role, len(rows)), params))
                 # (a row an upsert changed counts twice)
                 sent.append((role, len(rows) * (2 if role == "move" else 1)))
-            lists: dict[tuple[str, int], list[int]] = {}
-            for e in entries:
-                if e.kind is not None:
-                    got = lists.setdefault((e.side.relation, e.side.from_id), [0, 0])
-                    got[0] += 1
-                    got[1] += {ADD: 1, REMOVE: -1}.get(e.kind, 0)
             if lists:
                 relation = side.relation
                 grown = [(f, c, n) for (_r, f), (c, n) in lists.items() if n > 0]
@@ -700,7 +777,16 @@ class _Rows:
     def written(self, cur: Cursor, answers: list[Answer], made: list[Change]) -> bool:
         """Read what `writes` (or `speculate`) did, and note each change; False if a speculation
         was wrong (nothing noted: the caller goes back to the savepoint)."""
-        at = 1 if self._hoped else 0  # (the savepoint)
+        versions = self.checked(answers)
+        if versions is None:
+            return False
+        self.noted(cur, versions, made)
+        return True
+
+    def checked(self, answers: list[Answer]) -> dict[tuple[str, int], int] | None:
+        """Read what `writes` (or `speculate`) did: the version each list had before it (where they
+        were read), or None if a speculation was wrong (the caller goes back to the savepoint)."""
+        at = 1 if self._hoped and self._savepoint else 0  # (the savepoint)
         versions: dict[tuple[str, int], int] = {}
         for sent, lists in zip(self._sent, self._lists, strict=True):
             for role, expected in sent:
@@ -710,7 +796,7 @@ class _Rows:
                     count = len(rows)
                 if expected >= 0 and count != expected:
                     if self._hoped:
-                        return False
+                        return None
                     raise StoreError(
                         f"a batch's {role} of {expected} pair row(s) changed {count}, under their locks"
                     )
@@ -721,6 +807,14 @@ class _Rows:
                         key = (relation, int(f))
                         if key in lists:
                             versions[key] = int(v) - lists[key][0]  # the version before
+        return versions
+
+    def noted(self, cur: Cursor, versions: dict[tuple[str, int], int], made: list[Change]) -> None:
+        """Note each change (`PairWriter._changed`), with the version it made where ``versions``
+        (from `checked`) has its list's; nothing where no list cache nor log takes them
+        (``versions`` False: the caller's changes go nowhere)."""
+        if not self.versions:
+            return
         for e in self.entries:
             if e.kind is None:
                 continue
@@ -730,7 +824,6 @@ class _Rows:
             if before is not None:  # (else 0: the list has no counts row, as a write of one pair finds)
                 versions[key] = c.version = before + 1
             self.writer._changed(cur, c, e.kind, 0 if e.kind == REMOVE else e.settled, made)
-        return True
 
 
 def _no_step(_name: str) -> None:

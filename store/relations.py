@@ -53,6 +53,8 @@ _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 MIN_FILL = 100
 #: Pairs of a deleted object's list read (and removed) per round.
 REMOVE_CHUNK = 200
+#: Multi-row pair statement texts kept (`RelationRepository.rows_sql`), each for one shard and row count.
+_ROW_TEXTS = 512
 
 
 def fill_size(entries: int, want: int) -> int:
@@ -110,6 +112,8 @@ class RelationRepository:
         self._guarded_stmts: dict[tuple[str, str, str, str], GuardedInsertStatements] = {}
         self._heads: dict[tuple[str, int, str, bool], str] = {}
         self._rows: dict[tuple[str, str, str | None, str | None], PairRowsStatements] = {}
+        #: `rows_sql`'s texts made for a number of rows on a shard, the last `_ROW_TEXTS` of them.
+        self._row_texts: dict[tuple[tuple[str, str, str | None, str | None], int, str, int], str] = {}
 
     def statements(self, h: ShardHandle, relation: str) -> RelationStatements:
         """The compiled statements of ``relation`` on ``h``'s backend."""
@@ -187,11 +191,19 @@ class RelationRepository:
         and its guard's object table for ``live``)."""
         h, g = side.h, side.guard
         kind = (h.backend.name, side.relation, None if g is None else g.table, None if g is None else g.key)
+        made = (kind, h.shard, name, n)
+        text = self._row_texts.get(made)
+        if text is not None:
+            return text
         stmts = self._rows.get(kind)
         if stmts is None:  # compiled once per backend, not per shard
             ids = "instagram" if g is not None and g.key == "id" else "pinterest"
             stmts = self._rows[kind] = PairRowsStatements(h.backend, side.relation, kind[2], ids=ids)
-        return expand_rows(stmts.for_shard(h.shard)[name], stmts.row(name), n)
+        text = expand_rows(stmts.for_shard(h.shard)[name], stmts.row(name), n)
+        if len(self._row_texts) >= _ROW_TEXTS:
+            self._row_texts.clear()  # (a bound on what is kept: batch sizes and shards vary)
+        self._row_texts[made] = text
+        return text
 
     def link_plan(self, side: Side, sequence: int, *, move: bool, insert: bool) -> Plan:
         """`link_in` as statements for one request, where `Backend.conditional_writes`: the move
@@ -502,36 +514,40 @@ class RelationService:
     def sides_many(
         self, spec: RelationSpec, pairs: Sequence[tuple[int, int]], *, guarded: bool
     ) -> list[tuple[Side, Side | None]]:
-        """`sides` of each pair, each ID routed once (a batch names one board a hundred times)."""
-        routes: dict[tuple[int, str], tuple[int, Any, int, str]] = {}
+        """`sides` of each pair, each ID routed once, its shard handle and guard made once (a batch
+        names one board a hundred times)."""
         router = self._router
-
-        def route(id_: int, type_name: str) -> tuple[int, Any, int, str]:
-            got = routes.get((id_, type_name))
-            if got is None:
-                got = routes[(id_, type_name)] = router.route(id_, type_name)
-            return got
-
-        out: list[tuple[Side, Side | None]] = []
         inverse = None if spec.inverse is None else router.relation(spec.inverse)
-        for from_id, to_id in pairs:
-            shard, _t, key, host = route(from_id, spec.from_type)
-            here = self._shard(shard, host)
-            if inverse is None:
+        if inverse is None:
+            out: list[tuple[Side, Side | None]] = []
+            for from_id, to_id in pairs:
+                shard, _t, _key, host = router.route(from_id, spec.from_type)
                 router.route(to_id, spec.to_type)  # (None too: it is no ID)
-                out.append((Side(here, spec.name, from_id, to_id), None))
-                continue
-            other_shard, other_t, other_key, other_host = route(to_id, inverse.from_type)
-            there = self._shard(other_shard, other_host)
-            if guarded:
-                mine = Guard(f"{spec.from_type} {from_id}", _t.table, self._object_key, key)
-                theirs = Guard(f"{inverse.from_type} {to_id}", other_t.table, self._object_key, other_key)
-                side = Side(here, spec.name, from_id, to_id, mine)
-                other = Side(there, inverse.name, to_id, from_id, theirs)
-            else:
-                side, other = Side(here, spec.name, from_id, to_id), Side(there, inverse.name, to_id, from_id)
-            out.append((side, other) if spec.primary else (other, side))
+                out.append((Side(self._shard(shard, host), spec.name, from_id, to_id), None))
+            return out
+        # Each ID's (shard handle, guard), by the end of the pair it is at (its type is that end's).
+        froms: dict[int, tuple[ShardHandle, Guard | None]] = {}
+        tos: dict[int, tuple[ShardHandle, Guard | None]] = {}
+        name, other, from_type, to_type = spec.name, inverse.name, spec.from_type, inverse.from_type
+        primary = spec.primary
+        out = []
+        for from_id, to_id in pairs:
+            here = froms.get(from_id)
+            if here is None:
+                here = froms[from_id] = self._end(from_id, from_type, guarded=guarded)
+            there = tos.get(to_id)
+            if there is None:
+                there = tos[to_id] = self._end(to_id, to_type, guarded=guarded)
+            side = Side(here[0], name, from_id, to_id, here[1])
+            far = Side(there[0], other, to_id, from_id, there[1])
+            out.append((side, far) if primary else (far, side))
         return out
+
+    def _end(self, id_: int, type_name: str, *, guarded: bool) -> tuple[ShardHandle, Guard | None]:
+        """The shard handle of ``id_`` (of type ``type_name``), and its guard if ``guarded``."""
+        shard, t, key, host = self._router.route(id_, type_name)
+        guard = Guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
+        return self._shard(shard, host), guard
 
     def apply_changes(self, changes: Sequence[Change]) -> None:
         """Update the cached lists in place with committed pair ``changes``, in their order."""

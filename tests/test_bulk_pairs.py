@@ -174,3 +174,29 @@ def test_a_mixed_batch_over_both_hosts_keeps_both_sides_counts_and_cached_lists_
             for s in (store, fresh):
                 assert sorted(s.links(POB, p)) == linked
                 assert s.count(POB, p) == len(linked)
+
+
+def test_a_group_on_one_host_writes_both_sides_in_one_request_then_commits(mariadb_ready: object) -> None:
+    """Board and pins on one host: new pairs take two requests (both sides, then the COMMIT), as do
+    their unlinks; a batch of pairs partly there takes more, and ends as exact."""
+    from store import StoreConfig
+
+    assert isinstance(mariadb_ready, StoreConfig)
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {}, shard=1)
+        pins = store.create_many("pin", [{"p": i} for i in range(30)], shard=2)
+        store.link(BHP, board, pins[0])  # warm the pool
+        store.unlink(BHP, board, pins[0])
+        with counting_sends():
+            reset_sends()
+            assert store.link_many(BHP, [(board, p) for p in pins[:20]]) == 20
+            assert sends() == 2
+            reset_sends()
+            assert store.unlink_many(BHP, [(board, p) for p in pins[:10]]) == 10
+            assert sends() == 2
+            reset_sends()
+            assert store.link_many(BHP, [(board, p) for p in pins]) == 20  # 10 of 30 are there
+            assert sends() > 2
+        assert store.count(BHP, board) == 30
+        assert all(store.count(POB, p) == 1 for p in pins)
+        assert sorted(store.links(BHP, board, limit=100)) == sorted(pins)
