@@ -31,10 +31,10 @@ inverse row is written under its primary row's lock, as the second side
 would write it), and if either was wrong both go back to the savepoint and
 the sides are written one after the other: a group of new pairs on one host
 is two requests in all (both sides, then the COMMIT). The changes are noted
-(and the lists' versions read) only where a list cache or the log takes them. Where statements can be conditional only
-(`Backend.conditional_writes`), each side's per-pair writes and counts go in
-one request; elsewhere the statements run one by one inside the same two
-transactions.
+(and the lists' versions read) only where a list cache or the log takes them.
+Where statements can be conditional only (`Backend.conditional_writes`),
+each side's per-pair writes and counts go in one request; elsewhere the
+statements run one by one inside the same two transactions.
 
 Each group is one step (`store.steps`): a group refused because a shard
 moved wrote nothing (both transactions rolled back); it is routed again and

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from store.backends.statements import ObjectStatements
@@ -83,6 +83,43 @@ class Side:
     from_id: int
     to_id: int
     guard: Guard | None = None
+
+
+def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Callable[[Any, Any], None], ...]:
+    """The slot descriptors' setters of ``cls``'s fields, which must be ``names`` in order."""
+    got = tuple(f.name for f in fields(cls))
+    if got != names:  # (a field added or moved: the makers below must follow)
+        raise AssertionError(f"{cls.__name__} fields {got}, not {names}")
+    return tuple(vars(cls)[n].__set__ for n in names)
+
+
+_NEW = object.__new__
+_SIDE_SET = _slot_setters(Side, ("h", "relation", "from_id", "to_id", "guard"))
+_GUARD_SET = _slot_setters(Guard, ("what", "table", "key", "value"))
+
+
+def make_side(h: ShardHandle, relation: str, from_id: int, to_id: int, guard: Guard | None) -> Side:
+    """``Side(h, relation, from_id, to_id, guard)``, made about twice as fast as the frozen
+    dataclass's ``__init__`` makes it (a batch of pairs makes two per pair)."""
+    side = _NEW(Side)
+    a, b, c, d, e = _SIDE_SET
+    a(side, h)
+    b(side, relation)
+    c(side, from_id)
+    d(side, to_id)
+    e(side, guard)
+    return side
+
+
+def make_guard(what: str, table: str, key: str, value: int) -> Guard:
+    """``Guard(what, table, key, value)``, made as `make_side` makes a side."""
+    guard = _NEW(Guard)
+    a, b, c, d = _GUARD_SET
+    a(guard, what)
+    b(guard, table)
+    c(guard, key)
+    d(guard, value)
+    return guard
 
 
 # What the primary side settled on, for the inverse side to copy:

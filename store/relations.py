@@ -37,7 +37,7 @@ from store.cache.lists import ListCache, decode_members, encode_member, lex_boun
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import Cursor, ShardHandle
 from store.exceptions import DataError, LimitError, brief
-from store.pairs import ADD, MOVE, REMOVE, Change, Guard, PairWriter, Seen, Side
+from store.pairs import ADD, MOVE, REMOVE, Change, Guard, PairWriter, Seen, Side, make_guard, make_side
 from store.routing import Router
 from store.specs import RelationSpec
 from store.steps import Steps
@@ -538,15 +538,15 @@ class RelationService:
             there = tos.get(to_id)
             if there is None:
                 there = tos[to_id] = self._end(to_id, to_type, guarded=guarded)
-            side = Side(here[0], name, from_id, to_id, here[1])
-            far = Side(there[0], other, to_id, from_id, there[1])
+            side = make_side(here[0], name, from_id, to_id, here[1])
+            far = make_side(there[0], other, to_id, from_id, there[1])
             out.append((side, far) if primary else (far, side))
         return out
 
     def _end(self, id_: int, type_name: str, *, guarded: bool) -> tuple[ShardHandle, Guard | None]:
         """The shard handle of ``id_`` (of type ``type_name``), and its guard if ``guarded``."""
         shard, t, key, host = self._router.route(id_, type_name)
-        guard = Guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
+        guard = make_guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
         return self._shard(shard, host), guard
 
     def apply_changes(self, changes: Sequence[Change]) -> None:

@@ -200,3 +200,19 @@ def test_a_group_on_one_host_writes_both_sides_in_one_request_then_commits(maria
         assert store.count(BHP, board) == 30
         assert all(store.count(POB, p) == 1 for p in pins)
         assert sorted(store.links(BHP, board, limit=100)) == sorted(pins)
+
+
+def test_sides_made_fast_are_the_sides_the_dataclass_makes() -> None:
+    """`make_side` and `make_guard` (`sides_many`'s constructors) give equal, equal-hashing, frozen values."""
+    import dataclasses
+
+    from store.pairs import Guard, Side, make_guard, make_side
+
+    guard = make_guard("pin 7", "pins", "local_id", 7)
+    assert guard == Guard("pin 7", "pins", "local_id", 7)
+    assert hash(guard) == hash(Guard("pin 7", "pins", "local_id", 7))
+    side = make_side(None, BHP, 1, 2, guard)  # type: ignore[arg-type]
+    assert side == Side(None, BHP, 1, 2, guard)  # type: ignore[arg-type]
+    assert hash(side) == hash(Side(None, BHP, 1, 2, guard))  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        side.from_id = 3  # type: ignore[misc]
