@@ -481,11 +481,13 @@ def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | No
 def _groups(routed: list[Sides]) -> list[list[int]]:
     """Indexes of ``routed`` grouped by (primary pool, inverse pool), in key order, `CHUNK` at most."""
     by: dict[tuple[int, int], list[int]] = {}
+    order: list[tuple[int, int, int]] = []
     for k, (p, i) in enumerate(routed):
         by.setdefault((id(p.h.pool), 0 if i is None else id(i.h.pool)), []).append(k)
+        order.append((p.h.shard, p.from_id, p.to_id))
     out: list[list[int]] = []
     for members in by.values():
-        members.sort(key=lambda k: (routed[k][0].h.shard, routed[k][0].from_id, routed[k][0].to_id))
+        members.sort(key=order.__getitem__)
         out += [members[j : j + CHUNK] for j in range(0, len(members), CHUNK)]
     return out
 
