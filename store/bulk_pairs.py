@@ -655,7 +655,7 @@ class _Rows:
         side = entries[0].side
         if self.unlink or side.guard is None:
             return None
-        keys = list(dict.fromkeys(e.side.guard.value for e in entries if e.side.guard is not None))
+        keys = list(dict.fromkeys([g.value for e in entries if (g := e.side.guard) is not None]))
         return self.repo.rows_sql(side, "dead", len(keys)), keys
 
     def reads(self) -> list[Statement]:
@@ -734,7 +734,8 @@ class _Rows:
                     continue
                 if e.write:
                     rows_of.setdefault(kind, []).append(e)
-                key = (e.side.relation, e.side.from_id)
+                s = e.side
+                key = (s.relation, s.from_id)
                 got = lists.get(key)
                 if got is None:
                     lists[key] = [1, _DELTA[kind]]
@@ -757,8 +758,10 @@ class _Rows:
                 sent.append((role, len(rows) * (2 if role == "move" else 1)))
             if lists:
                 relation = side.relation
-                grown = [(f, c, n) for (_r, f), (c, n) in lists.items() if n > 0]
-                other = [(f, c, n) for (_r, f), (c, n) in lists.items() if n <= 0]
+                grown: list[tuple[int, int, int]] = []
+                other: list[tuple[int, int, int]] = []
+                for (_r, f), (c, n) in lists.items():
+                    (grown if n > 0 else other).append((f, c, n))
                 if grown:
                     added: list[Any] = [x for f, c, n in grown for x in (relation, f, n, c)]
                     out.append((sql(side, "count_add", len(grown)), added))
