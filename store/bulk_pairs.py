@@ -640,10 +640,14 @@ class _Rows:
         self.versions = versions
         self.entries = entries
         self.unlink = unlink
-        shards: dict[tuple[str, int], list[_Entry]] = {}
-        for e in entries:
-            shards.setdefault((e.side.h.host, e.side.h.shard), []).append(e)
-        self.shards = list(shards.values())
+        h = entries[0].side.h if entries else None
+        if all(e.side.h is h for e in entries):  # (one shard, as a batch of one board's pins is)
+            self.shards = [entries] if entries else []
+        else:
+            shards: dict[tuple[str, int], list[_Entry]] = {}
+            for e in entries:
+                shards.setdefault((e.side.h.host, e.side.h.shard), []).append(e)
+            self.shards = list(shards.values())
         #: Per shard: what `writes` sent, by role, and how many rows each must change (-1: any).
         self._sent: list[list[tuple[str, int]]] = []
         #: Per shard: (relation, from_id) -> [changes, count delta] of the lists `writes` changed.
