@@ -7,8 +7,11 @@ The plan is `ObjectService.create`'s, with each step taking a whole batch:
    nothing is written;
 2. one multi-row ``INSERT ... RETURNING`` per shard (per ``limits.id_chunk``
    rows), each one step (`store.steps`: a shard that moved is written again
-   alone, on its new host). Where the type has unique keys, the rows go in
-   *pending* (not visible);
+   alone, on its new host). Where the session's keys follow each other
+   (`Backend.id_step`: MariaDB with ``innodb_autoinc_lock_mode`` 0 or 1, asked
+   once per connection) the INSERT returns no rows: the keys are its
+   ``lastrowid`` and the next ones by ``auto_increment_increment``. Where the
+   type has unique keys, the rows go in *pending* (not visible);
 3. with unique keys: each value is claimed in its new ID's name (one step
    each, as `create` claims them). A value another object holds raises
    `DuplicateKeyError` naming the item; the claims this call took are given
@@ -17,12 +20,13 @@ The plan is `ObjectService.create`'s, with each step taking a whole batch:
 
 Without unique keys a failure after some shards' inserts removes the rows
 made (best effort: an ID nobody was given). The caches are invalidated as
-`create` does, in one call per cache.
+`create` does, in one call per cache (none where no cache is configured).
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -53,6 +57,10 @@ from store.unique import Claim, UniqueKeys
 
 __all__ = ["BulkCreates"]
 
+#: Statement texts kept per object table, each for one (statement, shard, rows).
+_TEXTS = 256
+#: The name of an INSERT without RETURNING ends so (`BulkCreates._id_step`).
+_PLAIN = "_plain"
 _ONE: ColumnClause[Any] = literal_column("1")
 _ZERO: ColumnClause[Any] = literal_column("0")
 
@@ -63,6 +71,7 @@ class _Texts:
     def __init__(self, stmts: ObjectStatements) -> None:
         self._stmts = stmts
         self._templates: dict[tuple[str, int], str] = {}
+        self._texts: dict[tuple[str, int, int], str] = {}
 
     def _template(self, name: str, n: int) -> str:
         sql = self._templates.get((name, n))
@@ -74,11 +83,12 @@ class _Texts:
         params: list[BindParameter[Any]] = [bindparam(p) for p in names]
         pending = (t.c.active == _ZERO, t.c.version == _ZERO)
         stmt: Any
-        if name in ("insert", "insert_pending"):
-            extra = {"active": _ZERO, "version": _ZERO} if name == "insert_pending" else {}
+        if name.startswith("insert"):
+            extra = {"active": _ZERO, "version": _ZERO} if name.startswith("insert_pending") else {}
             stmt = insert(t).values([{"data": p, **extra} for p in params])
-            # Instagram IDs are not in insert order (the sequence wraps): the data says which is which.
-            stmt = stmt.returning(key, t.c.data) if s.ids == "instagram" else stmt.returning(key)
+            if not name.endswith(_PLAIN):
+                # Instagram IDs are not in insert order (the sequence wraps): the data says which is which.
+                stmt = stmt.returning(key, t.c.data) if s.ids == "instagram" else stmt.returning(key)
         elif name == "activate":
             touch = {} if b.ts_now() is None else {"ts": b.ts_now()}
             stmt = update(t).where(key.in_(params), *pending).values(active=_ONE, version=_ONE, **touch)
@@ -91,13 +101,20 @@ class _Texts:
         return sql
 
     def sql(self, name: str, shard: int, n: int) -> str:
-        """Statement ``name`` (insert, insert_pending, activate, remove) of ``n`` rows on ``shard``."""
+        """Statement ``name`` (insert, insert_pending, activate, remove; ``insert_plain`` and
+        ``insert_pending_plain``: without RETURNING) of ``n`` rows on ``shard``."""
+        text = self._texts.get((name, shard, n))
+        if text is not None:
+            return text
         sql = self._template(name, n)
         b = self._stmts.backend
         schema = b.statement_schema(shard)
-        if schema is None:
-            return sql
-        return sql.replace(SHARD, b.sa_dialect.identifier_preparer.quote_identifier(schema))
+        if schema is not None:
+            sql = sql.replace(SHARD, b.sa_dialect.identifier_preparer.quote_identifier(schema))
+        if len(self._texts) >= _TEXTS:
+            self._texts.clear()  # (a bound on what is kept: sizes and shards vary)
+        self._texts[(name, shard, n)] = sql
+        return sql
 
 
 class BulkCreates:
@@ -125,6 +142,8 @@ class BulkCreates:
         self._steps = steps
         self._instagram = config.ids == "instagram"
         self._texts: dict[tuple[str, str], _Texts] = {}
+        #: Per driver connection: `Backend.id_step` of its session (None: keys come back by RETURNING).
+        self._id_steps: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
         #: Told the shard before each batch's INSERT runs (tests count the statements); None: nobody.
         self.on_insert: Callable[[int, int], None] | None = None
 
@@ -238,16 +257,34 @@ class BulkCreates:
     def _insert(
         self, spec: TypeSpec, shard: int, members: list[int], texts: list[str], *, pending: bool
     ) -> list[tuple[int, int]]:
-        """One multi-row INSERT on ``shard``'s master (as the map is now): (item, row key) of each."""
+        """One multi-row INSERT on ``shard``'s master (as the map is now): (item, row key) of each.
+
+        Where the session's keys follow each other (`Backend.id_step`), the INSERT returns no rows:
+        the keys are its ``lastrowid`` and those after it, by the step."""
         h = self._at(shard)
-        sql = self._sql(h, spec, "insert_pending" if pending else "insert", len(members))
+        name = "insert_pending" if pending else "insert"
         if self.on_insert is not None:
             self.on_insert(shard, len(members))
+        step: int | None = None
+        first = count = 0
+        rows: list[Any] = []
         with h.connect() as conn:
             cur = conn.cursor()
+            if not self._instagram:
+                step = self._id_step(h, conn, cur)
+            sql = self._sql(h, spec, name if step is None else name + _PLAIN, len(members))
             cur.execute(sql, [texts[i] for i in members])
-            rows = cur.fetchall()
+            if step is None:
+                rows = list(cur.fetchall())
+            else:
+                first, count = int(cur.lastrowid or 0), int(cur.rowcount)
             cur.close()
+        if step is not None:
+            if count != len(members) or first <= 0:
+                raise DataError(
+                    f"the database made {count} rows (first key {first}) for {len(members)} in {spec.table}"
+                )
+            rows = [(first + j * step,) for j in range(count)]
         if len(rows) != len(members):
             raise DataError(f"the database returned {len(rows)} keys for {len(members)} rows in {spec.table}")
         if self._instagram:
@@ -368,11 +405,25 @@ class BulkCreates:
         """A create is a write: drop whatever the caches hold under the new IDs (one call per cache)."""
         if self._cache is not None:
             self._cache.invalidate([self._objects.key(i, spec) for i in ids])
+        if self._relations.lists is None:
+            return  # (no list cache: nothing to drop)
         names = [r.name for r in self._config.relations.values() if r.from_type == spec.name]
         self._relations.invalidate([(r, i) for i in ids for r in names])
 
     def _remove(self, spec: TypeSpec, shard: int, key: int) -> None:
         self._objects.repo.remove(self._at(shard), spec.table, key)
+
+    def _id_step(self, h: ShardHandle, conn: Any, cur: Any) -> int | None:
+        """`Backend.id_step` of ``conn``'s session, asked once per driver connection."""
+        raw = getattr(conn, "raw", conn)
+        try:
+            return self._id_steps[raw]
+        except KeyError:
+            pass
+        except TypeError:  # (a connection that takes no weak reference: asked each time)
+            return h.backend.id_step(cur)
+        step = self._id_steps[raw] = h.backend.id_step(cur)
+        return step
 
     def _at(self, shard: int) -> ShardHandle:
         return self._engines.shard(shard, self._router.shard_map.master(shard))

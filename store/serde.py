@@ -63,7 +63,9 @@ class JsonSerde:
             raise NotSerializableError(
                 f"object data must be a dict (a JSON object), got {type(data).__name__}"
             )
-        _check(data, "data", 0, self._depth)
+        if not _fits(data, 0, self._depth):
+            _check(data, "data", 0, self._depth)  # raises, naming the path to the bad value
+            raise NotSerializableError("object data is not plain JSON")  # (not reached: as `_fits`)
         try:
             encoded = orjson.dumps(data)
         except orjson.JSONEncodeError as exc:
@@ -87,6 +89,37 @@ def _shown(path: str) -> str:
     if not path.isprintable():
         path = "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)
     return path if len(path) <= _PATH_CHARS else path[: _PATH_CHARS - 3] + "..."
+
+
+def _fits(value: dict[str, Any] | list[Any], depth: int, max_depth: int) -> bool:
+    """Whether `_check` passes the container ``value`` at ``depth``: the same rules, with no path
+    made for each value (`_check` runs after a False, to say where and why)."""
+    if depth >= max_depth:
+        return False
+    lo, hi = _INT_RANGE
+    if type(value) is dict:
+        for k in value:
+            if type(k) is not str:
+                return False
+        values: Any = value.values()
+    else:
+        values = value
+    for v in values:
+        t = type(v)
+        if t is str or t is bool or v is None:
+            continue
+        if t is int:
+            if not lo <= v <= hi:
+                return False
+        elif t is float:
+            if not math.isfinite(v):
+                return False
+        elif t is dict or t is list:
+            if not _fits(v, depth + 1, max_depth):
+                return False
+        else:
+            return False
+    return True
 
 
 def _check(value: object, path: str, depth: int, max_depth: int) -> None:

@@ -66,3 +66,15 @@ def test_bench_runs_to_the_end_on_postgres_with_caches(
         "warm board_pins_many(20)",
     ]
     assert all(math.isfinite(r["ratio_median"]) and r["ratio_median"] > 0 for r in doc["results"])
+
+
+def test_bench_runs_only_the_cases_asked_for(store: Store) -> None:
+    """``--cases create_many,link_many``: those two rows and no other; a name of no case is refused."""
+    from store.tools.bench import Wanted
+
+    results = run_bench(store, n=40, cases=Wanted(["create_many", "link_many"]))
+    assert [r.case for r in results] == ["create_many(100)", "link_many(100)"]
+    assert [r.case for r in run_bench(store, n=20, cases=Wanted(["get"]))] == ["get"]
+    result = CliRunner().invoke(main, ["bench", "--cases", "create_many,nosuch"])
+    assert result.exit_code == 2
+    assert "no bench case is named 'nosuch'" in result.output

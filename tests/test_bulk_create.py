@@ -6,6 +6,7 @@ Instagram IDs (the ``backend`` fixture, with "postgres" added here).
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -109,3 +110,35 @@ def test_unique_keys_are_claimed_for_all_items_or_none(ustore: Store) -> None:
     assert [ustore.get(i, type_name="user") for i in made] == [{"username": v} for v in free] + [{"n": 1}]
     with pytest.raises(DuplicateKeyError):
         ustore.create("user", {"username": free[3]})
+
+
+def test_keys_by_lastrowid_step_as_the_session_says_and_by_returning_elsewhere(
+    mariadb_ready: StoreConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On MariaDB (``innodb_autoinc_lock_mode`` 1) the INSERT returns no rows: the keys are its
+    ``lastrowid`` and the next ones by the session's ``auto_increment_increment``, asked once per
+    connection. A session stepping by 3 gets keys 3 apart, each naming its own item; where the step
+    is not known (None) the same batch reads its keys back with RETURNING."""
+    with Store(mariadb_ready) as store:
+        h = store.admin_context().engines.shard(4, store.shard_map.master(4))
+        with h.connect() as conn:  # the pool's one connection: the next checkout gets it again
+            cur = conn.cursor()
+            cur.execute("SET SESSION auto_increment_increment = 3")
+            cur.close()
+        items = [{"n": i} for i in range(12)]
+        ids = store.create_many("pin", items, shard=4)
+        keys = [store.locate(i, type_name="pin").local_id for i in ids]
+        assert [b - a for a, b in itertools.pairwise(keys)] == [3] * 11
+        assert [store.get(i, type_name="pin") for i in ids] == items
+        asked: list[int] = []
+        bulk = store._bulk_creates
+
+        def unknown(_h: object, _conn: object, _cur: object) -> None:
+            asked.append(1)
+            return None
+
+        monkeypatch.setattr(bulk, "_id_step", unknown)
+        again = store.create_many("pin", items, shard=4)
+        assert asked == [1]
+        assert [store.get(i, type_name="pin") for i in again] == items
+        assert not set(again) & set(ids)

@@ -174,3 +174,45 @@ def test_a_mixed_batch_over_both_hosts_keeps_both_sides_counts_and_cached_lists_
             for s in (store, fresh):
                 assert sorted(s.links(POB, p)) == linked
                 assert s.count(POB, p) == len(linked)
+
+
+def test_a_group_on_one_host_writes_both_sides_in_one_request_then_commits(mariadb_ready: object) -> None:
+    """Board and pins on one host: new pairs take two requests (both sides, then the COMMIT), as do
+    their unlinks; a batch of pairs partly there takes more, and ends as exact."""
+    from store import StoreConfig
+
+    assert isinstance(mariadb_ready, StoreConfig)
+    with Store(mariadb_ready) as store:
+        board = store.create("board", {}, shard=1)
+        pins = store.create_many("pin", [{"p": i} for i in range(30)], shard=2)
+        store.link(BHP, board, pins[0])  # warm the pool
+        store.unlink(BHP, board, pins[0])
+        with counting_sends():
+            reset_sends()
+            assert store.link_many(BHP, [(board, p) for p in pins[:20]]) == 20
+            assert sends() == 2
+            reset_sends()
+            assert store.unlink_many(BHP, [(board, p) for p in pins[:10]]) == 10
+            assert sends() == 2
+            reset_sends()
+            assert store.link_many(BHP, [(board, p) for p in pins]) == 20  # 10 of 30 are there
+            assert sends() > 2
+        assert store.count(BHP, board) == 30
+        assert all(store.count(POB, p) == 1 for p in pins)
+        assert sorted(store.links(BHP, board, limit=100)) == sorted(pins)
+
+
+def test_sides_made_fast_are_the_sides_the_dataclass_makes() -> None:
+    """`make_side` and `make_guard` (`sides_many`'s constructors) give equal, equal-hashing, frozen values."""
+    import dataclasses
+
+    from store.pairs import Guard, Side, make_guard, make_side
+
+    guard = make_guard("pin 7", "pins", "local_id", 7)
+    assert guard == Guard("pin 7", "pins", "local_id", 7)
+    assert hash(guard) == hash(Guard("pin 7", "pins", "local_id", 7))
+    side = make_side(None, BHP, 1, 2, guard)  # type: ignore[arg-type]
+    assert side == Side(None, BHP, 1, 2, guard)  # type: ignore[arg-type]
+    assert hash(side) == hash(Side(None, BHP, 1, 2, guard))  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        side.from_id = 3  # type: ignore[misc]

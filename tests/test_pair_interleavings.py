@@ -95,12 +95,13 @@ def read_pair(store: Store, board: int, pin: int) -> tuple[tuple[bool, int | Non
     return (primary is not None, primary), (inverse is not None, inverse)
 
 
-def explore(store: Store, names: list[str], initial_present: bool) -> int:
-    """Run every schedule of the writes ``names``; the number of schedules run."""
+def explore(store: Store, names: list[str], initial_present: bool, pin_shard: int = 5) -> int:
+    """Run every schedule of the writes ``names`` (the board on shard 0, the pins on ``pin_shard``);
+    the number of schedules run."""
 
     def run(prefix: list[int]) -> tuple[Schedule, Callable[[], None]]:
         board = store.create("board", {}, shard=0)
-        pin, other = store.create_many("pin", [{}, {}], shard=5)
+        pin, other = store.create_many("pin", [{}, {}], shard=pin_shard)
         if initial_present:
             store.link(BHP, board, pin, sequence=7)
         initial = (initial_present, 7 if initial_present else None)
@@ -166,6 +167,18 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_mariadb(
 ) -> None:
     with Store(mariadb_ready) as store:
         runs = explore(store, names, initial_present)
+        print(f"schedules: {runs}")
+        assert runs >= 2
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("names", BATCH_RACES, ids=["+".join(p) for p in BATCH_RACES])
+def test_a_batch_racing_a_single_write_of_one_pair_on_one_mariadb_host(
+    mariadb_ready: StoreConfig, names: list[str], initial_present: bool
+) -> None:
+    """Board and pins on one host: the batch tries both sides in one request (`_both`)."""
+    with Store(mariadb_ready) as store:
+        runs = explore(store, names, initial_present, pin_shard=1)
         print(f"schedules: {runs}")
         assert runs >= 2
 

@@ -15,13 +15,20 @@ LAYERS = {
     "repository": 0,
     "writer": 1,
     "listcache": 2,
+    "rows": 2,
     "service": 3,
     "bulk": 4,
     "reads": 4,
 }
 
 #: The modules' old places (and the package's face): the package itself never imports them.
-OLD_PATHS = ("store.relations", "store.pairs", "store.relation_reads", "store.object_pages")
+OLD_PATHS = (
+    "store.relations",
+    "store.pairs",
+    "store.relation_reads",
+    "store.object_pages",
+    "store.bulk_pairs",
+)
 
 
 def _imported(path: Path) -> set[str]:
@@ -73,6 +80,8 @@ def test_the_old_import_paths_name_the_same_objects() -> None:
             "Side": "repository",
             "Change": "writer",
             "PairWriter": "writer",
+            "make_side": "repository",
+            "make_guard": "repository",
         },
         "store.relation_reads": {
             "RelationReads": "reads",
@@ -82,6 +91,7 @@ def test_the_old_import_paths_name_the_same_objects() -> None:
             "pair_list": "inputs",
         },
         "store.object_pages": {"ObjectPages": "reads", "Loader": "reads"},
+        "store.bulk_pairs": {"BulkPairs": "bulk", "CHUNK": "bulk"},
     }
     for old, names in moved.items():
         module = importlib.import_module(old)

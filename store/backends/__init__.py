@@ -281,6 +281,13 @@ class Backend:
         (and sets the columns of ``also`` to their expressions there)."""
         raise NotImplementedError
 
+    def id_step(self, cur: Any) -> int | None:
+        """The step between the auto-increment keys one multi-row INSERT gives its rows on ``cur``'s
+        session, where they are sure to be consecutive from the statement's ``lastrowid`` in the
+        order given (a session's answer holds for as long as it lasts); None where they are not,
+        or not known to be: the keys are read back (``RETURNING``)."""
+        return None
+
     def returned(self, value: Any) -> Any:
         """``value`` as an expression the statement also returns, where `list_versions`."""
         return value

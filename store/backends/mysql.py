@@ -216,6 +216,17 @@ class MySQLBackend(Backend):
     conditional_writes = True
     pair_rows = True
 
+    def id_step(self, cur: Any) -> int | None:
+        """``auto_increment_increment``, where ``innodb_autoinc_lock_mode`` is 0 or 1: an INSERT whose
+        row count is known takes its keys as one block, so they follow each other by the step
+        (mode 2, interleaved, as Galera wants it, promises no such thing: None)."""
+        cur.execute("SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment")
+        row = cur.fetchone()
+        if row is None:
+            return None
+        mode, step = int(row[0]), int(row[1])
+        return step if mode in (0, 1) and step >= 1 else None
+
     # -- accounts and grants ------------------------------------------------------
 
     def grant_statements(

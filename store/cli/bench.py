@@ -26,9 +26,21 @@ __all__ = ["bench"]
     help="Run with metrics on, served on 127.0.0.1:PORT/metrics, and time get and warm get "
     "with metrics on against off (needs the metrics extra).",
 )
+@click.option(
+    "--cases",
+    default=None,
+    metavar="NAMES",
+    help="Run only these cases, separated by commas: a case's name as the report prints it, or "
+    "the part before its size (create_many,link_many). Default: every case.",
+)
 @click.pass_context
 def bench(
-    ctx: click.Context, config_path: Path | None, iterations: int, as_json: bool, metrics_port: int | None
+    ctx: click.Context,
+    config_path: Path | None,
+    iterations: int,
+    as_json: bool,
+    metrics_port: int | None,
+    cases: str | None,
 ) -> None:
     """Time store operations next to the raw driver doing the same work.
 
@@ -36,7 +48,12 @@ def bench(
     """
     if ctx.invoked_subcommand is not None:
         return
-    from store.tools.bench import format_results, run_bench
+    from store.tools.bench import Wanted, format_results, run_bench
+
+    try:
+        wanted = Wanted(None if cases is None else cases.split(","))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cases") from None
 
     say: Callable[[str], None] = lambda msg: click.echo(f"running {msg} ...", err=True)  # noqa: E731
     metrics = None
@@ -49,7 +66,7 @@ def bench(
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
         click.echo(f"metrics on http://127.0.0.1:{metrics_port}/metrics", err=True)
     with open_store(config_path) as store:
-        results = run_bench(store, n=iterations, progress=say, metrics=metrics)
+        results = run_bench(store, n=iterations, progress=say, metrics=metrics, cases=wanted)
         stats = store.stats()
         last_errors = store.admin_context().caches.last_errors()
     if as_json:

@@ -7,6 +7,8 @@ Layered one way, each module importing only those before it:
 - `writer`: the pair protocol that keeps a pair and its inverse agreeing
   (`PairWriter`);
 - `listcache`: the relation lists in the list cache (`RelationListCache`);
+  `rows`: one side of many pairs as multi-row statements per shard
+  (`SideRows`, for `bulk`);
 - `service`: validated, routed calls (`RelationService`), on the three above;
 - `bulk` (`link_many`, `unlink_many`) and `reads` (many lists at once, and
   pages with their objects), on the service. `inputs` checks lists of IDs.

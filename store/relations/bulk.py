@@ -16,7 +16,7 @@ the inverse under it, so a batch racing single `link`/`unlink` calls of the
 same pairs converges as they do (`tests/test_pair_interleavings.py`).
 
 Where `Backend.pair_rows` (MariaDB/MySQL), a side is a few multi-row
-statements per shard (`_Rows`), not statements per pair: first, behind a
+statements per shard (`SideRows`), not statements per pair: first, behind a
 savepoint, as if every pair were new (a link) or there (an unlink): the
 objects read in share mode, one INSERT that skips a pair there already (or
 one DELETE), one upsert of the counts, and (where a list cache or the log
@@ -25,11 +25,16 @@ count and version change once, by as many as it had changes. If a statement
 changed fewer rows than that assumed, or an object was deleted, back to the
 savepoint: one read of every key ``FOR UPDATE`` (rows, and the gaps where
 absent ones would go) and of the objects, then the writes that read calls
-for. A group of new pairs on one host is three requests in all (each side,
-then the COMMIT). Where statements can be conditional only
-(`Backend.conditional_writes`), each side's per-pair writes and counts go in
-one request; elsewhere the statements run one by one inside the same two
-transactions.
+for. Where one transaction holds both sides (one pool reaches both), both
+are tried so in one request, the primary side's statements first (each
+inverse row is written under its primary row's lock, as the second side
+would write it), and if either was wrong both go back to the savepoint and
+the sides are written one after the other: a group of new pairs on one host
+is two requests in all (both sides, then the COMMIT). The changes are noted
+(and the lists' versions read) only where a list cache or the log takes them.
+Where statements can be conditional only (`Backend.conditional_writes`),
+each side's per-pair writes and counts go in one request; elsewhere the
+statements run one by one inside the same two transactions.
 
 Each group is one step (`store.steps`): a group refused because a shard
 moved wrote nothing (both transactions rolled back); it is routed again and
@@ -44,14 +49,22 @@ written `NotFound` names the pairs refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from store.engines import Cursor, transaction_pair
-from store.exceptions import DataError, NotFound, StoreError, brief
+from store.exceptions import DataError, NotFound, brief
 from store.relations.inputs import pair_list
 from store.relations.repository import ADD, MOVE, REMOVE, Plan, Side
+from store.relations.rows import (
+    RefusedError,
+    RowEntry,
+    SideRows,
+    Sides,
+    both_sides,
+    carried_rows,
+    write_both,
+    write_side,
+)
 from store.relations.service import RelationService
 from store.relations.writer import Change
 from store.specs import RelationSpec
@@ -61,17 +74,6 @@ __all__ = ["CHUNK", "BulkPairs"]
 #: Pairs one group's transactions carry at most (a bigger group is written as several).
 CHUNK = 1000
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
-
-Sides = tuple[Side, Side | None]
-
-
-class _RefusedError(StoreError):
-    """Pairs of the group name a deleted object: roll the group back, write it without them."""
-
-    def __init__(self, refused: list[tuple[int, NotFound]]) -> None:
-        super().__init__(str(refused[0][1]))
-        #: (the pair's index in the group, the error), in the group's order.
-        self.refused = refused
 
 
 class BulkPairs:
@@ -139,11 +141,9 @@ class BulkPairs:
             first = [[routed[k] for k in members]]
 
             def step(members: list[int] = members, first: list[list[Sides]] = first) -> int:
-                sides = (
-                    first.pop()
-                    if first
-                    else self._rel.sides_many(spec, [wanted[k] for k in members], guarded=guarded)
-                )
+                if first:  # (routed as `_groups` grouped them: one group, in order)
+                    return write(first.pop())
+                sides = self._rel.sides_many(spec, [wanted[k] for k in members], guarded=guarded)
                 return sum(write([sides[j] for j in part]) for part in _groups(sides))
 
             total += self._rel.steps(name, step)
@@ -171,7 +171,7 @@ class BulkPairs:
         while todo:
             try:
                 return self._cached(todo, lambda changes: once(todo, seq, move, changes))
-            except _RefusedError as exc:
+            except RefusedError as exc:
                 gone = {k for k, _e in exc.refused}
                 for k, error in exc.refused:
                     p, _i = todo[k]
@@ -207,7 +207,7 @@ class BulkPairs:
                     try:
                         w._check_live(cur, p)
                     except NotFound as exc:
-                        raise _RefusedError([(k, exc)]) from None
+                        raise RefusedError([(k, exc)]) from None
                     added, settled = repo.add_in(cur, p, seq, move=move, seen=c.seen)
                     kind = ADD if added else MOVE if move else None
                 if kind is not None:
@@ -243,7 +243,7 @@ class BulkPairs:
                     try:
                         w._check_live(cur, i)
                     except NotFound as exc:
-                        raise _RefusedError([(k, exc)]) from None
+                        raise RefusedError([(k, exc)]) from None
                     got = repo.set_in(cur, i, (True, s), c.seen)
                 if got is not None:
                     w._changed(cur, c, got, s, made)
@@ -265,48 +265,68 @@ class BulkPairs:
         return plan
 
     def _link_rows(self, group: list[Sides], seq: int, move: bool, changes: list[Change]) -> int:
-        """`_link_once` where `Backend.pair_rows`: each side by a few multi-row statements (`_Rows`)."""
+        """`_link_once` where `Backend.pair_rows`: each side by a few multi-row statements (`SideRows`)."""
         made: list[Change] = []
         versioned = self._rel.lists is not None or self._rel.pairs.log is not None
         together = _one_transaction(group)
-        mine: list[_Rows] = []  # the primary side, and (where together) whether its writes wait
-        waiting: list[_Rows] = []
+        both = both_sides(group)
+        mine: list[SideRows] = []  # the primary side, and (where together) whether its writes wait
+        waiting: list[SideRows] = []
+        folded: list[bool] = []  # [True]: both sides were written by `first`'s one request
         w = self._rel.pairs
 
         def first(cur: Cursor) -> int:
             made.clear()
             mine.clear()
             waiting.clear()
-            rows = _Rows(
+            folded.clear()
+            rows = SideRows(
                 w,
                 versions=versioned,
-                entries=[_Entry(k, p, seq, move, move, move) for k, (p, _i) in enumerate(group)],
+                entries=[RowEntry(k, p, seq, move, move, move) for k, (p, _i) in enumerate(group)],
             )
             mine.append(rows)
+            if both:
+                # As `second` would write the inverse side if every pair is new on the primary side.
+                inverse = [
+                    RowEntry(e.k, i, seq, True) for e in rows.entries if (i := group[e.k][1]) is not None
+                ]
+                if write_both(cur, rows, SideRows(w, versions=versioned, entries=inverse), made):
+                    folded.append(True)
+                else:
+                    waiting.extend(write_side(cur, rows, None, made, hope=False, write=False, back=True))
+                return sum(e.kind == ADD for e in rows.entries)
             # (its own transaction: written before the inverse side's begins; else with its reads)
-            waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
+            waiting.extend(write_side(cur, rows, None, made, hope=True, write=not together))
             return sum(e.kind == ADD for e in rows.entries)
 
         def second(cur: Cursor, _new: int) -> None:
+            if folded:
+                return  # (written with the primary side)
             # Only the pairs whose primary row changed (as `_link_once`).
             entries = []
             for e in mine[0].entries:
                 i = group[e.k][1]
                 if i is not None and e.kind is not None:
-                    entries.append(_Entry(e.k, i, e.settled, True, e.kind == MOVE, False))
+                    entries.append(RowEntry(e.k, i, e.settled, True, e.kind == MOVE, False))
             hope = all(e.kind == ADD for e in mine[0].entries if e.kind is not None)
-            _side(
+            write_side(
                 cur,
-                _Rows(w, versions=versioned, entries=entries),
-                _carried(waiting),
+                SideRows(w, versions=versioned, entries=entries),
+                carried_rows(waiting),
                 made,
                 hope=hope,
                 write=True,
             )
 
         def alone(cur: Cursor) -> None:
-            _side(
-                cur, _Rows(w, versions=versioned, entries=[]), _carried(waiting), made, hope=False, write=True
+            write_side(
+                cur,
+                SideRows(w, versions=versioned, entries=[]),
+                carried_rows(waiting),
+                made,
+                hope=False,
+                write=True,
             )
 
         n = self._protocol(group, first, second, alone=alone)
@@ -355,36 +375,47 @@ class BulkPairs:
         made: list[Change] = []
         versioned = self._rel.lists is not None or self._rel.pairs.log is not None
         together = _one_transaction(group)
-        mine: list[_Rows] = []
-        waiting: list[_Rows] = []
+        both = both_sides(group)
+        mine: list[SideRows] = []
+        waiting: list[SideRows] = []
+        folded: list[bool] = []  # [True]: both sides were written by `first`'s one request
         w = self._rel.pairs
+
+        def inverse() -> SideRows:
+            # Every inverse row goes, whether its primary row was there or not (as `unlink`).
+            entries = [RowEntry(k, i) for k, (_p, i) in enumerate(group) if i is not None]
+            return SideRows(w, versions=versioned, entries=entries, unlink=True)
 
         def first(cur: Cursor) -> int:
             made.clear()
             mine.clear()
             waiting.clear()
-            rows = _Rows(
-                w, versions=versioned, entries=[_Entry(k, p) for k, (p, _i) in enumerate(group)], unlink=True
+            folded.clear()
+            rows = SideRows(
+                w,
+                versions=versioned,
+                entries=[RowEntry(k, p) for k, (p, _i) in enumerate(group)],
+                unlink=True,
             )
             mine.append(rows)
-            waiting.extend(_side(cur, rows, None, made, hope=True, write=not together))
+            if both:
+                if write_both(cur, rows, inverse(), made):
+                    folded.append(True)
+                else:
+                    waiting.extend(write_side(cur, rows, None, made, hope=False, write=False, back=True))
+            else:
+                waiting.extend(write_side(cur, rows, None, made, hope=True, write=not together))
             return sum(e.kind == REMOVE for e in rows.entries)
 
         def second(cur: Cursor, _gone: int) -> None:
-            # Every inverse row goes, whether its primary row was there or not (as `unlink`).
-            rows = _Rows(
-                w,
-                versions=versioned,
-                entries=[_Entry(k, i) for k, (_p, i) in enumerate(group) if i is not None],
-                unlink=True,
-            )
-            _side(cur, rows, _carried(waiting), made, hope=True, write=True)
+            if not folded:
+                write_side(cur, inverse(), carried_rows(waiting), made, hope=True, write=True)
 
         def alone(cur: Cursor) -> None:
-            _side(
+            write_side(
                 cur,
-                _Rows(w, versions=versioned, entries=[], unlink=True),
-                _carried(waiting),
+                SideRows(w, versions=versioned, entries=[], unlink=True),
+                carried_rows(waiting),
                 made,
                 hope=False,
                 write=True,
@@ -455,11 +486,13 @@ def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | No
 def _groups(routed: list[Sides]) -> list[list[int]]:
     """Indexes of ``routed`` grouped by (primary pool, inverse pool), in key order, `CHUNK` at most."""
     by: dict[tuple[int, int], list[int]] = {}
+    order: list[tuple[int, int, int]] = []
     for k, (p, i) in enumerate(routed):
         by.setdefault((id(p.h.pool), 0 if i is None else id(i.h.pool)), []).append(k)
+        order.append((p.h.shard, p.from_id, p.to_id))
     out: list[list[int]] = []
     for members in by.values():
-        members.sort(key=lambda k: (routed[k][0].h.shard, routed[k][0].from_id, routed[k][0].to_id))
+        members.sort(key=order.__getitem__)
         out += [members[j : j + CHUNK] for j in range(0, len(members), CHUNK)]
     return out
 
@@ -474,264 +507,6 @@ def _one_transaction(group: list[Sides]) -> bool:
     inverse side: the primary side's writes can wait for the next request."""
     i = group[0][1]
     return i is None or i.h.pool is group[0][0].h.pool
-
-
-Statement = tuple[str, Sequence[Any]]
-Answer = tuple[int, list[Any]]
-
-_SAVEPOINT = "SAVEPOINT pair_rows"
-_BACK = "ROLLBACK TO SAVEPOINT pair_rows"
-
-
-def _exchange(cur: Cursor, parts: list[list[Statement]]) -> list[list[Answer]]:
-    """Every part's statements in one request (`Cursor.batch_rows`); each part's answers."""
-    flat = [s for part in parts for s in part]
-    answers = cur.batch_rows(flat) if flat else []
-    out: list[list[Answer]] = []
-    at = 0
-    for part in parts:
-        out.append(answers[at : at + len(part)])
-        at += len(part)
-    return out
-
-
-def _carried(waiting: list[_Rows]) -> _Rows | None:
-    return waiting[0] if waiting else None
-
-
-def _side(
-    cur: Cursor, rows: _Rows, carried: _Rows | None, made: list[Change], *, hope: bool, write: bool
-) -> list[_Rows]:
-    """Write one side of a group (`_Rows`), with ``carried``'s writes (a side decided, not yet
-    written) first in the first request; ``[rows]`` if ``write`` is False and its writes are
-    to go with the next request, else [].
-
-    ``hope``: first as if every pair were new (a link) or there (an unlink), in one request:
-    the writes behind a savepoint, checked by what they changed (`_Rows.speculate`); if that
-    was wrong, back to the savepoint, and the side is read under locks and then written
-    (`_Rows.reads`, `decide`, `writes`).
-    """
-    before = [] if carried is None else carried.writes()
-    reads: list[Statement] = rows.reads()
-    if hope and rows.entries:
-        done, tried = _exchange(cur, [before, rows.speculate()])
-        if carried is not None:
-            carried.written(cur, done, made)
-            carried = None
-        if rows.written(cur, tried, made):
-            return []
-        before, reads = [(_BACK, ())], reads
-    done, read = _exchange(cur, [before, reads])
-    if carried is not None:
-        carried.written(cur, done, made)
-    rows.decide(read)
-    if not write:
-        return [rows]
-    (wrote,) = _exchange(cur, [rows.writes()])
-    rows.written(cur, wrote, made)
-    return []
-
-
-@dataclass(slots=True)
-class _Entry:
-    """One side of one pair in `_Rows`: the row it must end as, and what it did."""
-
-    k: int  # the pair's index in its group
-    side: Side
-    seq: int = 0  # the sequence the row must have (a link)
-    reposition: bool = False  # a row at another sequence moves to ``seq``
-    free_move: bool = False  # ... without reading its object (the pair exists)
-    bump: bool = False  # a row already at ``seq`` counts as moved (as `link` at a sequence does)
-    kind: str | None = None  # ADD, MOVE, REMOVE, or None: the row is as asked
-    settled: int = 0  # the row's sequence after the write
-    write: bool = False  # the row itself changes (a bumped row does not)
-
-
-class _Rows:
-    """One side of a group written with multi-row statements (`PairRowsStatements`), shard by shard.
-
-    `reads`: per shard, one read of every pair's key ``FOR UPDATE`` (present rows and the gaps
-    where absent ones would go stay locked to the end of the transaction: nothing else can
-    write these pairs), and of the ``from`` objects in share mode (a delete of one waits).
-    `decide`: what each pair needs, from what the reads found, as `PairWriter.link` (and
-    `unlink`) would decide it pair by pair; a pair naming a deleted object is refused
-    (`_RefusedError`). `writes`: one INSERT of the new rows, one upsert of the moved ones (or
-    one DELETE), one upsert (or UPDATE) of the counts, each list's count and version changed
-    once by as many as it had changes, and one read of the versions it leaves. `written`: each
-    change gets its version (a list's changes, in order, take the versions it went through,
-    as a write of each pair would have given them) and is noted (`PairWriter._changed`).
-
-    `speculate` is `writes` as if each pair were new (a link) or there (an unlink), after a
-    savepoint, with the objects' read in share mode: the INSERT skips a pair that exists, the
-    DELETE one that does not, and `written` finds whether each row changed and no object was
-    deleted (else the caller rolls back to the savepoint and reads first). The INSERT, or the
-    DELETE, locks every key it names, as the read does.
-    """
-
-    def __init__(self, writer: Any, entries: list[_Entry], *, versions: bool, unlink: bool = False) -> None:
-        self.writer = writer
-        self.repo = writer.repo
-        #: Read the versions the lists are left at (for the list cache, or the log): else not.
-        self.versions = versions
-        self.entries = entries
-        self.unlink = unlink
-        shards: dict[tuple[str, int], list[_Entry]] = {}
-        for e in entries:
-            shards.setdefault((e.side.h.host, e.side.h.shard), []).append(e)
-        self.shards = list(shards.values())
-        #: Per shard: what `writes` sent, by role, and how many rows each must change (-1: any).
-        self._sent: list[list[tuple[str, int]]] = []
-        #: Per shard: (relation, from_id) -> [changes, count delta] of the lists `writes` changed.
-        self._lists: list[dict[tuple[str, int], list[int]]] = []
-        self._hoped = False
-
-    def _dead(self, entries: list[_Entry]) -> Statement | None:
-        side = entries[0].side
-        if self.unlink or side.guard is None:
-            return None
-        keys = list(dict.fromkeys(e.side.guard.value for e in entries if e.side.guard is not None))
-        return self.repo.rows_sql(side, "dead", len(keys)), keys
-
-    def reads(self) -> list[Statement]:
-        out: list[Statement] = []
-        for entries in self.shards:
-            side = entries[0].side
-            keys = [x for e in entries for x in (e.side.from_id, e.side.to_id)]
-            out.append((self.repo.rows_sql(side, "locked", len(entries)), keys))
-            dead = self._dead(entries)
-            if dead is not None:
-                out.append(dead)
-        return out
-
-    def decide(self, answers: list[Answer]) -> None:
-        self._hoped = False
-        refused: list[tuple[int, NotFound]] = []
-        at = 0
-        for entries in self.shards:
-            present = {(int(f), int(t)): int(s) for f, t, s in answers[at][1]}
-            at += 1
-            dead: set[int] = set()
-            if not self.unlink and entries[0].side.guard is not None:
-                dead = {int(key) for (key,) in answers[at][1]}
-                at += 1
-            for e in entries:
-                s = e.side
-                found = present.get((s.from_id, s.to_id))
-                e.kind, e.write, e.settled = None, False, e.seq
-                if self.unlink:
-                    if found is not None:
-                        e.kind, e.write = REMOVE, True
-                elif found is not None and e.reposition and found != e.seq and e.free_move:
-                    e.kind, e.write = MOVE, True
-                elif s.guard is not None and s.guard.value in dead:
-                    deleted = NotFound(f"{s.guard.what} was deleted: a deleted object cannot be linked")
-                    refused.append((e.k, deleted))
-                elif found is None:
-                    e.kind, e.write = ADD, True
-                elif e.reposition and found != e.seq:
-                    e.kind, e.write = MOVE, True
-                elif e.bump:
-                    e.kind = MOVE
-                else:
-                    e.settled = found
-        if refused:
-            refused.sort(key=lambda r: r[0])
-            raise _RefusedError(refused)
-
-    def speculate(self) -> list[Statement]:
-        for e in self.entries:
-            e.kind, e.write, e.settled = (REMOVE if self.unlink else ADD), True, e.seq
-        self._hoped = True
-        return [(_SAVEPOINT, ()), *self.writes()]
-
-    def writes(self) -> list[Statement]:
-        out: list[Statement] = []
-        self._sent.clear()
-        self._lists.clear()
-        sql = self.repo.rows_sql
-        for entries in self.shards:
-            side = entries[0].side
-            sent: list[tuple[str, int]] = []
-            if self._hoped:
-                dead = self._dead(entries)
-                if dead is not None:
-                    out.append(dead)
-                    sent.append(("dead", 0))
-            for role, kind in (("insert", ADD), ("move", MOVE), ("delete", REMOVE)):
-                rows = [e for e in entries if e.kind == kind and e.write]
-                if not rows:
-                    continue
-                rows.sort(key=lambda e: (e.side.from_id, e.side.to_id))  # (locks taken in key order)
-                if role == "delete":
-                    params = [x for e in rows for x in (e.side.from_id, e.side.to_id)]
-                else:
-                    params = [x for e in rows for x in (e.side.from_id, e.side.to_id, e.settled)]
-                if role == "insert" and self._hoped:
-                    role = "insert_new"  # (a pair there already is skipped, and `written` sees it)
-                out.append((sql(side, role, len(rows)), params))
-                # (a row an upsert changed counts twice)
-                sent.append((role, len(rows) * (2 if role == "move" else 1)))
-            lists: dict[tuple[str, int], list[int]] = {}
-            for e in entries:
-                if e.kind is not None:
-                    got = lists.setdefault((e.side.relation, e.side.from_id), [0, 0])
-                    got[0] += 1
-                    got[1] += {ADD: 1, REMOVE: -1}.get(e.kind, 0)
-            if lists:
-                relation = side.relation
-                grown = [(f, c, n) for (_r, f), (c, n) in lists.items() if n > 0]
-                other = [(f, c, n) for (_r, f), (c, n) in lists.items() if n <= 0]
-                if grown:
-                    added: list[Any] = [x for f, c, n in grown for x in (relation, f, n, c)]
-                    out.append((sql(side, "count_add", len(grown)), added))
-                    sent.append(("count_add", -1))
-                if other:
-                    whens_n = [x for f, _c, n in other for x in (f, n)]
-                    whens_v = [x for f, c, _n in other for x in (f, c)]
-                    changed: list[Any] = [*whens_n, *whens_v, relation, *[f for f, _c, _n in other]]
-                    out.append((sql(side, "count_change", len(other)), changed))
-                    sent.append(("count_change", -1))
-                if self.versions:
-                    out.append((sql(side, "versions", len(lists)), [relation, *[f for _r, f in lists]]))
-                    sent.append(("versions", -1))
-            self._sent.append(sent)
-            self._lists.append(lists)
-        return out
-
-    def written(self, cur: Cursor, answers: list[Answer], made: list[Change]) -> bool:
-        """Read what `writes` (or `speculate`) did, and note each change; False if a speculation
-        was wrong (nothing noted: the caller goes back to the savepoint)."""
-        at = 1 if self._hoped else 0  # (the savepoint)
-        versions: dict[tuple[str, int], int] = {}
-        for sent, lists in zip(self._sent, self._lists, strict=True):
-            for role, expected in sent:
-                count, rows = answers[at]
-                at += 1
-                if role == "dead":
-                    count = len(rows)
-                if expected >= 0 and count != expected:
-                    if self._hoped:
-                        return False
-                    raise StoreError(
-                        f"a batch's {role} of {expected} pair row(s) changed {count}, under their locks"
-                    )
-                if role == "versions" and rows and rows[0][0]:
-                    relation = next(iter(lists))[0]
-                    for item in str(rows[0][0]).split(";")[:-1]:  # (an item cut short is left out)
-                        f, _sep, v = item.partition(":")
-                        key = (relation, int(f))
-                        if key in lists:
-                            versions[key] = int(v) - lists[key][0]  # the version before
-        for e in self.entries:
-            if e.kind is None:
-                continue
-            c = Change(e.side)
-            key = (e.side.relation, e.side.from_id)
-            before = versions.get(key)
-            if before is not None:  # (else 0: the list has no counts row, as a write of one pair finds)
-                versions[key] = c.version = before + 1
-            self.writer._changed(cur, c, e.kind, 0 if e.kind == REMOVE else e.settled, made)
-        return True
 
 
 def _no_step(_name: str) -> None:

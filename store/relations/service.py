@@ -26,7 +26,7 @@ from store.cursors import decode_cursor, encode_cursor
 from store.engines import ShardHandle
 from store.exceptions import DataError, LimitError, brief
 from store.relations.listcache import RelationListCache, list_key
-from store.relations.repository import Guard, Page, RelationRepository, Side
+from store.relations.repository import Guard, Page, RelationRepository, Side, make_guard, make_side
 from store.relations.writer import Change, PairWriter
 from store.routing import Router
 from store.specs import RelationSpec, TypeSpec
@@ -94,27 +94,40 @@ class RelationService:
     def sides_many(
         self, spec: RelationSpec, pairs: Sequence[tuple[int, int]], *, guarded: bool
     ) -> list[tuple[Side, Side | None]]:
-        """`sides` of each pair, each ID routed once (a batch names one board a hundred times)."""
-        routes: dict[tuple[int, str], Route] = {}
+        """`sides` of each pair, each ID routed once, its shard handle and guard made once (a batch
+        names one board a hundred times)."""
         router = self._router
-
-        def route(id_: int, type_name: str) -> Route:
-            got = routes.get((id_, type_name))
-            if got is None:
-                got = routes[(id_, type_name)] = router.route(id_, type_name)
-            return got
-
-        out: list[tuple[Side, Side | None]] = []
         inverse = None if spec.inverse is None else router.relation(spec.inverse)
-        for from_id, to_id in pairs:
-            here = route(from_id, spec.from_type)
-            if inverse is None:
+        if inverse is None:
+            out: list[tuple[Side, Side | None]] = []
+            for from_id, to_id in pairs:
+                shard, _t, _key, host = router.route(from_id, spec.from_type)
                 router.route(to_id, spec.to_type)  # (None too: it is no ID)
-                out.append(self._pair(spec, None, from_id, to_id, here, None, guarded=guarded))
-            else:
-                there = route(to_id, inverse.from_type)
-                out.append(self._pair(spec, inverse, from_id, to_id, here, there, guarded=guarded))
+                out.append((Side(self._shard(shard, host), spec.name, from_id, to_id), None))
+            return out
+        # Each ID's (shard handle, guard), by the end of the pair it is at (its type is that end's).
+        froms: dict[int, tuple[ShardHandle, Guard | None]] = {}
+        tos: dict[int, tuple[ShardHandle, Guard | None]] = {}
+        name, other, from_type, to_type = spec.name, inverse.name, spec.from_type, inverse.from_type
+        primary = spec.primary
+        out = []
+        for from_id, to_id in pairs:
+            here = froms.get(from_id)
+            if here is None:
+                here = froms[from_id] = self._end(from_id, from_type, guarded=guarded)
+            there = tos.get(to_id)
+            if there is None:
+                there = tos[to_id] = self._end(to_id, to_type, guarded=guarded)
+            side = make_side(here[0], name, from_id, to_id, here[1])
+            far = make_side(there[0], other, to_id, from_id, there[1])
+            out.append((side, far) if primary else (far, side))
         return out
+
+    def _end(self, id_: int, type_name: str, *, guarded: bool) -> tuple[ShardHandle, Guard | None]:
+        """The shard handle of ``id_`` (of type ``type_name``), and its guard if ``guarded``."""
+        shard, t, key, host = self._router.route(id_, type_name)
+        guard = make_guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
+        return self._shard(shard, host), guard
 
     def apply_changes(self, changes: Sequence[Change]) -> None:
         """Update the cached lists in place with committed pair ``changes``, in their order."""

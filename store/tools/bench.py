@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,58 @@ if TYPE_CHECKING:
     from store.engines import ShardHandle
     from store.metrics import Metrics
 
-__all__ = ["format_results", "metrics_cost_cases", "run_bench"]
+__all__ = ["CASES", "Wanted", "format_results", "metrics_cost_cases", "run_bench"]
+
+#: Every case `run_bench` can run, by group (the ticket cases are named by their servers and block).
+CASES: dict[str, tuple[str, ...]] = {
+    "objects": ("create", "create (instagram)", "get", "get_many(50)"),
+    "relations": (
+        "page 1",
+        "page 200 cursor",
+        "page 200 offset",
+        "count",
+        "has_links(500)",
+        "board_pins_many(20)",
+    ),
+    "bulk": ("create_many(100)", "link_many(100)"),
+    "cache": (
+        "warm get",
+        "warm get_many(50)",
+        "warm board page",
+        "warm has_links(500)",
+        "warm board_pins_many(20)",
+    ),
+    "tickets": ("ticket",),
+    "metrics": ("get: metrics on/off", "warm get: metrics on/off"),
+}
+
+
+class Wanted:
+    """Which cases to run: all (``names`` None), or those ``names`` name.
+
+    A name is a case's whole name (``page 1``) or the part before its size or detail:
+    ``create_many`` names ``create_many(100)``, ``create`` names ``create (instagram)``, ``ticket``
+    every ticket case.
+    """
+
+    def __init__(self, names: Iterable[str] | None = None) -> None:
+        self.names = None if names is None else [n.strip() for n in names if n.strip()]
+        known = [c for group in CASES.values() for c in group]
+        for name in self.names or []:
+            if not any(_names(name, c) for c in known):
+                raise ValueError(f"no bench case is named {name!r}; the cases: {', '.join(known)}")
+
+    def __call__(self, case: str) -> bool:
+        """Whether ``case`` runs."""
+        return self.names is None or any(_names(n, case) for n in self.names)
+
+    def group(self, name: str) -> bool:
+        """Whether any case of group ``name`` (of `CASES`) runs."""
+        return any(self(c) for c in CASES[name])
+
+
+def _names(name: str, case: str) -> bool:
+    return case == name or case.startswith((f"{name}(", f"{name} (", f"{name},"))
 
 
 @contextmanager
@@ -122,13 +173,15 @@ def run_bench(
     n: int = 2000,
     progress: Callable[[str], None] | None = None,
     metrics: Metrics | None = None,
+    cases: Wanted | None = None,
 ) -> list[BenchResult]:
-    """Run every case ``n`` times against ``store``'s first open shard's host.
+    """Run every case (or those ``cases`` wants) ``n`` times against ``store``'s first open shard's host.
 
     The database cases run without caches (a twin of ``store`` sharing its
     pools); the warm-cache cases run when ``store`` has memcached and Redis.
     With ``metrics``, both are instrumented, and `metrics_cost_cases` is added.
     """
+    wanted = cases or Wanted()
     shard = store.config.open_shards[0][0]
     host = store.shard_map.master(shard)
     say = progress or (lambda _msg: None)
@@ -142,24 +195,25 @@ def run_bench(
     with _raw_connection(store, host, shard) as (raw, p):
         cur = raw.cursor()
         try:
-            results = _object_cases(uncached, floor, p, shard, n, say)
-            if "board_has_pins" in store.config.relations:
-                results += _relation_cases(uncached, cur, floor, p, shard, n, say)
-            results += bulk_cases(uncached, floor, p, shard, n, say)
+            results = _object_cases(uncached, floor, p, shard, n, say, wanted)
+            if "board_has_pins" in store.config.relations and wanted.group("relations"):
+                results += _relation_cases(uncached, cur, floor, p, shard, n, say, wanted)
+            if wanted.group("bulk"):
+                results += bulk_cases(uncached, floor, p, shard, n, say, wanted)
         finally:
             floor.release()
             cur.close()
-    if store.config.cache.memcached and store.config.cache.redis:
+    if store.config.cache.memcached and store.config.cache.redis and wanted.group("cache"):
         from store.tools.bench_cache import cache_cases
 
         results += cache_cases(store, shard, n, say)
-    if store.config.tickets is not None:
+    if store.config.tickets is not None and wanted.group("tickets"):
         from store.tools.bench_tickets import ticket_cases
 
         results += ticket_cases(store.config.tickets, n, say)
-    if metrics is not None:
+    if metrics is not None and wanted.group("metrics"):
         results += metrics_cost_cases(store, metrics, n, say)
-    return results
+    return [r for r in results if wanted(r.case)]
 
 
 def metrics_cost_cases(
@@ -215,7 +269,7 @@ def metrics_cost_cases(
 
 
 def _object_cases(
-    store: Store, cur: _PooledCursor, p: str, shard: int, n: int, say: Callable[[str], None]
+    store: Store, cur: _PooledCursor, p: str, shard: int, n: int, say: Callable[[str], None], wanted: Wanted
 ) -> list[BenchResult]:
     pin_type = store.config.types.get("pin") or next(iter(store.config.types.values()))
     table = store.admin_context().engines.backend(store.shard_map.master(shard)).table(shard, pin_type.table)
@@ -242,8 +296,11 @@ def _object_cases(
             cur.release()
 
     case = "create (instagram)" if instagram else "create"
-    say(case)
-    results.append(pair(case, lambda _i: store.create(name, PIN, shard=shard), raw_insert, n))
+    if wanted(case):
+        say(case)
+        results.append(pair(case, lambda _i: store.create(name, PIN, shard=shard), raw_insert, n))
+    if not (wanted("get") or wanted("get_many(50)")):
+        return results
     ids = [store.create(name, PIN, shard=shard) for _ in range(200)]
     local_ids = [store.locate(i, type_name=name).local_id for i in ids]
     rng = random.Random(7)
@@ -253,8 +310,9 @@ def _object_cases(
         cur.execute(f"SELECT data FROM {table} WHERE {key} = {p} AND active = 1", (local_ids[picks[i]],))
         orjson.loads(cur.fetchone()[0])
 
-    say("get")
-    results.append(pair("get", lambda i: store.get(ids[picks[i]], type_name=name), raw_get, n))
+    if wanted("get"):
+        say("get")
+        results.append(pair("get", lambda i: store.get(ids[picks[i]], type_name=name), raw_get, n))
 
     batches = [rng.sample(range(len(ids)), 50) for _ in range(16)]
     in_list = ", ".join([p] * 50)
@@ -266,15 +324,16 @@ def _object_cases(
         )
         {row[0]: orjson.loads(row[1]) for row in cur.fetchall()}
 
-    say("get_many(50)")
-    results.append(
-        pair(
-            "get_many(50)",
-            lambda i: store.get_many([ids[j] for j in batches[i % 16]], type_name=name),
-            raw_get_many,
-            max(1, n // 2),
+    if wanted("get_many(50)"):
+        say("get_many(50)")
+        results.append(
+            pair(
+                "get_many(50)",
+                lambda i: store.get_many([ids[j] for j in batches[i % 16]], type_name=name),
+                raw_get_many,
+                max(1, n // 2),
+            )
         )
-    )
     return results
 
 
@@ -313,7 +372,14 @@ def _loaded_board(store: Store, cur: Any, p: str, shard: int, rel: str) -> Itera
 
 
 def _relation_cases(
-    store: Store, cur: Any, floor: _PooledCursor, p: str, shard: int, n: int, say: Callable[[str], None]
+    store: Store,
+    cur: Any,
+    floor: _PooledCursor,
+    p: str,
+    shard: int,
+    n: int,
+    say: Callable[[str], None],
+    wanted: Wanted,
 ) -> list[BenchResult]:
     """The relation cases: ``cur`` (a connection of its own) loads the lists, ``floor`` times the floors."""
     rel = "board_has_pins"
@@ -359,8 +425,11 @@ def _relation_cases(
         ]
         results = []
         for case, store_op, raw_op, times in cases:
-            say(case)
-            results.append(pair(case, store_op, raw_op, times))
+            if wanted(case):
+                say(case)
+                results.append(pair(case, store_op, raw_op, times))
+    if not wanted(f"board_pins_many({MANY_BOARDS})"):
+        return results
     say(f"loading {MANY_BOARDS} boards of {MANY_PINS} pins")
     with _loaded_boards(store, cur, p, shard, rel) as pages:
         say(f"board_pins_many({MANY_BOARDS})")

@@ -28,9 +28,17 @@ BATCH = 100
 
 
 def bulk_cases(
-    store: Store, floor: Any, p: str, shard: int, n: int, say: Callable[[str], None]
+    store: Store,
+    floor: Any,
+    p: str,
+    shard: int,
+    n: int,
+    say: Callable[[str], None],
+    wanted: Callable[[str], bool] | None = None,
 ) -> list[BenchResult]:
-    """The `create_many(100)` and `link_many(100)` rows on ``shard`` (``floor``: the floors' cursor)."""
+    """The `create_many(100)` and `link_many(100)` rows on ``shard`` (``floor``: the floors' cursor;
+    ``wanted``: which of the two run, None: both)."""
+    wanted = wanted or (lambda _case: True)
     config = store.config
     pin = config.types.get("pin") or next(iter(config.types.values()))
     h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
@@ -46,17 +54,19 @@ def bulk_cases(
         else:
             floor.release()
 
-    say(f"create_many({BATCH})")
-    results = [
-        pair(
-            f"create_many({BATCH})",
-            lambda _i: store.create_many(pin.name, [PIN] * BATCH, shard=shard),
-            raw_create_many,
-            times,
+    results = []
+    if wanted(f"create_many({BATCH})"):
+        say(f"create_many({BATCH})")
+        results.append(
+            pair(
+                f"create_many({BATCH})",
+                lambda _i: store.create_many(pin.name, [PIN] * BATCH, shard=shard),
+                raw_create_many,
+                times,
+            )
         )
-    ]
     spec = config.relations.get("board_has_pins")
-    if spec is None or spec.inverse is None:
+    if spec is None or spec.inverse is None or not wanted(f"link_many({BATCH})"):
         return results
     say(f"link_many({BATCH}): making boards and pins")
     calls = times + min(50, times)  # `pair` warms up with up to 50 calls of each side
