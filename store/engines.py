@@ -276,10 +276,40 @@ class _Txn:
         (nothing is sent if none does)."""
         if self._batch and self._log is None:
             out = self._send([*statements, ("COMMIT", None)], rowless=True)[: len(statements)]
+        elif self._pipe:
+            out = self._pipelined_commit(statements)
         else:
             out = self.batch(statements)
             self.commit()
         self._begin = self._backend.begin  # (one by one: sent before the next statement, `_open`)
+        return out
+
+    def _pipelined_commit(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[int, int]]:
+        """`commit_with` where the driver pipelines: BEGIN (if not yet sent), the deferred
+        statements, ``statements`` (each on a cursor of its own, which keeps its result), the log
+        row and COMMIT in one pipeline; (rowcount, lastrowid) of each of ``statements``. An error
+        of any statement raises when the pipeline ends (the transaction is then rolled back)."""
+        first: list[tuple[str, Sequence[Any] | None]] = []
+        if self._begin is not None:
+            first.append((self._begin, None))
+            self._begin = None
+        first += self._deferred
+        self._deferred.clear()
+        logged = self._log_statement()
+        cursors: list[Any] = []
+        with self._c.pipeline():
+            for text, values in first:
+                self._c.execute(text, values)
+            for text, values in statements:
+                cur = self._c.cursor()
+                cur.execute(text, values)
+                cursors.append(cur)
+            if logged is not None:
+                self._c.execute(*logged)
+            self._c.execute("COMMIT")
+        out = [_answer(cur) for cur in cursors]
+        for cur in cursors:
+            cur.close()
         return out
 
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
@@ -330,22 +360,28 @@ class _Txn:
     def commit(self) -> None:
         """Send what is deferred and the log row, then COMMIT, in one request (nothing if nothing was
         ever sent)."""
-        log = self._log
-        if log is not None:
-            self._log = None
-            plain = " ".join(log.entries)
-            if log.versions:
-                sql = self._backend.change_log_insert_versions([q for _e, q, _p in log.versions])
-                args: list[Any] = [log.at_ms, plain or None]
-                for entry, _q, given in log.versions:
-                    args += [entry, *given]
-                self.defer(sql, args)
-            else:
-                self.defer(log.sql, (log.at_ms, plain))
+        logged = self._log_statement()
+        if logged is not None:
+            self.defer(*logged)
         if self._begin is not None and not self._deferred:
             self._begin = None  # the transaction never began
             return
         self._send([("COMMIT", None)], rowless=True)
+
+    def _log_statement(self) -> tuple[str, Sequence[Any]] | None:
+        """The pending log row's INSERT and its parameters (taken: it is no longer pending), or None."""
+        log = self._log
+        if log is None:
+            return None
+        self._log = None
+        plain = " ".join(log.entries)
+        if log.versions:
+            sql = self._backend.change_log_insert_versions([q for _e, q, _p in log.versions])
+            args: list[Any] = [log.at_ms, plain or None]
+            for entry, _q, given in log.versions:
+                args += [entry, *given]
+            return sql, args
+        return log.sql, (log.at_ms, plain)
 
     def rollback(self) -> None:
         """Drop what is deferred; ROLLBACK if the transaction began."""

@@ -95,6 +95,11 @@ class _ReusedCursor:
         """psycopg's pipeline of the cursor's connection (statements sent without waiting)."""
         return self._c.connection.pipeline()
 
+    def cursor(self) -> Any:
+        """A new driver cursor on the same connection (in a pipeline, each cursor keeps the result
+        of its last statement only); the caller closes it."""
+        return self._c.connection.cursor()
+
     @property
     def rowcount(self) -> int:
         return int(self._c.rowcount)

@@ -126,21 +126,23 @@ def test_quick_mix_runs_on_postgresql_with_instagram_ids(
         conn.execute(f"CREATE DATABASE {PG_MIX_DB}")
     monkeypatch.setenv("STORE_MIX_URL", f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_MIX_DB}")
     out = tmp_path / "mix"
-    args = ["bench", "mix", "--quick", "--requests", "30", "--systems", "floor,horizontal_shard,store"]
+    # store:invalidation=log: with a `store invalidate` daemon reading PostgreSQL's log table.
+    systems = ("floor", "horizontal_shard", "store", "store:invalidation=log")
+    args = ["bench", "mix", "--quick", "--requests", "30", "--systems", ",".join(systems)]
     result = CliRunner().invoke(main, [*args, "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "mix.json").read_text())
     assert doc["shards"] == 64
     assert doc["hosts"] == ["MixA", "MixB"]
     assert "psycopg" in doc["machine"]["drivers"]
-    assert {p["system"] for p in doc["phases"]} == {"floor", "horizontal_shard", "store"}
+    assert {p["system"] for p in doc["phases"]} == set(systems)
     for p in doc["phases"]:
         assert p["calls"] > 0
         assert p["errors"] == 0, (p["system"], {k: v["first_error"] for k, v in p["operations"].items()})
     for check in doc["checks"]:
         assert check["checked"] > 100
         assert check["mismatches"] == [], check
-    for name in ("floor", "horizontal_shard", "store"):
+    for name in systems:
         # psycopg's statements are counted: every system reads a pin from PostgreSQL or memcached.
         assert doc["round_trips"][name]["get_node"] >= 1, doc["round_trips"]
     with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={PG_MIX_DB}") as conn:

@@ -23,6 +23,7 @@ from store import ConfigError, Store, StoreConfig
 from store.admin import init_shards
 from store.invalidate import Daemon
 from store.invalidate.view import invalidators
+from store.tools.mix.runner import counting_sends, reset_sends, sends
 from tests.conftest import APP_PASSWORD_ENV, APP_USER, NAMESPACE, base_config, make_app_account, require_port
 from tests.servers import free_port, start_memcached, start_redis
 from tests.test_follower import _lose_deletes, _wait_for
@@ -107,6 +108,31 @@ def test_the_daemon_deletes_what_writers_lost_on_postgres(raw: dict[str, Any]) -
             print(f"postgres log: the reader saw the lost update after {took:.2f} s")
     finally:
         daemon.stop()
+
+
+def test_a_logged_delete_is_one_request_and_commits_all_or_nothing(raw: dict[str, Any]) -> None:
+    with Store.from_config(raw) as store:
+        objects = store._objects
+        repo, h = objects.repo, objects._at(0)
+        first, pin = store.create("pin", {"n": 0}, shard=0), store.create("pin", {"n": 0}, shard=0)
+        assert repo.delete(h, "pins", first, logged="o:test") is True  # (the log's existence: checked once)
+        logged = _log_rows()
+        with counting_sends():
+            reset_sends()
+            # BEGIN, the mark, its log row and COMMIT in one pipeline (not one by one).
+            assert repo.delete(h, "pins", pin, logged="o:test") is True
+            assert sends() == 1
+        assert _log_rows() == logged + 1
+        assert store.get_with_version(pin, type_name="pin") is None
+        assert repo.delete(h, "pins", pin, logged="o:test") is False  # gone already: no change
+        # A statement that fails in the pipeline: the mark before it does not commit.
+        other = store.create("pin", {"n": 1}, shard=0)
+        mark = repo.sql(h, "pins")["delete"]
+        with pytest.raises(Exception, match="division by zero"):
+            h.transaction(lambda cur: cur.commit_with([(mark, (other,)), ("SELECT 1 / (0 * %s)", (1,))]))
+        assert store.get_with_version(other, type_name="pin") == ({"n": 1}, 1)
+        # and the connection is fit for the next call
+        assert repo.delete(h, "pins", other, logged="o:test") is True
 
 
 def test_a_standby_takes_over_the_advisory_lock_within_2s(raw: dict[str, Any], tmp_path: Path) -> None:
