@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from store import ShardMovedError, Store, StoreConfig, decode_instagram
 from store.admin import check_store, init_shards
-from store.admin.move import Journal, MoveError, Mover
+from store.admin.move import Journal, MoveError, Mover, PostgresEngine
 from store.admin.pg_move import PgMover
 from store.cli import main
 from store.ids import INSTAGRAM_EPOCH_MS
@@ -271,12 +271,12 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
             marks.append(f"{time.monotonic() - t0:.3f} {message[:60]}")
 
         mover = Mover(store, tmp_path / "move.json", say=say)
-        assert isinstance(mover, PgMover)
         plan = mover.plan(moving.start, moving.stop - 1, "B")  # the --dry-run path accepts these shards
+        assert isinstance(mover.engine, PostgresEngine)  # chosen by the source host
         assert (plan.source, len(plan.databases())) == ("A", 32)
         assert {t for _d, t, _r, _b in plan.tables} >= {"pins", "boards", "users", BHP}
         ahead_ms = int(time.time() * 1000) + 60_000  # next_id()'s clock: ms since 1970
-        fence = mover._fence_and_switch
+        fence = mover.engine.fence_and_switch
         burst_ids: list[int] = []
 
         def burst_then_fence(*args: Any) -> None:
@@ -301,7 +301,7 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
             fence(*args)
             marks.append(f"{time.monotonic() - t0:.3f} fence committed")
 
-        mover._fence_and_switch = burst_then_fence  # type: ignore[method-assign]
+        mover.engine.fence_and_switch = burst_then_fence  # type: ignore[method-assign]
         try:
             journal = mover.start(plan)
             assert journal.phase == "done"
@@ -391,9 +391,10 @@ def test_plan_refuses_what_the_move_cannot_finish(tmp_path: Path) -> None:
         init_shards(config)
         with Store(config) as store:
             mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
-            assert isinstance(mover, PgMover)
             with pytest.raises(MoveError, match="wal_level = replica"):
                 mover.plan(4, 7, "A")
+            assert isinstance(mover.engine, PostgresEngine)
+            assert isinstance(PgMover(store, tmp_path / "move.json").engine, PostgresEngine)  # the old name
             with pytest.raises(MoveError, match="are the same server"):
                 mover.plan(0, 3, "A2")
             refusals = [
@@ -544,15 +545,16 @@ def test_a_verify_mismatch_releases_the_fence_and_keeps_the_journal(pair: None, 
     with Store(config) as store:
         acked = {store.create("pin", {"n": s}, shard=s): {"n": s} for s in range(8)}
         mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
-        real = mover._fence_and_switch
+        plan = mover.plan(4, 7, "B")
+        real = mover.engine.fence_and_switch
 
         def stray_then_fence(*args: Any) -> None:
             sql(TARGET_PORT, "INSERT INTO shard0006.pins (id, data) VALUES (42, '{}')")
             real(*args)
 
-        mover._fence_and_switch = stray_then_fence  # type: ignore[method-assign]
+        mover.engine.fence_and_switch = stray_then_fence  # type: ignore[method-assign]
         with pytest.raises(MoveError, match=r"verify: rows differ for shard0006\.pins"):
-            mover.start(mover.plan(4, 7, "B"))
+            mover.start(plan)
         assert Journal.load(tmp_path / "move.json").phase == "switch"
         status = CliRunner().invoke(main, ["move", "--status", "--journal", str(tmp_path / "move.json")])
         assert status.exit_code == 0, status.output
