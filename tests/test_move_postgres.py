@@ -567,3 +567,67 @@ def test_a_verify_mismatch_releases_the_fence_and_keeps_the_journal(pair: None, 
     leftovers("A", range(4, 8))
     with Store(config) as fresh:
         assert fresh.get_many(list(acked), type_name="pin") == acked
+
+
+def test_a_row_changed_on_the_target_before_the_fence_is_compared_under_it(
+    pair: None, tmp_path: Path
+) -> None:
+    """A row the target holds otherwise than the source, changed behind replication's back before the
+    snapshots (same count, not the newest key): the comparison before the fence makes it a suspect,
+    the fence compares it, refuses and unlocks; the source serves on and the move aborts."""
+    config = StoreConfig.from_dict(config_for(8, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        acked = {store.create("pin", {"n": i}, shard=s): {"n": i} for i, s in enumerate(list(range(8)) * 3)}
+        said: list[str] = []
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        plan = mover.plan(4, 7, "B")
+        real = mover.engine.verify_before_fence
+
+        def changed_then_verify(*args: Any) -> str:
+            sql(TARGET_PORT, "UPDATE shard0005.pins SET data = '{\"n\": -1}' "
+                "WHERE id = (SELECT min(id) FROM shard0005.pins)")  # fmt: skip
+            return real(*args)
+
+        mover.engine.verify_before_fence = changed_then_verify  # type: ignore[method-assign]
+        with pytest.raises(
+            MoveError, match=r"verify: rows differ for shard0005\.pins; the source was unlocked"
+        ):
+            mover.start(plan)
+        before = [m for m in said if m.startswith("catch up:") and "before the fence" in m]
+        assert len(before) == 1, said
+        assert "1 row(s) changed meanwhile" in before[0]
+        assert [m for m in said if m.startswith("fence:")], said  # found under the fence, not before
+        assert Journal.load(tmp_path / "move.json").phase == "switch"
+        more = store.create("pin", {"more": 1}, shard=5)  # unfenced: the source serves on
+        acked[more] = {"more": 1}
+        assert store.shard_map.master(5) == "A"
+        Mover(store, tmp_path / "move.json", say=lambda _m: None).abort()
+    leftovers("A", range(4, 8))
+    with Store(config) as fresh:
+        assert fresh.get_many(list(acked), type_name="pin") == acked
+
+
+def test_a_postgres_fence_compares_before_the_lock_and_reports_where_its_time_went(
+    pair: None, tmp_path: Path
+) -> None:
+    config = StoreConfig.from_dict(config_for(8, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        acked = {store.create("pin", {"n": i}, shard=s): {"n": i} for i, s in enumerate(list(range(8)) * 3)}
+        said: list[str] = []
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        journal = mover.start(mover.plan(4, 7, "B"))
+        assert journal.phase == "done"
+        assert store.get_many(list(acked), type_name="pin") == acked
+    steps = [k for k in journal.timings if k.startswith("fence_")]
+    assert steps == ["fence_lock_s", "fence_level_s", "fence_verify_s", "fence_ids_s", "fence_archive_s"]
+    assert abs(sum(journal.timings[k] for k in steps) - journal.timings["fenced_s"]) < 0.01
+    assert journal.timings["checksum_s"] > 0
+    before = [m for m in said if m.startswith("catch up:") and "before the fence" in m]
+    assert len(before) == 1, said
+    assert before[0].startswith("catch up: 36 tables compared on both sides at ")
+    assert "0 row(s) changed meanwhile" in before[0]
+    verify = [m for m in said if m.startswith("verify:")]
+    assert verify[-1].startswith("verify: 36 tables ("), said
+    assert verify[-1].endswith(" rows) end alike on both sides"), said

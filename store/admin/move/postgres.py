@@ -17,13 +17,19 @@ The same phases and journal as a MariaDB move (`store.admin.move`), so
    exported snapshot; ``pg_dump --data-only --snapshot`` copies the rows as
    of that snapshot while the application writes, and the target subscribes
    to the slot (``copy_data = false``): it streams every change after it.
-3. catch up: the slot has confirmed the source's WAL position.
+3. catch up: the slot has confirmed the source's WAL position. Then,
+   still unfenced, both sides hash every row in snapshots at one WAL
+   position (`store.admin.move.postgres_verify`): what differs is what
+   changed between the snapshots, or is wrong on the target, and is left
+   for the fence to compare row by row; the target catches up once more.
 4. fence: one source transaction takes ``LOCK TABLE ... IN EXCLUSIVE MODE``
    on every moving table (writers wait, readers do not, other shards are
    untouched), reads ``pg_current_wal_lsn()`` and waits until the slot has
    confirmed it.
-5. verify: row counts and an md5 of every row (in key order) on both sides,
-   under the lock; a mismatch releases it and stops with the journal kept.
+5. verify, under the lock: each table's row count and newest key, and the
+   rows that differed before the fence, on both sides (without a
+   comparison before the fence: row counts and a hash of every row); a
+   mismatch releases the lock and stops with the journal kept.
 6. switch: the subscription is disabled; the counter of each schema moves
    to the target (``setval`` to the source's value plus `ID_MARGIN`, under
    the advisory locks ``next_id()`` takes, so the target never hands out an
@@ -62,7 +68,8 @@ import psycopg
 from sqlalchemy.engine import URL
 
 from store.admin.move.engine import POSTGRES, MoveContext
-from store.admin.move.postgres_checks import _QUERY_TIMEOUT_S, PostgresChecks, _lit, _name, _q
+from store.admin.move.postgres_checks import _QUERY_TIMEOUT_S, _lit, _name, _q
+from store.admin.move.postgres_verify import PostgresVerify, Suspects
 from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
 from store.backends import backend_for
 from store.backends.postgres import (
@@ -91,16 +98,21 @@ FENCE_WAIT_TIMEOUT_S = 30
 LOCK_WAIT_TIMEOUT_S = 10
 FENCE_ATTEMPTS = 5
 POLL_S = 0.01
+#: Before the fence, the target catches up again until a round takes under this (at most LEVEL_ROUNDS).
+LEVEL_BEFORE_FENCE_S = 0.05
+LEVEL_ROUNDS = 5
 _RETRY_LOCK = frozenset({"40P01", "55P03"})  # deadlock detected, lock not available
 
 
-class PostgresEngine(PostgresChecks):
+class PostgresEngine(PostgresVerify):
     """The steps of a move of PostgreSQL schema shards (`store.admin.move.engine.MoveEngine`)."""
 
     kind = POSTGRES
 
     def __init__(self, move: MoveContext) -> None:
         self.move = move
+        #: What `verify_before_fence` left for the fence to compare (None: everything).
+        self._suspected: Suspects | None = None
 
     # -- helpers ---------------------------------------------------------------
 
@@ -439,12 +451,16 @@ class PostgresEngine(PostgresChecks):
         self._wait_level(j, lsn, CATCH_UP_TIMEOUT_S)
 
     def verify_before_fence(self, j: Journal, schemas: list[str]) -> str:
-        """Nothing before the fence: the fence compares every row (`_verify_pg`)."""
-        return ""
+        """Compare both sides on snapshots at one WAL position while the source serves
+        (`_compare_snapshots`); that position, or "" if no snapshot could be had (the fence then
+        hashes every row, `_verify_pg`)."""
+        found = self._compare_snapshots(j, schemas, CATCH_UP_TIMEOUT_S)
+        self._suspected = None if found is None else found[1]
+        return "" if found is None else found[0]
 
     def fence_and_switch(self, j: Journal, schemas: list[str], session: Any, verified: str) -> None:
-        """`_fence_and_switch`."""
-        self._fence_and_switch(j, schemas)
+        """`_fence_and_switch`, comparing under the fence only what ``verified`` left (the suspects)."""
+        self._fence_and_switch(j, schemas, self._suspected if verified else None)
 
     def finish_switch(self, j: Journal, schemas: list[str]) -> None:
         """Carry the IDs again (idempotent): a crash may have come between the commit and the map."""
@@ -480,12 +496,19 @@ class PostgresEngine(PostgresChecks):
                 keys.append(str(col))
         return out
 
-    def _fence_and_switch(self, j: Journal, schemas: list[str]) -> None:
-        """Fence the moving tables, wait for the target, verify, carry the IDs, archive and tombstone."""
+    def _fence_and_switch(self, j: Journal, schemas: list[str], suspects: Suspects | None = None) -> None:
+        """Fence the moving tables, wait for the target, verify, carry the IDs, archive and tombstone.
+
+        With ``suspects`` (the rows were compared before the fence), the
+        target catches up again first, and the check under the lock is
+        `_verify_fenced_pg`; without, every row is hashed (`_verify_pg`).
+        """
+        if suspects is not None:
+            self._level_before_fence(j)
         for attempt in range(1, FENCE_ATTEMPTS + 1):
             fence = self._connect(j.source, timeout_s=_QUERY_TIMEOUT_S)
             try:
-                self._fenced(j, fence, schemas)
+                self._fenced(j, fence, schemas, suspects)
                 return
             except Exception as exc:
                 if getattr(exc, "sqlstate", None) not in _RETRY_LOCK or attempt == FENCE_ATTEMPTS:
@@ -496,7 +519,37 @@ class PostgresEngine(PostgresChecks):
                     fence.close()  # rolls back an unfinished switch and releases the locks
                 self.move.step(fence_ended=time.time())
 
-    def _fenced(self, j: Journal, fence: Any, schemas: list[str]) -> None:
+    def _level_before_fence(self, j: Journal) -> None:
+        """Let the target catch up again, until a round takes under `LEVEL_BEFORE_FENCE_S`: little is
+        left for the fence to wait for (the comparison before it took a while)."""
+        for _ in range(LEVEL_ROUNDS):
+            with self._pg(j.source) as conn:
+                lsn = str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0])
+            t0 = time.monotonic()
+            self._wait_level(j, lsn, CATCH_UP_TIMEOUT_S)
+            if time.monotonic() - t0 < LEVEL_BEFORE_FENCE_S:
+                break
+
+    def _fenced(self, j: Journal, fence: Any, schemas: list[str], suspects: Suspects | None) -> None:
+        if suspects is not None:  # the check's sessions, opened before the lock
+            sessions = self._sessions(j)
+            try:
+                self._fenced_with(j, fence, schemas, suspects, sessions)
+            finally:
+                for c in sessions[0] + sessions[1]:
+                    with suppress(Exception):
+                        c.close()
+        else:
+            self._fenced_with(j, fence, schemas, None, None)
+
+    def _fenced_with(
+        self,
+        j: Journal,
+        fence: Any,
+        schemas: list[str],
+        suspects: Suspects | None,
+        sessions: tuple[list[Any], list[Any]] | None,
+    ) -> None:
         info = self._table_info(fence, schemas)
         tables = sorted(info)
         names = ", ".join(f"{_q(s)}.{_q(t)}" for s, t in tables)
@@ -514,7 +567,10 @@ class PostgresEngine(PostgresChecks):
         self._wait_level(j, lsn, FENCE_WAIT_TIMEOUT_S)
         marks["level_s"] = time.monotonic()
         self.move.step(step="verify", lag_s=0.0)
-        self._verify_pg(j, info)
+        if suspects is None or sessions is None:
+            self._verify_pg(j, info)
+        else:
+            self._verify_fenced_pg(j, info, suspects, sessions)
         marks["verify_s"] = time.monotonic()
         self._disable_subscription(j)
         for shard in range(j.low, j.high + 1):  # next_id() waits on these: no ID leaves the source now
