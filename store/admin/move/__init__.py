@@ -7,6 +7,8 @@ progress.py        the progress file, its bars and its metrics
 mariadb.py         MariaDB shard databases: dump, GTID replication, table locks, renames
 mariadb_verify.py  how a MariaDB move compares the two sides
 postgres.py        PostgreSQL schema shards: logical replication, a lock, tombstone views
+postgres_checks.py what a PostgreSQL move refuses when planned, and how it hashes every row
+postgres_verify.py how a PostgreSQL move compares the two sides on snapshots before its fence
 """
 
 from store.admin.move.engine import MoveContext, MoveEngine
