@@ -26,7 +26,6 @@ the README.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import weakref
@@ -35,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from store.admin.move.progress import move_families, move_progress_path, read_move_progress
 from store.cache.stats import CacheServer, CacheServers
 from store.forks import at_fork
 from store.pool import PoolLoad
@@ -125,7 +125,6 @@ METRIC_NAMES: tuple[str, ...] = (
 
 _BOUNDS_NS: tuple[int, ...] = tuple(round(b * 1e9) for b in BUCKETS_S)
 _NBUCKETS = len(_BOUNDS_NS) + 1  # the last one is +Inf
-_MOVE_PHASES = ("copy", "catch_up", "switch", "done", "aborted")
 
 
 def _add_cells(into: dict[tuple[str, str], list[int]], table: dict[tuple[str, str], list[int]]) -> None:
@@ -137,21 +136,6 @@ def _add_cells(into: dict[tuple[str, str], list[int]], table: dict[tuple[str, st
         else:
             for i, v in enumerate(cell):
                 got[i] += v
-
-
-def move_progress_path(journal: str | Path) -> Path:
-    """Where `store move` keeps the progress of the move journaled in ``journal`` (beside it)."""
-    p = Path(journal)
-    return p.with_name(p.stem + ".progress.json")
-
-
-def read_move_progress(journal: str | Path) -> dict[str, Any] | None:
-    """The progress `store move` last wrote for ``journal``, or None if there is none (or unreadable)."""
-    try:
-        data = json.loads(move_progress_path(journal).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class _Local(threading.local):
@@ -435,27 +419,7 @@ class Metrics:
         yield from (age, leader, standby, lag, deleted)
 
     def _move_families(self, gauge: Any) -> Iterator[Any]:
-        if self.move_journal is None:
-            return
-        p = read_move_progress(self.move_journal)
-        if p is None:
-            return
-        phase = gauge("store_move_phase", "1 for the phase the move is in", labels=["phase"])
-        for name in _MOVE_PHASES:
-            phase.add_metric([name], 1 if p.get("phase") == name else 0)
-        yield phase
-        for name, key, text in (
-            ("store_move_rows_copied", "rows_copied", "Rows on the target so far"),
-            ("store_move_rows_total", "rows_total", "Rows to copy"),
-            ("store_move_bytes_copied", "bytes_copied", "Bytes of the dump loaded"),
-            ("store_move_replication_lag_seconds", "lag_s", "Target's replication lag behind the source"),
-            ("store_move_fenced_seconds", "fenced_s", "How long the source has been (or was) fenced"),
-        ):
-            value = p.get(key)
-            if isinstance(value, int | float):
-                g = gauge(name, text)
-                g.add_metric([], float(value))
-                yield g
+        yield from move_families(gauge, self.move_journal)
 
 
 def _le(bound: float) -> str:

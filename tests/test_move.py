@@ -25,7 +25,7 @@ import yaml
 
 from store import Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
-from store.admin.move import Journal, MoveError, Mover
+from store.admin.move import Journal, MariaDBEngine, MoveError, Mover
 from tests.conftest import MEMCACHED_PORTS, REDIS_TEST_URL, base_config
 from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
 from tests.servers import MariaDBServer, binlog_pair
@@ -258,7 +258,7 @@ def test_abort_before_the_switch_leaves_the_source_serving(
         plan = mover.plan(8, 15, "B")
         j = Journal(plan.low, plan.high, plan.source, plan.target, None, map_version=1)
         j.save(tmp_path / "move.json")
-        mover._copy(j, plan.databases())  # copied, then "crashed" before catching up
+        mover.engine.copy(j, plan.databases())  # copied, then "crashed" before catching up
         with pytest.raises(MoveError, match="is in phase catch_up"):
             mover.start(plan)
         mover.abort()
@@ -485,7 +485,7 @@ def test_fence_sessions_whose_locks_cross_a_writer_give_way_to_one_session(
         result: list[bool] = []
         locking = threading.Thread(
             target=lambda: result.append(
-                mover._lock_together(
+                MariaDBEngine(mover)._lock_together(
                     j, [c.cursor() for c in fence], [[("db00008", "pins")], [("db00009", "pins")]]
                 )
             )
@@ -505,7 +505,7 @@ def test_fence_sessions_whose_locks_cross_a_writer_give_way_to_one_session(
         # A whole move whose sessions always give way: one session fences, and loses nothing.
         # (Giving way is forced: with no time to lock together, sessions could still win the
         # race on an idle machine.)
-        monkeypatch.setattr(Mover, "_lock_together", lambda _self, _j, _sessions, _groups: False)
+        monkeypatch.setattr(MariaDBEngine, "_lock_together", lambda _self, _j, _sessions, _groups: False)
         journal = mover.start(mover.plan(8, 15, "B"))
         assert journal.timings["fenced_sessions"] == 1
         assert store.shard_map.master(8) == "B"

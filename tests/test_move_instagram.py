@@ -164,7 +164,7 @@ def test_instagram_move_with_writers_loses_nothing_and_repeats_no_id(
         assert (plan.source, len(plan.databases())) == ("A", 8)
         assert {t for _d, t, _r, _b in plan.tables} >= {"id_counter", "pins", "boards"}
         ahead_ms = int(time.time() * 1000) + 60_000  # the trigger's clock: ms since 1970
-        fence = mover._fence_and_rename
+        fence = mover.engine.fence_and_switch
         burst_ids: list[int] = []
 
         def burst_then_fence(*args: Any) -> None:
@@ -190,7 +190,7 @@ def test_instagram_move_with_writers_loses_nothing_and_repeats_no_id(
                 acked.update({p: {} for p in burst[80:]})
             fence(*args)
 
-        mover._fence_and_rename = burst_then_fence  # type: ignore[method-assign]
+        mover.engine.fence_and_switch = burst_then_fence  # type: ignore[method-assign]
         journal = mover.start(plan)
         assert len(burst_ids) == 80 + 8 * 300
         before_switch = {s: max(p for p in burst_ids if shard_of(p) == s) for s in MOVING}
@@ -373,8 +373,8 @@ def test_a_switch_that_died_between_stash_and_archive_is_finished_or_undone(
         acked = {store.create("pin", {"n": s}, shard=s): {"n": s} for s in range(SHARDS)}
         made = list(acked)
         mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
-
-        real = mover._archive_stashed
+        plan = mover.plan(8, 15, "B")
+        real = mover.engine._archive_stashed  # type: ignore[attr-defined]
 
         def die(host: str, dbs: list[str]) -> int:
             if not rows(source, "SELECT 1 FROM information_schema.tables WHERE table_name LIKE '%moving'"):
@@ -382,9 +382,9 @@ def test_a_switch_that_died_between_stash_and_archive_is_finished_or_undone(
             rows(source, "DROP TRIGGER db00009.pins_next_id")  # the real one had got this far
             raise KeyboardInterrupt  # then the process went
 
-        mover._archive_stashed = die  # type: ignore[method-assign]
+        mover.engine._archive_stashed = die  # type: ignore[attr-defined]
         with pytest.raises(KeyboardInterrupt):
-            mover.start(mover.plan(8, 15, "B"))
+            mover.start(plan)
         stashed = rows(source, "SELECT table_schema, table_name FROM information_schema.tables "
                        "WHERE table_name LIKE '%moving' ORDER BY 1, 2")  # fmt: skip
         assert ("db00009", "pins__moving") in stashed

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 
 from store import ShardMovedError, Store, StoreConfig, decode_instagram
 from store.admin import check_store, init_shards
-from store.admin.move import Journal, MoveError, Mover
+from store.admin.move import Journal, MoveError, Mover, PostgresEngine
 from store.admin.pg_move import PgMover
 from store.cli import main
 from store.ids import INSTAGRAM_EPOCH_MS
@@ -271,12 +271,12 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
             marks.append(f"{time.monotonic() - t0:.3f} {message[:60]}")
 
         mover = Mover(store, tmp_path / "move.json", say=say)
-        assert isinstance(mover, PgMover)
         plan = mover.plan(moving.start, moving.stop - 1, "B")  # the --dry-run path accepts these shards
+        assert isinstance(mover.engine, PostgresEngine)  # chosen by the source host
         assert (plan.source, len(plan.databases())) == ("A", 32)
         assert {t for _d, t, _r, _b in plan.tables} >= {"pins", "boards", "users", BHP}
         ahead_ms = int(time.time() * 1000) + 60_000  # next_id()'s clock: ms since 1970
-        fence = mover._fence_and_switch
+        fence = mover.engine.fence_and_switch
         burst_ids: list[int] = []
 
         def burst_then_fence(*args: Any) -> None:
@@ -301,7 +301,7 @@ def test_postgres_move_with_writers_loses_nothing_and_repeats_no_id(pair: None, 
             fence(*args)
             marks.append(f"{time.monotonic() - t0:.3f} fence committed")
 
-        mover._fence_and_switch = burst_then_fence  # type: ignore[method-assign]
+        mover.engine.fence_and_switch = burst_then_fence  # type: ignore[method-assign]
         try:
             journal = mover.start(plan)
             assert journal.phase == "done"
@@ -391,9 +391,10 @@ def test_plan_refuses_what_the_move_cannot_finish(tmp_path: Path) -> None:
         init_shards(config)
         with Store(config) as store:
             mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
-            assert isinstance(mover, PgMover)
             with pytest.raises(MoveError, match="wal_level = replica"):
                 mover.plan(4, 7, "A")
+            assert isinstance(mover.engine, PostgresEngine)
+            assert isinstance(PgMover(store, tmp_path / "move.json").engine, PostgresEngine)  # the old name
             with pytest.raises(MoveError, match="are the same server"):
                 mover.plan(0, 3, "A2")
             refusals = [
@@ -544,15 +545,16 @@ def test_a_verify_mismatch_releases_the_fence_and_keeps_the_journal(pair: None, 
     with Store(config) as store:
         acked = {store.create("pin", {"n": s}, shard=s): {"n": s} for s in range(8)}
         mover = Mover(store, tmp_path / "move.json", say=lambda _m: None)
-        real = mover._fence_and_switch
+        plan = mover.plan(4, 7, "B")
+        real = mover.engine.fence_and_switch
 
         def stray_then_fence(*args: Any) -> None:
             sql(TARGET_PORT, "INSERT INTO shard0006.pins (id, data) VALUES (42, '{}')")
             real(*args)
 
-        mover._fence_and_switch = stray_then_fence  # type: ignore[method-assign]
+        mover.engine.fence_and_switch = stray_then_fence  # type: ignore[method-assign]
         with pytest.raises(MoveError, match=r"verify: rows differ for shard0006\.pins"):
-            mover.start(mover.plan(4, 7, "B"))
+            mover.start(plan)
         assert Journal.load(tmp_path / "move.json").phase == "switch"
         status = CliRunner().invoke(main, ["move", "--status", "--journal", str(tmp_path / "move.json")])
         assert status.exit_code == 0, status.output
@@ -565,3 +567,67 @@ def test_a_verify_mismatch_releases_the_fence_and_keeps_the_journal(pair: None, 
     leftovers("A", range(4, 8))
     with Store(config) as fresh:
         assert fresh.get_many(list(acked), type_name="pin") == acked
+
+
+def test_a_row_changed_on_the_target_before_the_fence_is_compared_under_it(
+    pair: None, tmp_path: Path
+) -> None:
+    """A row the target holds otherwise than the source, changed behind replication's back before the
+    snapshots (same count, not the newest key): the comparison before the fence makes it a suspect,
+    the fence compares it, refuses and unlocks; the source serves on and the move aborts."""
+    config = StoreConfig.from_dict(config_for(8, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        acked = {store.create("pin", {"n": i}, shard=s): {"n": i} for i, s in enumerate(list(range(8)) * 3)}
+        said: list[str] = []
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        plan = mover.plan(4, 7, "B")
+        real = mover.engine.verify_before_fence
+
+        def changed_then_verify(*args: Any) -> str:
+            sql(TARGET_PORT, "UPDATE shard0005.pins SET data = '{\"n\": -1}' "
+                "WHERE id = (SELECT min(id) FROM shard0005.pins)")  # fmt: skip
+            return real(*args)
+
+        mover.engine.verify_before_fence = changed_then_verify  # type: ignore[method-assign]
+        with pytest.raises(
+            MoveError, match=r"verify: rows differ for shard0005\.pins; the source was unlocked"
+        ):
+            mover.start(plan)
+        before = [m for m in said if m.startswith("catch up:") and "before the fence" in m]
+        assert len(before) == 1, said
+        assert "1 row(s) changed meanwhile" in before[0]
+        assert [m for m in said if m.startswith("fence:")], said  # found under the fence, not before
+        assert Journal.load(tmp_path / "move.json").phase == "switch"
+        more = store.create("pin", {"more": 1}, shard=5)  # unfenced: the source serves on
+        acked[more] = {"more": 1}
+        assert store.shard_map.master(5) == "A"
+        Mover(store, tmp_path / "move.json", say=lambda _m: None).abort()
+    leftovers("A", range(4, 8))
+    with Store(config) as fresh:
+        assert fresh.get_many(list(acked), type_name="pin") == acked
+
+
+def test_a_postgres_fence_compares_before_the_lock_and_reports_where_its_time_went(
+    pair: None, tmp_path: Path
+) -> None:
+    config = StoreConfig.from_dict(config_for(8, tmp_path, poll_s=0.2))
+    init_shards(config)
+    with Store(config) as store:
+        acked = {store.create("pin", {"n": i}, shard=s): {"n": i} for i, s in enumerate(list(range(8)) * 3)}
+        said: list[str] = []
+        mover = Mover(store, tmp_path / "move.json", say=said.append)
+        journal = mover.start(mover.plan(4, 7, "B"))
+        assert journal.phase == "done"
+        assert store.get_many(list(acked), type_name="pin") == acked
+    steps = [k for k in journal.timings if k.startswith("fence_")]
+    assert steps == ["fence_lock_s", "fence_level_s", "fence_verify_s", "fence_ids_s", "fence_archive_s"]
+    assert abs(sum(journal.timings[k] for k in steps) - journal.timings["fenced_s"]) < 0.01
+    assert journal.timings["checksum_s"] > 0
+    before = [m for m in said if m.startswith("catch up:") and "before the fence" in m]
+    assert len(before) == 1, said
+    assert before[0].startswith("catch up: 36 tables compared on both sides at ")
+    assert "0 row(s) changed meanwhile" in before[0]
+    verify = [m for m in said if m.startswith("verify:")]
+    assert verify[-1].startswith("verify: 36 tables ("), said
+    assert verify[-1].endswith(" rows) end alike on both sides"), said

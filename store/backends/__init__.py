@@ -90,6 +90,8 @@ class Backend:
     #: True if `store move` can move its shards; True if it can be a ticket server or a map table.
     can_move: ClassVar[bool] = False
     can_hold_tickets: ClassVar[bool] = False
+    #: The `store.admin.move` engine that moves its shards (``mariadb``, ``postgres``); None: none does.
+    move_kind: ClassVar[str | None] = None
     #: The names of the databases, schemas and files it makes (`store.naming.Names`): a backend
     #: bound to a namespace is made by `named` (or ``backend_for(url, names)``).
     names: Names = DEFAULT_NAMES

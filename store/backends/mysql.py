@@ -104,6 +104,7 @@ class MySQLBackend(Backend):
     serves_ids = frozenset({"pinterest", "instagram"})
     can_move = True
     can_hold_tickets = True
+    move_kind = "mariadb"
     begin_with_first_statement = True
 
     def _sa_dialect(self) -> Dialect:

@@ -45,7 +45,7 @@ _RETRY = frozenset({"40P01", "40001"})
 # Undefined table, invalid schema name, undefined function.
 _MISSING = frozenset({"42P01", "3F000", "42883"})
 _DUPLICATE = frozenset({"23505"})
-#: The SQLSTATE every statement on a moved shard's tombstone raises (`store.admin.pg_move`).
+#: The SQLSTATE every statement on a moved shard's tombstone raises (`store.admin.move.postgres`).
 TOMBSTONE_SQLSTATE = "ST001"
 # An upsert into a tombstone's view (no key to match ON CONFLICT): the store's
 # tables always have one, so this only ever answers for a moved shard.
@@ -178,6 +178,7 @@ class PostgresBackend(Backend):
         return getattr(exc, "sqlstate", None) == "42501"
 
     schema_shards = True
+    move_kind = "postgres"
     invalidation_modes = ("log",)
 
     @property

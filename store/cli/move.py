@@ -77,11 +77,6 @@ def move(
             raise ConfigError("store move needs --shards A-B and --to HOST (or --resume/--abort/--cleanup)")
         wanted = parse_shards(shard_text, store.config.shards)
         assert wanted is not None
-        from store.admin.pg_move import PgMover, is_postgres
-
-        if not isinstance(mover, PgMover) and is_postgres(store, store.shard_map.master(wanted.start)):
-            mover = PgMover(store, journal, say=say)  # PostgreSQL shards in a mixed config
-            mover.watch = watch
         plan = mover.plan(wanted.start, wanted.stop - 1, to_host, slave_host)
         admin_log("move").info(
             "move: planned",
