@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from store import Store, StoreConfig
+from store.admin import init_shards
 from tests.conftest import (
     APP_USER,
     cached_mariadb_config,
@@ -67,6 +68,7 @@ def warm_store(request: pytest.FixtureRequest, known: Known) -> Iterator[Store]:
             request.getfixturevalue("memcached_pair"), request.getfixturevalue("redis_ready")
         )
         raw["cache"]["follow"] = True
+        init_shards(StoreConfig.from_dict(raw))  # makes the namespace's log: the application account may not
     with Store(_config(raw)) as store:
         known.warm(store)
         known.warm(store)  # the second time from the caches, where there are caches
@@ -190,6 +192,8 @@ def check_forked_workers(store: Store, known: Known) -> None:
     errors = sum(r[3] for r in got) + (WORKERS - len(got))
     seen = [s for r in got for s in r[4]][:5]
     print(f"workers: {wrong} wrong, {errors} errors; parent: {p_wrong} wrong, {p_errors} errors")
+    if store._follower is not None:  # (a failing pass would churn the parent's connections)
+        assert not store._follower.last_error, store._follower.last_error
     assert (wrong, errors) == (0, 0), f"{wrong} wrong answers, {errors} errors in the workers: {seen}"
     assert (p_wrong, p_errors) == (0, 0), f"the parent: {p_wrong} wrong, {p_errors} errors: {p_seen}"
 
