@@ -14,6 +14,7 @@ Parameters are positional, in the order each statement's docstring gives
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,10 @@ _IN = "__in__"
 _ROWS = "__rows__"
 _CASE_N = "__case_n__"
 _CASE_V = "__case_v__"
+
+
+#: A relation's name, as the config checks it: safe to write into a statement's text.
+_RELATION_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 
 
 def _p(name: str) -> BindParameter[Any]:
@@ -381,8 +386,9 @@ class PairRowsStatements(Statements):
     - insert_new (from, to, seq): the same, skipping a pair that exists (rowcount: the new ones);
     - move (from, to, seq): an upsert of rows known present, setting their sequence;
     - delete (from, to): through the primary key;
-    - count_add (relation, from, n, k): the count grows by n and the version by k (a new
-      counts row starts at n, version k);
+    - count_add (from, n, k): the count grows by n and the version by k (a new counts row
+      starts at n, version k); the relation's name is in the text; count_add_ones (from): the
+      same with n = k = 1 in the text;
     - count_change: (from, n) per row, then (from, k) per row, then (relation), then (from) per
       row: a counts row that is there changes by n, its version by k (none is made);
     - versions (relation) then (from) per row: one row, one value, ``from:version;`` for each
@@ -411,8 +417,16 @@ class PairRowsStatements(Statements):
         rel, cf = _p("r"), _p("cf")
         added: ColumnClause[Any] = literal_column("VALUES(version)")
         up = backend.upsert_add(c, ("relation", "from_id"), "n", also={"version": c.c.version + added})
-        count_add = up.values(relation=rel, from_id=cf, n=_p("n"), version=_p("k"))
-        self._add("count_add", count_add, ["r", "cf", "n", "k"])
+        # The relation's name is written into the count rows' text, not bound once a row (a batch of
+        # new pairs of one board grows a hundred pins' counts): config names are plain identifiers.
+        if not _RELATION_NAME.fullmatch(relation):
+            raise ValueError(f"relation name {relation!r} is not a lower_snake_case identifier")
+        named: ColumnClause[Any] = literal_column(f"'{relation}'")
+        count_add = up.values(relation=named, from_id=cf, n=_p("n"), version=_p("k"))
+        self._add("count_add", count_add, ["cf", "n", "k"])
+        # Each list grown by one pair, its version by one: the common case of a batch of new pairs.
+        one: ColumnClause[Any] = literal_column("1")
+        self._add("count_add_ones", up.values(relation=named, from_id=cf, n=one, version=one), ["cf"])
         some = c.c.from_id.in_([literal_column(_ROWS)])
         change = update(c).where(c.c.relation == rel, some)
         change = change.values(
@@ -427,7 +441,8 @@ class PairRowsStatements(Statements):
             "insert": "(%s, %s, %s)",
             "insert_new": "(%s, %s, %s)",
             "move": "(%s, %s, %s)",
-            "count_add": "(%s, %s, %s, %s)",
+            "count_add": f"('{relation}', %s, %s, %s)",
+            "count_add_ones": f"('{relation}', %s, 1, 1)",
             "count_change": "%s",
             "versions": "%s",
             "dead": "%s",

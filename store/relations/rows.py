@@ -310,8 +310,11 @@ class SideRows:
                 for (_r, f), (c, n) in lists.items():
                     (grown if n > 0 else other).append((f, c, n))
                 if grown:
-                    added: list[Any] = [x for f, c, n in grown for x in (relation, f, n, c)]
-                    out.append((sql(side, "count_add", len(grown)), added))
+                    if all(n == 1 and c == 1 for _f, c, n in grown):  # (each list one new pair)
+                        out.append((sql(side, "count_add_ones", len(grown)), [f for f, _c, _n in grown]))
+                    else:
+                        added: list[Any] = [x for f, c, n in grown for x in (f, n, c)]
+                        out.append((sql(side, "count_add", len(grown)), added))
                     sent.append(("count_add", -1))
                 if other:
                     whens_n = [x for f, _c, n in other for x in (f, n)]
