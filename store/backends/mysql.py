@@ -25,6 +25,7 @@ from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.engine import URL, Dialect
 
 from store.backends import Backend, ErrorKind
+from store.backends.inventory import ServerInventory, ShardCopy, shard_number
 from store.backends.mysql_driver import (
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
@@ -342,8 +343,6 @@ class MySQLBackend(Backend):
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
         """Shard databases (live, tombstone or empty) and move archives, of this namespace only."""
-        from store.admin.ownership import ServerInventory, ShardCopy, shard_number
-
         names = self.names
         inv = ServerInventory()
         with open_cursor() as cur:
@@ -606,8 +605,6 @@ def leave_tombstones(
     binlog (the renames were too), so replicas of this host never see half a
     switch. Idempotent: a resumed move runs it again.
     """
-    from store.admin.ownership import shard_number
-
     wanted = sorted(set(shards))
     if not wanted:
         return 0
