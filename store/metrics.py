@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from store.admin.move.progress import move_families, move_progress_path, read_move_progress
 from store.cache.invalidators import invalidators
 from store.cache.stats import CacheServer, CacheServers
 from store.forks import at_fork
+from store.move_progress import move_families, move_progress_path, read_move_progress
 from store.pool import PoolLoad
 from store.threadends import on_thread_end
 
