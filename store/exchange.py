@@ -39,7 +39,6 @@ from typing import IO, Any
 import orjson
 from sqlalchemy import MetaData, bindparam
 
-from store.admin.repair import repair_unique
 from store.backends import Backend
 from store.backends.statements import Statements
 from store.backends.tables import object_table
@@ -48,6 +47,7 @@ from store.cache.leases import wall_ms
 from store.context import AdminContext, HasAdminContext
 from store.exceptions import BadRecordError, ConfigError, LimitError, StoreError, brief
 from store.scan import Scan, scan_shards, scan_token
+from store.unique_repair import repair_unique
 
 __all__ = ["FORMAT", "IMPORT_BATCH", "ExportReport", "ImportReport", "export_records", "import_records"]
 

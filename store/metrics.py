@@ -34,9 +34,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from store.admin.move.progress import move_families, move_progress_path, read_move_progress
+from store.cache.invalidators import invalidators
 from store.cache.stats import CacheServer, CacheServers
 from store.forks import at_fork
+from store.move_progress import move_families, move_progress_path, read_move_progress
 from store.pool import PoolLoad
 from store.threadends import on_thread_end
 
@@ -380,8 +381,6 @@ class Metrics:
 
     def _invalidator_families(self, gauge: Any) -> Iterator[Any]:
         """Each server's invalidation daemon as it publishes itself in the caches (if configured)."""
-        from store.invalidate.view import invalidators
-
         rows: dict[str, dict[str, Any]] = {}
         for store in list(self._stores):
             for row in invalidators(store):

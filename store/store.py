@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from store.bulk_create import BulkCreates
 from store.cache import Caches, build_caches
 from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
+from store.cache.heartbeat import HeartbeatTrust
 from store.cache.lists import ListCache
 from store.config import StoreConfig
 from store.context import AdminContext
@@ -650,8 +651,6 @@ def _trust_heartbeats(config: StoreConfig, router: Router, caches: Caches) -> No
     peek = getattr(objects.store, "peek_many", None) if objects is not None else None
     if peek is None or not config.cache.daemon_hosts(config.hosts):
         return
-    from store.invalidate.heartbeat import HeartbeatTrust
-
     assert objects is not None
     trust = HeartbeatTrust(objects.store, caches.prefix, lambda: {r.master for r in router.shard_map})
     for cache in (caches.objects, caches.lists):

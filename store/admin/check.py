@@ -201,8 +201,8 @@ def check_store(
 
 def _heartbeats(ctx: AdminContext, report: CheckReport) -> None:
     """Each host a `store invalidate` daemon should follow has a heartbeat within ``max_stale_s``."""
+    from store.cache.heartbeat import decode_heartbeat, heartbeat_key
     from store.cache.leases import wall_ms
-    from store.invalidate.heartbeat import decode_heartbeat, heartbeat_key
 
     config = ctx.config
     hosts = config.cache.daemon_hosts(sorted(config.hosts))

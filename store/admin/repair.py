@@ -14,19 +14,20 @@ the tables stored on the shards it is given, in key order and in chunks, and
 checks the other side with one query per chunk and shard. It can run while
 the application writes: each fix takes the primary pair's lock, as link and
 unlink do, and copies the primary row as it is at that moment.
+
+`repair_unique` (unique keys' rows to match the live objects) is
+`store.unique_repair`'s, so that an import can run it; it is exported here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from store.context import AdminContext, HasAdminContext
 from store.exceptions import StoreError, UnknownRelationError
-from store.ids import encode_pinterest
 from store.specs import RelationSpec
-from store.unique import UniqueRepairReport
+from store.unique_repair import repair_unique
 
 __all__ = ["RepairReport", "repair_relations", "repair_unique"]
 
@@ -156,33 +157,3 @@ class _Repair:
                 actual = self.repo.recount(h, spec.name, from_id)
                 self.service.invalidate([(spec.name, from_id)])
             self.report.counts_fixed.append((spec.name, from_id, kept, actual))
-
-
-def repair_unique(
-    store: HasAdminContext, *, dry_run: bool = False, shards: Iterable[int] | None = None
-) -> UniqueRepairReport:
-    """Make the unique keys' rows (config ``unique:``) match the live objects; see `UniqueKeys.repair`.
-
-    Reads every live object of each keyed type, shard by shard (on ``shards`` only, if given,
-    and then only the key rows stored there are scanned).
-    """
-    ctx = store.admin_context()
-    if ctx.unique is None:
-        return UniqueRepairReport()
-    instagram = ctx.config.ids == "instagram"
-    only = None if shards is None else frozenset(shards)
-
-    def objects(type_name: str) -> Iterable[tuple[int, dict[str, Any]]]:
-        spec = ctx.router.type(type_name)
-        decode = ctx.objects.repo.decode
-        for r in ctx.shard_map:
-            for shard in r.shards():
-                if only is not None and shard not in only:
-                    continue
-                h = ctx.engines.shard(shard, r.master)
-                key = "id" if instagram else "local_id"
-                sql = f"SELECT {key}, data FROM {h.table(spec.table)} WHERE active = 1"
-                for k, text in h.read(sql, (), one=False):
-                    yield (int(k) if instagram else encode_pinterest(shard, spec.id, int(k))), decode(text)
-
-    return ctx.unique.repair(objects, holders=ctx.objects, dry_run=dry_run, shards=only)

@@ -258,7 +258,7 @@ class Backend:
         raise NotImplementedError
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
-        """The shard databases on the server (`store.admin.ownership.ServerInventory`)."""
+        """The shard databases on the server (`store.backends.inventory.ServerInventory`)."""
         raise NotImplementedError
 
     def tombstones(self, cur: Any, shards: Iterable[int]) -> dict[int, tuple[str, int]]:

@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends import Backend, ErrorKind
+from store.backends.inventory import ServerInventory, ShardCopy, shard_number
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
 from store.naming import ADDED_VERSION, NEXT_ID, TOMBSTONE_TABLE, Names
@@ -278,8 +279,6 @@ class PostgresBackend(Backend):
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
         """Shard schemas (live, tombstone or empty) and move archives (``moved_shard0042``), of this
         namespace only."""
-        from store.admin.ownership import ServerInventory, ShardCopy, shard_number
-
         names = self.names
         inv = ServerInventory()
         with open_cursor() as cur:

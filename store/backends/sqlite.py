@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends import Backend, ErrorKind
+from store.backends.inventory import ServerInventory, ShardCopy
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import ConfigError
 from store.naming import ADDED_VERSION
@@ -130,8 +131,6 @@ class SQLiteBackend(Backend):
 
     def inventory(self, url: URL, open_cursor: Callable[[], Any]) -> Any:
         """The shard files in the host's folder, opened read-only (a look never creates a shard)."""
-        from store.admin.ownership import ServerInventory, ShardCopy
-
         inv = ServerInventory()
         for path in sorted(Path(str(url.database)).glob(self.names.sqlite_glob)):
             shard = self.names.database_shard(path.name.removesuffix(".sqlite3"))

@@ -8,7 +8,7 @@ leads, holding the server's named lock on its own connection
 (`store.invalidate.leader`); others wait as standbys and take over when the
 leader's connection goes.
 
-The trust rule. A heartbeat of host H says ``T S`` (`store.invalidate.heartbeat`):
+The trust rule. A heartbeat of host H says ``T S`` (`store.cache.heartbeat`):
 every write to H that committed before T has had its keys deleted at some
 moment after its commit, and the daemon has kept that up without a break
 since S. A cache entry carries F, the time just before the database read
@@ -41,8 +41,8 @@ Clocks: T is the daemon's wall clock and F the reader's; their skew adds to
 the bound.
 """
 
+from store.cache.heartbeat import HEARTBEAT_EVERY_S, Heartbeat, HeartbeatTrust, heartbeat_key
 from store.invalidate.daemon import CacheDeleteError, Daemon, HostInvalidator
-from store.invalidate.heartbeat import HEARTBEAT_EVERY_S, Heartbeat, HeartbeatTrust, heartbeat_key
 
 __all__ = [
     "HEARTBEAT_EVERY_S",

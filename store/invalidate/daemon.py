@@ -15,20 +15,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from store.cache.follower import CLEAN_BATCH, parse_entries
-from store.cache.leases import wall_ms
-from store.config import StoreConfig
-from store.exceptions import ConfigError, StoreError
-from store.ids import encode_pinterest
-from store.invalidate.heartbeat import (
+from store.cache.heartbeat import (
     HEARTBEAT_EVERY_S,
     HEARTBEAT_TTL_S,
     Heartbeat,
     encode_heartbeat,
     heartbeat_key,
 )
+from store.cache.invalidators import STATUS_TTL_S, encode_status, servers_of, status_key
+from store.cache.leases import wall_ms
+from store.config import StoreConfig
+from store.exceptions import ConfigError, StoreError
+from store.ids import encode_pinterest
 from store.invalidate.leader import Leadership, close_quietly, lock_name
 from store.invalidate.sources import POSITION_TABLE, BinlogKeys, BinlogSource, LogTableSource, Position
-from store.invalidate.view import STATUS_TTL_S, encode_status, servers_of, status_key
 from store.naming import Names
 
 __all__ = ["CacheDeleteError", "Daemon", "HostInvalidator", "position_key"]
@@ -122,7 +122,7 @@ class HostInvalidator:
         self.role = "stopped"
 
     def _announced(self) -> None:
-        """Publish this invalidator's status for operators (`store.invalidate.view`); never raises."""
+        """Publish this invalidator's status for operators (`store.cache.invalidators`); never raises."""
         if self._announce is not None:
             try:
                 self._announce(self)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from store.cache.follower import VERSION_MARK, Follower, LogSource, log_entries
+from store.cache.heartbeat import Heartbeat
 from store.cache.leases import wall_ms
-from store.invalidate.heartbeat import Heartbeat
 from store.naming import DEFAULT_NAMES, Names
 
 __all__ = ["BinlogKeys", "BinlogSource", "LogTableSource", "Position"]

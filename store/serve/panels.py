@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from store.admin.check import load_report
+from store.cache.invalidators import invalidators
 from store.exceptions import StoreError
-from store.invalidate.view import invalidators
 from store.metrics import cache_breakers, read_move_progress, redis_address, redis_servers
 from store.store import Store
 

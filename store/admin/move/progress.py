@@ -1,10 +1,11 @@
 """Where a running move stands, for operators: the progress file beside the journal, its bars, its metrics.
 
-`MoveProgress` writes the file (`move_progress_path`) at every step and
-while the move runs; `read_move_progress` reads it back (``store serve``,
-``store move --status``), `progress_line` and `TerminalProgress` draw it on a
-terminal, and `move_families` exports it to Prometheus (`store.metrics`).
-A move never depends on it.
+`MoveProgress` writes the file at every step and while the move runs;
+`progress_line` and `TerminalProgress` draw it on a terminal. Where the file
+lies, how it reads back and its metric families are
+`store.move_progress`'s (this module still exports them), so that its
+readers (``store serve``, ``store move --status``, `store.metrics`) need no
+part of the move. A move never depends on it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
+
+from store.move_progress import MOVE_PHASES, move_families, move_progress_path, read_move_progress
 
 __all__ = [
     "FENCE_BAR_S",
@@ -62,51 +64,6 @@ class Journaled(Protocol):
     source: str
     target: str
     phase: str
-
-
-#: The phases a move's journal names (the ``store_move_phase`` metric has one series each).
-MOVE_PHASES = ("copy", "catch_up", "switch", "done", "aborted")
-
-
-def move_progress_path(journal: str | Path) -> Path:
-    """Where `store move` keeps the progress of the move journaled in ``journal`` (beside it)."""
-    p = Path(journal)
-    return p.with_name(p.stem + ".progress.json")
-
-
-def read_move_progress(journal: str | Path) -> dict[str, Any] | None:
-    """The progress `store move` last wrote for ``journal``, or None if there is none (or unreadable)."""
-    try:
-        data = json.loads(move_progress_path(journal).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def move_families(gauge: Any, journal: Path | None) -> Iterator[Any]:
-    """The ``store_move_*`` metric families (``gauge``: `GaugeMetricFamily`) of the move journaled in
-    ``journal``, from its progress file; none without one."""
-    if journal is None:
-        return
-    p = read_move_progress(journal)
-    if p is None:
-        return
-    phase = gauge("store_move_phase", "1 for the phase the move is in", labels=["phase"])
-    for name in MOVE_PHASES:
-        phase.add_metric([name], 1 if p.get("phase") == name else 0)
-    yield phase
-    for name, key, text in (
-        ("store_move_rows_copied", "rows_copied", "Rows on the target so far"),
-        ("store_move_rows_total", "rows_total", "Rows to copy"),
-        ("store_move_bytes_copied", "bytes_copied", "Bytes of the dump loaded"),
-        ("store_move_replication_lag_seconds", "lag_s", "Target's replication lag behind the source"),
-        ("store_move_fenced_seconds", "fenced_s", "How long the source has been (or was) fenced"),
-    ):
-        value = p.get(key)
-        if isinstance(value, int | float):
-            g = gauge(name, text)
-            g.add_metric([], float(value))
-            yield g
 
 
 #: How often a running move samples its target (rows loaded, replication lag) into its progress file.

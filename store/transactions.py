@@ -1,0 +1,428 @@
+"""Transactions on one shard's connection: the cursor that `store` writes through.
+
+`Cursor` and `DBAPIConnection` are the parts of a DBAPI cursor and
+connection that `store` uses. `_Txn` is a transaction's cursor: where the
+backend's connections take several statements per request (MariaDB), the
+BEGIN goes with the transaction's first statement and statements whose
+results are not read go with the next one or with the COMMIT; where the
+driver pipelines (PostgreSQL), they go in one pipeline. Invalidation log
+entries wait for the COMMIT and go as one row. A transaction that hit a
+deadlock or a lock wait timeout is run again (`_retrying`). Checking
+connections out of their pools, and running transactions on one shard or
+two, is `store.engines`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from store.backends import Backend
+from store.exceptions import BackendError, StaleMapError, StoreError
+
+__all__ = ["Cursor", "DBAPIConnection"]
+
+T = TypeVar("T")
+
+_TXN_ATTEMPTS = 4
+
+
+class Cursor(Protocol):
+    """The part of a DBAPI cursor that `store` uses."""
+
+    @property
+    def lastrowid(self) -> int | None:
+        """The id the last INSERT made."""
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed (or returned)."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any:
+        """Run one statement."""
+
+    def executemany(self, sql: str, params: Any, /) -> Any:
+        """Run one statement for many parameter sets."""
+
+    def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run several statements (in one request where the backend can); (rowcount, lastrowid) of each."""
+
+    def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
+        """`batch`, reading each statement's rows: (rowcount, rows) of each ([] if it returns none)."""
+
+    def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run ``statements``, then COMMIT (in one request where the backend can); (rowcount,
+        lastrowid) of each. What the cursor runs next is a new transaction."""
+
+    def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
+        """Run a statement whose rows are not read (in a transaction: possibly with the next request);
+        ``seen`` is told its ``lastrowid`` once its result is in."""
+
+    def defer_log(self, sql: str, at_ms: int, entries: str, /) -> None:
+        """Log ``entries`` (`store.cache.follower`) with the transaction's COMMIT, one row for all of them."""
+
+    def defer_log_version(
+        self, sql: str, at_ms: int, entry: str, version: str, params: Sequence[Any], /
+    ) -> None:
+        """Log a list's ``entry`` in the same row, followed by its version as the transaction leaves it."""
+
+    def fetchone(self) -> Any:
+        """The next row or None."""
+
+    def fetchall(self) -> Any:
+        """Every remaining row."""
+
+    def close(self) -> Any:
+        """Release the cursor."""
+
+
+class DBAPIConnection(Protocol):
+    """The part of a DBAPI connection that `store` uses."""
+
+    def cursor(self) -> Cursor:
+        """A new cursor."""
+
+    def close(self) -> Any:
+        """Close the connection."""
+
+
+class _LogRow:
+    """A transaction's pending log row: the host's plain log INSERT, the time, plain entries, and
+    lists to name with their versions (entry, version query, its parameters)."""
+
+    __slots__ = ("at_ms", "entries", "sql", "versions")
+
+    def __init__(self, sql: str, at_ms: int) -> None:
+        self.sql = sql
+        self.at_ms = at_ms
+        self.entries: list[str] = []
+        self.versions: list[tuple[str, str, Sequence[Any]]] = []
+
+
+def _answer(cursor: Any) -> tuple[int, int]:
+    """(rowcount, lastrowid) of the statement ``cursor`` last ran (a PostgreSQL cursor has no lastrowid)."""
+    return int(cursor.rowcount), int(getattr(cursor, "lastrowid", 0) or 0)
+
+
+class _Txn:
+    """A transaction's cursor: fewer round trips where the backend takes several statements a request.
+
+    There (`Backend.begin_with_first_statement`), ``BEGIN`` goes out with the
+    first statement, and statements whose results the transaction does not
+    read (`defer`: the count updates) go out with the next statement or with
+    ``COMMIT``, in order. Elsewhere every statement is its own request.
+    Invalidation log entries (`defer_log`, `defer_log_version`) wait for the
+    COMMIT and go as one row, however many writes of the transaction named keys.
+    """
+
+    __slots__ = ("_backend", "_batch", "_begin", "_c", "_deferred", "_log", "_pipe", "_seen")
+
+    def __init__(self, cursor: Any, backend: Backend) -> None:
+        self._c = cursor
+        self._batch = backend.begin_with_first_statement
+        # Where the driver pipelines (`Backend.pipelines`): BEGIN and the deferred statements go out
+        # in one pipeline with the next statement; a statement's result is read before the next.
+        self._pipe = backend.pipelines and not self._batch
+        self._begin: str | None = backend.begin
+        self._deferred: list[tuple[str, Sequence[Any]]] = []
+        #: (index in ``_deferred``, told the statement's ``lastrowid`` once its result is read).
+        self._seen: list[tuple[int, Callable[[int], None]]] = []
+        self._backend = backend
+        #: The pending log row; None if nothing to log.
+        self._log: _LogRow | None = None
+        if not self._batch and not self._pipe:
+            self._open()
+
+    def _send(
+        self,
+        own: Sequence[tuple[str, Sequence[Any] | None]],
+        *,
+        rowless: bool = False,
+        rows: list[list[Any]] | None = None,
+    ) -> list[tuple[int, int]]:
+        """BEGIN (if not yet sent), the deferred statements, then ``own``, in one request;
+        (rowcount, lastrowid) of each of ``own`` (the cursor is left on the last one's rows).
+
+        ``rowless``: no statement of ``own`` returns rows, so where the driver's cursor reads
+        such a request's answers in one go (``execute_oks``, the store's PyMySQL cursor), it does.
+        ``rows``, if given, gets each of ``own``'s rows ([] for a statement that returns none).
+        """
+        if self._pipe:
+            return self._pipelined(own)
+        parts: list[str] = []
+        args: list[Any] = []
+        if self._begin is not None:
+            parts.append(self._begin)
+            self._begin = None
+        first = len(parts)  # the index of the first deferred statement's result
+        for text, given in self._deferred:
+            parts.append(text)
+            args.extend(given)
+        self._deferred.clear()
+        seen = {first + i: tell for i, tell in self._seen}
+        self._seen.clear()
+        mine = len(parts)
+        for text, values in own:
+            parts.append(text)
+            if values is not None:
+                args.extend(values)
+        if args and len(parts) > 1:  # the driver interpolates the whole text: a literal % must be doubled
+            parts = [p if "%s" in p else p.replace("%", "%%") for p in parts]
+        text = parts[0] if len(parts) == 1 else "; ".join(parts)
+        fast = getattr(self._c, "execute_oks", None) if rowless else None
+        if fast is not None:
+            answers: list[tuple[int, int]] = fast(text, tuple(args) if args else None)
+            for i, told in seen.items():
+                told(answers[i][1])
+            return answers[mine:]
+        self._c.execute(text, tuple(args) if args else None)
+        results: list[tuple[int, int]] = []
+        for i in range(len(parts)):
+            if i:
+                self._c.nextset()  # on to the next statement's result; an error of any of them raises here
+            tell = seen.get(i)
+            if tell is not None:
+                tell(int(self._c.lastrowid or 0))
+            if i >= mine:
+                results.append(_answer(self._c))
+                if rows is not None:
+                    rows.append(list(self._c.fetchall()) if self._c.description else [])
+        return results
+
+    def _pipelined(self, own: Sequence[tuple[str, Sequence[Any] | None]]) -> list[tuple[int, int]]:
+        """`_send` where the driver pipelines: BEGIN (if not yet sent), the deferred statements and the
+        first of ``own`` in one pipeline, the rest of ``own`` one by one; (rowcount, lastrowid) of each
+        of ``own``. An error of any statement in the pipeline raises when the pipeline ends."""
+        first: list[tuple[str, Sequence[Any] | None]] = []
+        if self._begin is not None:
+            first.append((self._begin, None))
+            self._begin = None
+        first += self._deferred
+        self._deferred.clear()
+        first += own[:1]
+        if len(first) == 1:
+            self._c.execute(*first[0])
+        elif first:
+            with self._c.pipeline():
+                for text, values in first:
+                    self._c.execute(text, values)
+        out = [_answer(self._c)] if own else []
+        for text, values in own[1:]:
+            self._c.execute(text, values)
+            out.append(_answer(self._c))
+        return out
+
+    def execute(self, sql: str, params: Any = None, /) -> Any:
+        """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
+        if self._pipe:
+            self._pipelined([(sql, params)])
+            return None
+        if not self._batch:
+            self._open()
+            return self._c.execute(sql, params)
+        self._send([(sql, params)])
+        return None
+
+    def _open(self) -> None:
+        """BEGIN, where statements go one by one and the transaction has not begun (`commit_with`)."""
+        if self._begin is not None:
+            self._c.execute(self._begin)
+            self._begin = None
+
+    def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run ``statements`` in one request where the backend can (with BEGIN and anything
+        deferred before them), else one by one; (rowcount, lastrowid) of each, in order."""
+        if self._batch or self._pipe:
+            return self._send(statements, rowless=True)
+        self._open()
+        out: list[tuple[int, int]] = []
+        for sql, params in statements:
+            self._c.execute(sql, params)
+            out.append(_answer(self._c))
+        return out
+
+    def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
+        """`batch`, reading each statement's rows: (rowcount, rows) of each ([] if it returns none)."""
+        if self._batch:
+            rows: list[list[Any]] = []
+            answers = self._send(statements, rows=rows)
+            return [(n, r) for (n, _id), r in zip(answers, rows, strict=True)]
+        out: list[tuple[int, list[Any]]] = []
+        for sql, params in statements:
+            self.execute(sql, params)
+            out.append((self.rowcount, list(self._c.fetchall()) if self._c.description else []))
+        return out
+
+    def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+        """Run ``statements`` and COMMIT: one request with BEGIN and anything deferred where the
+        backend can (and no log row waits: that one goes with a COMMIT of its own); (rowcount,
+        lastrowid) of each. The next statement begins a new transaction, which `commit` ends
+        (nothing is sent if none does)."""
+        if self._batch and self._log is None:
+            out = self._send([*statements, ("COMMIT", None)], rowless=True)[: len(statements)]
+        elif self._pipe:
+            out = self._pipelined_commit(statements)
+        else:
+            out = self.batch(statements)
+            self.commit()
+        self._begin = self._backend.begin  # (one by one: sent before the next statement, `_open`)
+        return out
+
+    def _pipelined_commit(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[int, int]]:
+        """`commit_with` where the driver pipelines: BEGIN (if not yet sent), the deferred
+        statements, ``statements`` (each on a cursor of its own, which keeps its result), the log
+        row and COMMIT in one pipeline; (rowcount, lastrowid) of each of ``statements``. An error
+        of any statement raises when the pipeline ends (the transaction is then rolled back)."""
+        first: list[tuple[str, Sequence[Any] | None]] = []
+        if self._begin is not None:
+            first.append((self._begin, None))
+            self._begin = None
+        first += self._deferred
+        self._deferred.clear()
+        logged = self._log_statement()
+        cursors: list[Any] = []
+        with self._c.pipeline():
+            for text, values in first:
+                self._c.execute(text, values)
+            for text, values in statements:
+                cur = self._c.cursor()
+                cur.execute(text, values)
+                cursors.append(cur)
+            if logged is not None:
+                self._c.execute(*logged)
+            self._c.execute("COMMIT")
+        out = [_answer(cur) for cur in cursors]
+        for cur in cursors:
+            cur.close()
+        return out
+
+    def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
+        """Run ``sql`` whose rows are not read: with the next request where the backend can, else now.
+
+        ``seen``, if given, is told the statement's ``lastrowid`` (0 if none) once its result is in,
+        where the backend returns list versions so (`Backend.list_versions`); else never.
+        """
+        if not self._backend.list_versions:
+            seen = None  # no statement returns a version here: none is told
+        if self._pipe and seen is None:
+            self._deferred.append((sql, params))
+        elif self._batch:
+            if seen is not None:
+                self._seen.append((len(self._deferred), seen))
+            self._deferred.append((sql, params))
+        else:
+            self._open()
+            self._c.execute(sql, params)
+            if seen is not None:
+                seen(int(self._c.lastrowid or 0))
+
+    def defer_log(self, sql: str, at_ms: int, entries: str, /) -> None:
+        """Add ``entries`` to the transaction's one log row, written with the COMMIT (``sql``: the
+        host's log INSERT, taking the time and the entries)."""
+        self._log_row(sql, at_ms).entries.append(entries)
+
+    def defer_log_version(
+        self, sql: str, at_ms: int, entry: str, version: str, params: Sequence[Any], /
+    ) -> None:
+        """Add a list's entry to the transaction's log row, ending in the list's version as the
+        transaction leaves it (``version``: the query of it, with ``params``; see
+        `Backend.change_log_insert_versions`)."""
+        self._log_row(sql, at_ms).versions.append((entry, version, params))
+
+    def _log_row(self, sql: str, at_ms: int) -> _LogRow:
+        log = self._log
+        if log is None:
+            log = self._log = _LogRow(sql, at_ms)
+        return log
+
+    def executemany(self, sql: str, params: Any, /) -> Any:
+        """Run ``sql`` for each parameter set (after BEGIN and anything deferred)."""
+        if self._begin is not None or self._deferred:
+            self._send([], rowless=True)
+        return self._c.executemany(sql, params)
+
+    def commit(self) -> None:
+        """Send what is deferred and the log row, then COMMIT, in one request (nothing if nothing was
+        ever sent)."""
+        logged = self._log_statement()
+        if logged is not None:
+            self.defer(*logged)
+        if self._begin is not None and not self._deferred:
+            self._begin = None  # the transaction never began
+            return
+        self._send([("COMMIT", None)], rowless=True)
+
+    def _log_statement(self) -> tuple[str, Sequence[Any]] | None:
+        """The pending log row's INSERT and its parameters (taken: it is no longer pending), or None."""
+        log = self._log
+        if log is None:
+            return None
+        self._log = None
+        plain = " ".join(log.entries)
+        if log.versions:
+            sql = self._backend.change_log_insert_versions([q for _e, q, _p in log.versions])
+            args: list[Any] = [log.at_ms, plain or None]
+            for entry, _q, given in log.versions:
+                args += [entry, *given]
+            return sql, args
+        return log.sql, (log.at_ms, plain)
+
+    def rollback(self) -> None:
+        """Drop what is deferred; ROLLBACK if the transaction began."""
+        self._deferred.clear()
+        self._seen.clear()
+        self._log = None
+        if self._begin is None:
+            self._c.execute("ROLLBACK")
+        self._begin = None
+
+    def fetchone(self) -> Any:
+        """The next row of the last statement, or None."""
+        return self._c.fetchone()
+
+    def fetchall(self) -> Any:
+        """Every remaining row of the last statement."""
+        return self._c.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed (or returned)."""
+        return int(self._c.rowcount)
+
+    @property
+    def lastrowid(self) -> int | None:
+        """The id the last INSERT made."""
+        return self._c.lastrowid  # type: ignore[no-any-return]
+
+    def close(self) -> Any:
+        """Release the cursor."""
+        return self._c.close()
+
+
+def _rolled_back(txns: Sequence[_Txn]) -> bool:
+    """Roll every one back; True if each ROLLBACK went through (their connections are clean)."""
+    clean = True
+    for t in txns:
+        try:
+            t.rollback()
+        except Exception:
+            clean = False
+    return clean
+
+
+def _refusal(exc: BaseException) -> bool:
+    """True for the store's own refusals raised between statements (not a driver's or a server's error)."""
+    return isinstance(exc, StoreError) and not isinstance(exc, (BackendError, StaleMapError))
+
+
+def _retrying(attempt: Callable[[], T]) -> T:
+    """``attempt()``, again after a deadlock or lock wait timeout (it rolled everything back)."""
+    for n in range(1, _TXN_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except BackendError as exc:
+            if not exc.retryable or n == _TXN_ATTEMPTS:
+                raise
+            time.sleep(0.005 * n)
+    raise AssertionError("unreachable")
