@@ -29,7 +29,7 @@ from store.relations.listcache import RelationListCache, list_key
 from store.relations.repository import Guard, Page, RelationRepository, Side, make_guard, make_side
 from store.relations.writer import Change, PairWriter
 from store.routing import Router
-from store.specs import RelationSpec, TypeSpec
+from store.specs import RelationSpec
 from store.steps import Steps
 
 __all__ = ["REMOVE_CHUNK", "RelationService"]
@@ -37,8 +37,6 @@ __all__ = ["REMOVE_CHUNK", "RelationService"]
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 #: Pairs of a deleted object's list read (and removed) per round.
 REMOVE_CHUNK = 200
-#: What `Router.route` tells of an ID: (shard, its type's spec, the row key, the host).
-Route = tuple[int, TypeSpec, int, str]
 
 
 class RelationService:
@@ -363,45 +361,18 @@ class RelationService:
     def _sides(
         self, spec: RelationSpec, from_id: int, to_id: int, *, guarded: bool
     ) -> tuple[Side, Side | None]:
-        """(primary side, inverse side or None), routed and type-checked, primary first."""
-        router = self._router
-        here = router.route(from_id, spec.from_type)
+        """(primary side, inverse side or None), routed and type-checked, primary first; ``guarded``:
+        with the object rows a link reads. Each ID is routed once, for its shard and its row alike."""
         if spec.inverse is None:
-            router.route(to_id, spec.to_type)  # (None too: it is no ID)
-            return self._pair(spec, None, from_id, to_id, here, None, guarded=guarded)
-        inverse = router.relation(spec.inverse)  # (its from type is this one's to type)
-        there = router.route(to_id, inverse.from_type)
-        return self._pair(spec, inverse, from_id, to_id, here, there, guarded=guarded)
-
-    def _pair(
-        self,
-        spec: RelationSpec,
-        inverse: RelationSpec | None,
-        from_id: int,
-        to_id: int,
-        here: Route,
-        there: Route | None,
-        *,
-        guarded: bool,
-    ) -> tuple[Side, Side | None]:
-        """The sides of a pair whose IDs are routed (``here`` ``from_id``'s route, ``there`` ``to_id``'s
-        as the inverse's from-ID), primary first; ``guarded``: with the object rows a link reads.
-
-        Each ID is routed once, for its shard and its object row alike."""
-        shard, t, key, host = here
-        h = self._shard(shard, host)
-        if inverse is None or there is None:
-            return Side(h, spec.name, from_id, to_id), None
-        other_shard, other_t, other_key, other_host = there
-        other_h = self._shard(other_shard, other_host)
-        if guarded:
-            k = self._object_key
-            mine = Side(h, spec.name, from_id, to_id, Guard(f"{spec.from_type} {from_id}", t.table, k, key))
-            guard = Guard(f"{inverse.from_type} {to_id}", other_t.table, k, other_key)
-            theirs = Side(other_h, inverse.name, to_id, from_id, guard)
-        else:
-            mine, theirs = Side(h, spec.name, from_id, to_id), Side(other_h, inverse.name, to_id, from_id)
-        return (mine, theirs) if spec.primary else (theirs, mine)
+            shard, _t, _key, host = self._router.route(from_id, spec.from_type)
+            self._router.route(to_id, spec.to_type)  # (None too: it is no ID)
+            return Side(self._shard(shard, host), spec.name, from_id, to_id), None
+        inverse = self._router.relation(spec.inverse)  # (its from type is this one's to type)
+        here, mine = self._end(from_id, spec.from_type, guarded=guarded)
+        there, theirs = self._end(to_id, inverse.from_type, guarded=guarded)
+        side = make_side(here, spec.name, from_id, to_id, mine)
+        far = make_side(there, inverse.name, to_id, from_id, theirs)
+        return (side, far) if spec.primary else (far, side)
 
     def _invalidate_sides(self, primary: Side, inverse: Side | None) -> None:
         sides = [primary] if inverse is None else [primary, inverse]
