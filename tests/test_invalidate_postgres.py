@@ -100,6 +100,8 @@ def test_the_daemon_deletes_what_writers_lost_on_postgres(raw: dict[str, Any]) -
             # The window is 30 s: only the daemon's deletes can make the reader see these.
             took = _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 1}, within_s=5)
             _wait_for(lambda: set(reader.links("board_has_pins", board)) == {pin, pin2}, within_s=5)
+            # The daemon counts a pass's deletes after it sends them: the reader can see them first.
+            _wait_for(lambda: daemon.status()[0]["keys_deleted"] >= 2, within_s=5)
             (status,) = daemon.status()  # both host names are one server: one invalidator
             assert status["role"] == "leader"
             assert status["hosts"] == ["PG1", "PG2"]
