@@ -108,9 +108,16 @@ def template_datadir() -> Path:
         os.chmod(base, 0o755)
         datadir = base / "data"
         user = ["--user=mysql"] if os.geteuid() == 0 else []
+        # A tmpdir of its own: a mariadbd starting up deletes every ``#sql*``
+        # file in its tmpdir, which in the shared /tmp are other servers' live
+        # temporary tables.
+        tmpdir = base / "tmp"
+        tmpdir.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(tmpdir, "mysql", "mysql")
         subprocess.run(
             [install, *user, f"--datadir={datadir}", "--auth-root-authentication-method=normal",
-             "--skip-test-db"],
+             "--skip-test-db", f"--tmpdir={tmpdir}"],
             check=True,
             capture_output=True,
         )  # fmt: skip
@@ -140,13 +147,18 @@ class MariaDBServer:
         self._mariadbd = _require("mariadbd")
         # cp -a keeps the mysql user's ownership (the tests run as root in CI).
         subprocess.run(["cp", "-a", "--reflink=auto", str(template_datadir()), str(datadir)], check=True)
+        # Its own tmpdir (see `template_datadir`): startup deletes ``#sql*`` files there.
+        self.tmpdir = self.base / "tmp"
+        self.tmpdir.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(self.tmpdir, "mysql", "mysql")
 
     def start(self) -> None:
         user = ["--user=mysql"] if os.geteuid() == 0 else []
         log = open(self.datadir.parent / f"mariadb-{self.port}.log", "ab")  # noqa: SIM115 - kept by the child
         self.proc = subprocess.Popen(
             [self._mariadbd, "--no-defaults", *user, f"--datadir={self.datadir}", f"--port={self.port}",
-             f"--socket={self.datadir}/sock", "--bind-address=127.0.0.1",
+             f"--socket={self.datadir}/sock", f"--tmpdir={self.tmpdir}", "--bind-address=127.0.0.1",
              "--innodb-buffer-pool-size=32M", f"--log-error={self.base}/err.log",
              # Each commit reaches the OS at once, so it survives a SIGKILL of
              # mariadbd (not a power cut); fsync per commit would triple the run.
