@@ -92,6 +92,12 @@ _template_lock = threading.Lock()
 _template: Path | None = None
 
 
+#: The test servers' InnoDB redo log: 16 MB, not the default 96 MB, so that each server's copy of
+#: the template is a third of the size (the tests' writes are small; a server started with another
+#: size would rebuild its log at startup).
+REDO_LOG = "--innodb-log-file-size=16M"
+
+
 def template_datadir() -> Path:
     """A MariaDB data directory fresh from ``mariadb-install-db``, made once per process.
 
@@ -117,7 +123,7 @@ def template_datadir() -> Path:
             shutil.chown(tmpdir, "mysql", "mysql")
         subprocess.run(
             [install, *user, f"--datadir={datadir}", "--auth-root-authentication-method=normal",
-             "--skip-test-db", f"--tmpdir={tmpdir}"],
+             "--skip-test-db", f"--tmpdir={tmpdir}", REDO_LOG],
             check=True,
             capture_output=True,
         )  # fmt: skip
@@ -159,7 +165,7 @@ class MariaDBServer:
         self.proc = subprocess.Popen(
             [self._mariadbd, "--no-defaults", *user, f"--datadir={self.datadir}", f"--port={self.port}",
              f"--socket={self.datadir}/sock", f"--tmpdir={self.tmpdir}", "--bind-address=127.0.0.1",
-             "--innodb-buffer-pool-size=32M", f"--log-error={self.base}/err.log",
+             "--innodb-buffer-pool-size=32M", REDO_LOG, f"--log-error={self.base}/err.log",
              # Each commit reaches the OS at once, so it survives a SIGKILL of
              # mariadbd (not a power cut); fsync per commit would triple the run.
              "--innodb-flush-log-at-trx-commit=2", *self.extra],

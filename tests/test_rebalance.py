@@ -290,7 +290,9 @@ def test_rebalance_64_shards_over_four_servers_killed_and_resumed(
         seen.append(line.rstrip())
         second = second or line.startswith("rebalance: move 2 of 3")
         if second and line.startswith("catch up:"):
-            os.kill(proc.pid, signal.SIGKILL)  # mid-move: its own journal says catch_up
+            # Mid-move: its own journal says catch_up, or switch where the child ran on before the
+            # signal landed (a busy machine); either way the move is unfinished.
+            os.kill(proc.pid, signal.SIGKILL)
             break
     proc.wait()
     proc.stdout.close()
@@ -304,8 +306,9 @@ def test_rebalance_64_shards_over_four_servers_killed_and_resumed(
     second_move, last_move = state["moves"][1], state["moves"][2]
 
     status = json.loads(run_cli("move", "--status", "--json", "--journal", f"{journal}.move").stdout)
-    assert (status["phase"], status["low"], status["high"], status["source"], status["target"]) == (
-        "catch_up", second_move["low"], second_move["high"], "A", second_move["target"],
+    assert status["phase"] in ("catch_up", "switch"), status
+    assert (status["low"], status["high"], status["source"], status["target"]) == (
+        second_move["low"], second_move["high"], "A", second_move["target"],
     )  # fmt: skip
     assert status["progress"]["running"] is True  # killed: nobody could say otherwise
 
