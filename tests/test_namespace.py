@@ -8,7 +8,6 @@ data, while running at once.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
