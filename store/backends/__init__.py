@@ -406,7 +406,7 @@ DEFAULT_BACKEND = "mysql"
 def _registry() -> dict[str, Backend]:
     if not _REGISTRY:
         from store.backends.mysql.dialect import MySQLBackend
-        from store.backends.postgres import PostgresBackend
+        from store.backends.postgres.dialect import PostgresBackend
         from store.backends.sqlite import SQLiteBackend
 
         for backend in (MySQLBackend(), PostgresBackend(), SQLiteBackend()):
