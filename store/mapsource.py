@@ -161,7 +161,7 @@ class TableMapSource:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
     ) -> None:
-        from store.backends.mysql import mysql_connector
+        from store.backends.mysql.driver import mysql_connector
 
         # Every query opens its own connection: a server that refuses, or
         # hangs, fails the read within these bounds (the config's, from

@@ -88,7 +88,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 
-from store.backends.mysql import mysql_connector, mysql_driver_error
+from store.backends.mysql.driver import mysql_connector, mysql_driver_error
 from store.cache.stats import Breaker
 from store.config import TicketsConfig
 from store.exceptions import BackendError, TicketError

@@ -1,4 +1,4 @@
-"""`store.backends.pymysql_fast`: the installed PyMySQL has every internal the shortcuts use (the
+"""`store.backends.mysql.pymysql_fast`: the installed PyMySQL has every internal the shortcuts use (the
 canary for a new release), and a driver that lacks one still writes, through the public cursor."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pymysql
 import pytest
 
 from store import Store, StoreConfig
-from store.backends import pymysql_fast
-from store.backends.pymysql_fast import (
+from store.backends.mysql import pymysql_fast
+from store.backends.mysql.pymysql_fast import (
     CONNECTION_INTERNALS,
     TESTED_PYMYSQL,
     TLS_INTERNALS,
@@ -25,6 +25,7 @@ from store.backends.pymysql_fast import (
 from tests.conftest import require_port
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The module's logger keeps the name it had before the module moved into the mysql package.
 LOGGER = "store.backends.pymysql_fast"
 
 
@@ -43,7 +44,7 @@ def test_the_installed_pymysql_has_every_internal_the_shortcuts_use() -> None:
     finally:
         conn.close()
     assert not gaps, (
-        f"PyMySQL {pymysql_version(pymysql)} differs from what store.backends.pymysql_fast was tested "
+        f"PyMySQL {pymysql_version(pymysql)} differs from what store.backends.mysql.pymysql_fast was tested "
         f"with (pymysql{TESTED_PYMYSQL}): " + "; ".join(gaps) + ". Adapt the fast path to this "
         "release (or leave it to the fallback), then widen the pin in pyproject.toml and TESTED_PYMYSQL."
     )

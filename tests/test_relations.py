@@ -19,7 +19,7 @@ from store import (
     WrongTypeError,
     encode_pinterest,
 )
-from store.backends import pymysql_fast
+from store.backends.mysql import pymysql_fast
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"

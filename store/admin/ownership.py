@@ -4,7 +4,7 @@ A shard is live on exactly one host, the one the live map names. When a
 move switches a shard away, its old host keeps a *tombstone* in the shard's
 database: views in place of the moved tables that refuse every read and
 write, and a marker saying where the shard went, in which map version (see
-`store.backends.mysql`). The moved rows wait in the archive database
+`store.backends.mysql.admin`). The moved rows wait in the archive database
 ``moved_dbNNNNN`` until ``store move --cleanup``.
 
 Admin commands that create or drop things in a shard database take the

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from store.backends.mysql import mysql_connector
+from store.backends.mysql.driver import mysql_connector
 from store.exceptions import PromoteError
 from store.shardmap import ShardMap
 from store.store import Store

@@ -331,7 +331,7 @@ def estimate_shard_rows(store: Store, shard_map: ShardMap) -> tuple[dict[int, in
     Returns ``(rows, "")``, or ``(None, why)`` if a host did not answer (the
     plan then counts shards only).
     """
-    from store.backends.mysql import mysql_connector
+    from store.backends.mysql.driver import mysql_connector
 
     rows: dict[int, int] = {}
     by_host: dict[str, set[int]] = {}

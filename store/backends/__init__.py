@@ -1,4 +1,4 @@
-"""Everything that differs between database servers, one module per backend.
+"""Everything that differs between database servers, one module or package per backend.
 
 A `Backend` knows, for one kind of server: how shards are named (a MariaDB
 database ``db00042``, a PostgreSQL schema ``shard0042``, a SQLite file), the
@@ -11,9 +11,24 @@ it can do (make Instagram IDs, move shards, lock a shard for admin work).
 Nothing outside this package branches on a backend's name: the rest of the
 store asks the host's `Backend` (``backend_for(url)``).
 
-    mysql.py      MariaDB / MySQL (PyMySQL or mysqlclient)
-    postgres.py   PostgreSQL (psycopg 3): Instagram IDs, a schema per shard
+    mysql/        MariaDB / MySQL (PyMySQL or mysqlclient)
+      dialect.py      MySQLBackend: names, types, DDL, errors, grants, inventory
+      driver.py       opening a driver's connection, TLS, timeouts
+      pymysql_fast.py the store's shortcuts through PyMySQL's internals
+      admin.py        Instagram IDs' counter and trigger, tombstones, dump and load
+    postgres/     PostgreSQL (psycopg 3): Instagram IDs, a schema per shard
+      dialect.py      PostgresBackend: names, types, DDL, errors, grants, inventory
+      driver.py       opening a psycopg connection, its ``$n`` cursor
+      admin.py        advisory lock keys, the tombstone's error
     sqlite.py     SQLite: a folder of shard files, the embedded default
+    tables.py     the store's tables, once, as SQLAlchemy Core `Table` objects
+    statements.py the statements, built with Core, compiled once per backend and table
+    inventory.py  a server's shards as its backend reads them (live, tombstone, archive)
+
+Each package's ``__init__`` hands on every public name its module had
+before it was a package; ``mysql_driver.py`` and ``pymysql_fast.py`` are the
+first places of ``mysql/driver.py`` and ``mysql/pymysql_fast.py``, and hand
+on their names. Nothing in this package imports a module above it.
 """
 
 from __future__ import annotations
@@ -405,8 +420,8 @@ DEFAULT_BACKEND = "mysql"
 
 def _registry() -> dict[str, Backend]:
     if not _REGISTRY:
-        from store.backends.mysql import MySQLBackend
-        from store.backends.postgres import PostgresBackend
+        from store.backends.mysql.dialect import MySQLBackend
+        from store.backends.postgres.dialect import PostgresBackend
         from store.backends.sqlite import SQLiteBackend
 
         for backend in (MySQLBackend(), PostgresBackend(), SQLiteBackend()):

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from sqlalchemy.engine import make_url
 
-from store.backends.mysql import mysql_connector
+from store.backends.mysql.driver import mysql_connector
 from store.config import TicketsConfig
 from store.tickets import IDS_TABLE, TICKETS_DATABASE, TicketAllocator
 from store.tools.timing import BenchResult, pair

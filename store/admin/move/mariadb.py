@@ -60,16 +60,16 @@ from store.admin.move.engine import MARIADB, MoveContext
 from store.admin.move.mariadb_verify import FENCE_WAIT_TIMEOUT_S, MariaDBVerify, first_key_columns, together
 from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
 from store.backends import backend_for
-from store.backends.mysql import (
+from store.backends.mysql.admin import (
     STASH_SUFFIX,
-    MySQLBackend,
     dump_databases,
     id_trigger,
     leave_tombstones,
     load_dump,
-    mysql_connector,
     table_triggers,
 )
+from store.backends.mysql.dialect import MySQLBackend
+from store.backends.mysql.driver import mysql_connector
 from store.exceptions import BackendError, MoveError
 from store.naming import TOMBSTONE_TABLE, like_escape
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from store.backends.mysql import mysql_connector
+from store.backends.mysql.driver import mysql_connector
 from store.exceptions import MoveError
 
 if TYPE_CHECKING:

@@ -72,12 +72,9 @@ from store.admin.move.postgres_checks import _QUERY_TIMEOUT_S, _lit, _name, _q
 from store.admin.move.postgres_verify import PostgresVerify, Suspects
 from store.admin.ownership import SHARD_LOCK_TIMEOUT_S
 from store.backends import backend_for
-from store.backends.postgres import (
-    PG_LOCK_BASE,
-    TOMBSTONE_SQLSTATE,
-    PostgresBackend,
-    postgres_connector,
-)
+from store.backends.postgres.admin import PG_LOCK_BASE, TOMBSTONE_SQLSTATE
+from store.backends.postgres.dialect import PostgresBackend
+from store.backends.postgres.driver import postgres_connector
 from store.exceptions import MoveError
 from store.naming import TOMBSTONE_TABLE
 from store.tls import postgres_tls

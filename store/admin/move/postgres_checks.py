@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from store.backends.postgres import PostgresBackend
+from store.backends.postgres.dialect import PostgresBackend
 from store.exceptions import MoveError
 from store.naming import TOMBSTONE_TABLE, Names
 

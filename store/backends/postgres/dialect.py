@@ -3,14 +3,14 @@
 Each schema has its own ``next_id()`` and counter; every object table's
 ``id`` defaults to it, and a create reads the ID back with ``INSERT ...
 RETURNING id``. Thousands of logical shards map to a few databases.
+`PostgresBackend` is the dialect; opening a connection is
+`store.backends.postgres.driver`'s; the advisory lock keys and the
+tombstone's error are `store.backends.postgres.admin`'s.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import math
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,34 +24,24 @@ from sqlalchemy.sql.elements import ClauseElement
 
 from store.backends import Backend, ErrorKind
 from store.backends.inventory import ServerInventory, ShardCopy, shard_number
+from store.backends.postgres.admin import PG_LOCK_BASE, TOMBSTONE_SQLSTATE, _admin_key, parse_tombstone
+from store.backends.postgres.driver import postgres_connector
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
-from store.naming import ADDED_VERSION, NEXT_ID, TOMBSTONE_TABLE, Names
+from store.naming import ADDED_VERSION, NEXT_ID, TOMBSTONE_TABLE
 from store.specs import TypeSpec
 from store.tls import absolute_files, postgres_tls
 
-__all__ = [
-    "PG_LOCK_BASE",
-    "TOMBSTONE_SQLSTATE",
-    "PostgresBackend",
-    "dollar_params",
-    "parse_tombstone",
-    "postgres_connector",
-]
+__all__ = ["ROW_PRIVILEGES", "PostgresBackend"]
 
-#: Advisory lock keys of next_id(): one per shard, in a range of their own.
-PG_LOCK_BASE = 0x5707E1D0000
 # Transactions rolled back whole, safe to run again: deadlock, serialization failure.
 _RETRY = frozenset({"40P01", "40001"})
 # Undefined table, invalid schema name, undefined function.
 _MISSING = frozenset({"42P01", "3F000", "42883"})
 _DUPLICATE = frozenset({"23505"})
-#: The SQLSTATE every statement on a moved shard's tombstone raises (`store.admin.move.postgres`).
-TOMBSTONE_SQLSTATE = "ST001"
 # An upsert into a tombstone's view (no key to match ON CONFLICT): the store's
 # tables always have one, so this only ever answers for a moved shard.
 _NO_CONFLICT_KEY = "42P10"
-_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
 
 
 #: What the application account may do to the rows of a shard's tables.
@@ -374,120 +364,6 @@ class PostgresBackend(Backend):
     def ts_now(self) -> ClauseElement | None:
         """``now()``: PostgreSQL has no ON UPDATE."""
         return func.now()
-
-
-def parse_tombstone(message: str) -> tuple[str, int] | None:
-    """(moved_to, map_version) from the error a tombstone raises, or None if it is not one."""
-    found = _TOMBSTONE_PARSE.search(message)
-    return None if found is None else (found.group(1), int(found.group(2)))
-
-
-def _admin_key(shard: int, names: Names) -> int:
-    digest = hashlib.blake2b(f"store-admin:{names.schema_name(shard)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
-
-
-def postgres_connector(
-    url: URL, *, connect_timeout_s: float = 5.0, query_timeout_s: float = 60.0
-) -> Callable[[], Any]:
-    """A function that opens an autocommit psycopg connection to ``url``.
-
-    Its cursors take the store's ``%s`` statements and send them as ``$n``
-    text (`dollar_params`, kept per statement): psycopg's own cursor parses a
-    statement of over 50 parameters or 4,096 characters in Python on every
-    call (about 1 ms for 1,000 parameters).
-
-    A statement runs at most ``query_timeout_s`` on the server; data the
-    server does not acknowledge for that long breaks the connection. The
-    URL's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey`` go to libpq
-    (`store.tls.postgres_tls`); `ConfigError` if they are wrong.
-    """
-    import psycopg
-
-    tls = postgres_tls(url)
-
-    ms = int(query_timeout_s * 1000)
-    kwargs: dict[str, Any] = {
-        "host": url.host or "127.0.0.1",
-        "port": url.port or 5432,
-        "user": url.username or "postgres",
-        "dbname": url.database,
-        "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq: whole seconds, at least 2
-        "options": f"-c statement_timeout={ms}",
-        "tcp_user_timeout": ms,
-        "autocommit": True,
-        "cursor_factory": _dollar_cursor(),
-    }
-    if url.password:
-        kwargs["password"] = url.password
-    kwargs.update(tls)
-
-    def connect() -> Any:
-        try:
-            return psycopg.connect(**kwargs)
-        except psycopg.OperationalError as exc:
-            if f'database "{url.database}" does not exist' in str(exc):
-                raise ConfigError(
-                    f"PostgreSQL has no database {url.database!r} at {kwargs['host']}:{kwargs['port']}: "
-                    f"create it (CREATE DATABASE {url.database}), then run store init"
-                ) from exc
-            raise
-
-    return connect
-
-
-#: The most statements whose ``$n`` text is kept; past it the kept ones are dropped and made again.
-DOLLAR_CACHE_SIZE = 8192
-_dollar_texts: dict[str, str] = {}
-_PERCENT = re.compile(r"%(.)", re.DOTALL)
-
-
-def dollar_params(sql: str) -> str:
-    """``sql`` with its ``%s`` placeholders numbered ``$1, $2, ...`` and each ``%%`` a ``%``.
-
-    What psycopg's cursor does to a statement with parameters, made once per
-    statement text and kept. ``%b`` and ``%t`` count as ``%s`` (the driver
-    picks text or binary by the value). Named placeholders are refused.
-    """
-    out = _dollar_texts.get(sql)
-    if out is not None:
-        return out
-    n = 0
-
-    def number(m: re.Match[str]) -> str:
-        nonlocal n
-        kind = m.group(1)
-        if kind == "%":
-            return "%"
-        if kind not in ("s", "b", "t"):
-            raise BackendError(f"only %s placeholders are sent as $n, not %{kind}: {sql[:200]}")
-        n += 1
-        return f"${n}"
-
-    out = _PERCENT.sub(number, sql)
-    if len(_dollar_texts) >= DOLLAR_CACHE_SIZE:
-        _dollar_texts.clear()
-    _dollar_texts[sql] = out
-    return out
-
-
-@functools.cache
-def _dollar_cursor() -> type[Any]:
-    """psycopg's `RawCursor` (``$n`` placeholders, no parsing) fed the store's ``%s`` statements."""
-    import psycopg
-
-    class DollarCursor(psycopg.RawCursor):
-        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            if params is not None and type(query) is str:
-                query = dollar_params(query)
-            return super().execute(query, params, **kwargs)
-
-        def executemany(self, query: Any, params_seq: Any, **kwargs: Any) -> None:
-            if type(query) is str:
-                query = dollar_params(query)
-            super().executemany(query, params_seq, **kwargs)
-
-    return DollarCursor
 
 
 # -- DDL that is not a table -------------------------------------------------------------
