@@ -108,21 +108,27 @@ class Router:
         The row key is the local id for Pinterest IDs, the whole ID for
         Instagram IDs (which carry no type: the caller names it).
         """
+        # Decoded first (every scheme), then the map asked once.
         if self._instagram:
-            return self._route_instagram(id, type_name)
-        # The hot path of every call: decode inline (decode_pinterest
-        # re-checks and raises the precise IdError for anything odd).
-        if type(id) is int and 0 < id < _ID_LIMIT:
+            shard, spec, key = self._instagram_key(id, type_name)
+        elif type(id) is int and 0 < id < _ID_LIMIT:
+            # The hot path of every call: decode inline (decode_pinterest
+            # re-checks and raises the precise IdError for anything odd).
             shard = id >> 46
-            spec = self._types_by_id.get((id >> 36) & 0x3FF)
-            local_id = id & MAX_LOCAL_ID
+            found = self._types_by_id.get((id >> 36) & 0x3FF)
+            key = id & MAX_LOCAL_ID
+            if found is None or key == 0 or (type_name is not None and found.name != type_name):
+                self._route_error(id, type_name)
+            assert found is not None
+            spec = found
         else:
-            shard, type_id, local_id = decode_pinterest(id)
-            spec = self._types_by_id.get(type_id)
-        if spec is None or local_id == 0 or (type_name is not None and spec.name != type_name):
-            self._route_error(id, type_name)
-        assert spec is not None
-        return shard, spec, local_id, self.shard_map.master(shard)
+            shard, type_id, key = decode_pinterest(id)
+            found = self._types_by_id.get(type_id)
+            if found is None or key == 0 or (type_name is not None and found.name != type_name):
+                self._route_error(id, type_name)
+            assert found is not None
+            spec = found
+        return shard, spec, key, self.shard_map.master(shard)
 
     def check_ids(self, ids: list[int], type_name: str | None = None) -> None:
         """Raise `route`'s error for the first of ``ids`` that does not route; quick for the ones that do.
@@ -180,7 +186,8 @@ class Router:
             out.setdefault(master(shard), {})[shard] = group
         return out
 
-    def _route_instagram(self, id: int, type_name: str | None) -> tuple[int, TypeSpec, int, str]:  # noqa: A002
+    def _instagram_key(self, id: int, type_name: str | None) -> tuple[int, TypeSpec, int]:  # noqa: A002
+        """(shard, type, row key) of an Instagram ID: the type is the caller's, the key the whole ID."""
         # The 13 shard bits, inline; decode_instagram raises the precise IdError.
         well_formed = type(id) is int and 0 < id <= MAX_ID
         shard = (id >> 10) & 0x1FFF if well_formed else decode_instagram(id).shard_id
@@ -190,7 +197,7 @@ class Router:
             )
         if id == 0:
             raise IdError("ID 0 is no object's ID")
-        return shard, self.type(type_name), id, self.shard_map.master(shard)
+        return shard, self.type(type_name), id
 
     def locate(self, id: int, type_name: str | None = None) -> Location:  # noqa: A002
         """`route` as a named tuple."""

@@ -26,7 +26,7 @@ from store.cursors import decode_cursor, encode_cursor
 from store.engines import ShardHandle
 from store.exceptions import DataError, LimitError, brief
 from store.relations.listcache import RelationListCache, list_key
-from store.relations.repository import Guard, Page, RelationRepository, Side, make_guard, make_side
+from store.relations.repository import Guard, Page, RelationRepository, Side
 from store.relations.writer import Change, PairWriter
 from store.routing import Router
 from store.specs import RelationSpec
@@ -116,15 +116,15 @@ class RelationService:
             there = tos.get(to_id)
             if there is None:
                 there = tos[to_id] = self._end(to_id, to_type, guarded=guarded)
-            side = make_side(here[0], name, from_id, to_id, here[1])
-            far = make_side(there[0], other, to_id, from_id, there[1])
+            side = Side(here[0], name, from_id, to_id, here[1])
+            far = Side(there[0], other, to_id, from_id, there[1])
             out.append((side, far) if primary else (far, side))
         return out
 
     def _end(self, id_: int, type_name: str, *, guarded: bool) -> tuple[ShardHandle, Guard | None]:
         """The shard handle of ``id_`` (of type ``type_name``), and its guard if ``guarded``."""
         shard, t, key, host = self._router.route(id_, type_name)
-        guard = make_guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
+        guard = Guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
         return self._shard(shard, host), guard
 
     def apply_changes(self, changes: Sequence[Change]) -> None:
@@ -229,13 +229,16 @@ class RelationService:
         spec = self._router.relation(relation)
         if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
             raise DataError(f"sequence must be a 64-bit signed int, got {brief(sequence)}")
-        first = [self._sides(spec, from_id, to_id, guarded=True)]  # bad input raises before any I/O
+        sides = self._sides(spec, from_id, to_id, guarded=True)  # bad input raises before any I/O
         seq = self._clock_us() if sequence is None else sequence
         move = sequence is not None
+        tries = 0
 
         def write() -> bool:
-            # Routed as the map is now: again after a reroute (the first time, as routed above).
-            primary, inverse = first.pop() if first else self._sides(spec, from_id, to_id, guarded=True)
+            nonlocal tries
+            # On the masters of the map current now: as routed above the first time.
+            primary, inverse = self._on_masters(sides) if tries else sides
+            tries += 1
             return self._written(
                 primary,
                 inverse,
@@ -247,12 +250,29 @@ class RelationService:
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there. One step, as `link`."""
         spec = self._router.relation(relation)
-        first = [self._sides(spec, from_id, to_id, guarded=False)]
+        sides = self._sides(spec, from_id, to_id, guarded=False)
+        tries = 0
 
         def write() -> bool:
-            return self._unlink(*(first.pop() if first else self._sides(spec, from_id, to_id, guarded=False)))
+            nonlocal tries
+            primary, inverse = self._on_masters(sides) if tries else sides
+            tries += 1
+            return self._unlink(primary, inverse)
 
         return self.steps("unlink", write)
+
+    def _on_masters(self, sides: tuple[Side, Side | None]) -> tuple[Side, Side | None]:
+        """``sides``, each on its shard's master by the map current now (a write runs again after a
+        reroute: the IDs' shards stay, their hosts may not)."""
+        master = self._router.shard_map.master
+        moved = []
+        for side in sides:
+            if side is not None and master(side.h.shard) != side.h.host:
+                side = side._replace(h=self._shard(side.h.shard, master(side.h.shard)))
+            moved.append(side)
+        primary, inverse = moved
+        assert primary is not None
+        return primary, inverse
 
     def _unlink(self, primary: Side, inverse: Side | None, pending: list[Change] | None = None) -> bool:
         return self._written(
@@ -368,10 +388,16 @@ class RelationService:
             self._router.route(to_id, spec.to_type)  # (None too: it is no ID)
             return Side(self._shard(shard, host), spec.name, from_id, to_id), None
         inverse = self._router.relation(spec.inverse)  # (its from type is this one's to type)
-        here, mine = self._end(from_id, spec.from_type, guarded=guarded)
-        there, theirs = self._end(to_id, inverse.from_type, guarded=guarded)
-        side = make_side(here, spec.name, from_id, to_id, mine)
-        far = make_side(there, inverse.name, to_id, from_id, theirs)
+        # Inline, not by `_end`: each ID is routed, and its side made, here.
+        route = self._router.route
+        shard, t, key, host = route(from_id, spec.from_type)
+        far_shard, far_t, far_key, far_host = route(to_id, inverse.from_type)
+        mine = theirs = None
+        if guarded:
+            mine = Guard(f"{spec.from_type} {from_id}", t.table, self._object_key, key)
+            theirs = Guard(f"{inverse.from_type} {to_id}", far_t.table, self._object_key, far_key)
+        side = Side(self._shard(shard, host), spec.name, from_id, to_id, mine)
+        far = Side(self._shard(far_shard, far_host), inverse.name, to_id, from_id, theirs)
         return (side, far) if spec.primary else (far, side)
 
     def _invalidate_sides(self, primary: Side, inverse: Side | None) -> None:
