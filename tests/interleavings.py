@@ -18,13 +18,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BLOCK_S", "Hook", "Schedule", "Scheduler", "explore", "run_schedule"]
+__all__ = ["BLOCK_S", "CONFIRM_S", "Hook", "Schedule", "Scheduler", "Waiting", "explore", "run_schedule"]
 
 #: How long a released thread may take to reach its next step before it counts as blocked on a lock.
 BLOCK_S = 0.12
 
+#: How long a thread judged blocked by `BLOCK_S` may go unconfirmed by a ``waiting`` oracle (see
+#: `Scheduler`) before it is taken as blocked anyway (on something the oracle does not see).
+CONFIRM_S = 10.0
+
 #: What the code under test calls before each step, with the step's name.
 Hook = Callable[[str], None]
+#: How many of the schedule's writes wait on a database lock now (a query of the server's own).
+Waiting = Callable[[], int]
 
 
 @dataclass
@@ -52,7 +58,13 @@ class Schedule:
 class Scheduler:
     """Pauses each write thread at the protocol's steps; releases one at a time."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, waiting: Waiting | None = None) -> None:
+        """``waiting``: where given, a thread that made no step for `BLOCK_S` counts as blocked
+        only once the server shows as many writes waiting on locks as there are such threads (or
+        after `CONFIRM_S`): on a busy machine a slow thread is not a blocked one, and taking it
+        for one lets two writes run at once, so that the order they return in is not the order
+        they committed in."""
+        self.waiting = waiting
         self.cond = threading.Condition()
         self.state = ["running"] * n  # running -> paused <-> running -> done
         # From now: a thread still on its way to its first step is running, not blocked.
@@ -92,14 +104,29 @@ class Scheduler:
             self.cond.notify_all()
 
     def settle(self) -> None:
-        """Wait until no thread runs, counting as blocked those that made no step for `BLOCK_S`."""
-        with self.cond:
-            while True:
+        """Wait until no thread runs, counting as blocked those that made no step for `BLOCK_S`
+        (and, with a ``waiting`` oracle, that the server shows waiting on a lock)."""
+        while True:
+            with self.cond:
                 now = time.monotonic()
                 running = [i for i, s in enumerate(self.state) if s == "running"]
-                if all(now - self.changed[i] >= BLOCK_S for i in running):
+                idle = all(now - self.changed[i] >= BLOCK_S for i in running)
+                if idle and (not running or self.waiting is None):
                     return
-                self.cond.wait(BLOCK_S / 4)
+                if not idle:
+                    self.cond.wait(BLOCK_S / 4)
+                    continue
+                since = max(self.changed[i] for i in running)
+            # Asked outside the condition: the threads report their steps under it.
+            if self.waiting() >= len(running) or time.monotonic() - since >= CONFIRM_S:
+                with self.cond:
+                    # Still the same threads, none of them moved meanwhile.
+                    if [i for i, s in enumerate(self.state) if s == "running"] == running and all(
+                        self.changed[i] <= since for i in running
+                    ):
+                        return
+                continue
+            time.sleep(BLOCK_S / 4)
 
     def release(self, i: int) -> None:
         with self.cond:
@@ -123,6 +150,7 @@ def run_schedule(
     choices: list[int],
     *,
     quiet: frozenset[str] = frozenset(),
+    waiting: Waiting | None = None,
 ) -> Schedule:
     """Run ``calls`` at once, one step at a time: ``choices`` first, then the first runnable write.
 
@@ -130,9 +158,9 @@ def run_schedule(
     step (``install(None)`` undoes it). Steps named in ``quiet`` run
     without a pause: steps that touch nothing another write of the schedule
     reads or writes, whose order relative to the others' steps cannot
-    change any result.
+    change any result. ``waiting``: see `Scheduler`.
     """
-    sched = Scheduler(len(calls))
+    sched = Scheduler(len(calls), waiting)
     out = Schedule()
 
     def hook(step: str) -> None:

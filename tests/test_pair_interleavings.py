@@ -24,8 +24,8 @@ import pytest
 
 from store import Store, StoreConfig
 from store.admin import repair_relations
-from tests.conftest import sqlite_config
-from tests.interleavings import Hook, Schedule, run_schedule
+from tests.conftest import NAMESPACE, root_sql, sqlite_config
+from tests.interleavings import Hook, Schedule, Waiting, run_schedule
 from tests.interleavings import explore as explore_all
 
 BHP = "board_has_pins"
@@ -81,10 +81,26 @@ def run_one(
     def install(hook: Hook | None) -> None:
         writer.step = hook
 
-    out = run_schedule(install, calls, choices)
+    out = run_schedule(install, calls, choices, waiting=lock_waits(store))
     errors = [o for o in out.outcomes if isinstance(o, BaseException)]
     assert errors == [], errors
     return out
+
+
+def lock_waits(store: Store) -> Waiting | None:
+    """On the test MariaDB: how many transactions wait on a lock of this process's databases now
+    (the scheduler's proof that a write is blocked, not slow); elsewhere None (time alone)."""
+    if not all(url.get_backend_name() == "mysql" for url in store.config.hosts.values()):
+        return None
+
+    def waiting() -> int:
+        rows = root_sql(
+            "SELECT w.requesting_trx_id, l.lock_table FROM information_schema.INNODB_LOCK_WAITS w"
+            " JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.requested_lock_id"
+        )
+        return len({trx for trx, table in rows if str(table).startswith(f"`{NAMESPACE}_")})
+
+    return waiting
 
 
 def read_pair(store: Store, board: int, pin: int) -> tuple[tuple[bool, int | None], tuple[bool, int | None]]:
