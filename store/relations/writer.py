@@ -127,6 +127,7 @@ class PairWriter:
         once did.
 
         Where statements can be conditional (`Backend.conditional_writes`),
+        or a write and its count are one statement (`Backend.counted_writes`),
         a side's move, insert and counts go in one request. Where one
         connection reaches both sides, both sides' go in that request, the
         inverse's speculatively: if the primary side then needs the slow way
@@ -325,8 +326,9 @@ class PairWriter:
     ) -> None:
         """``first`` on the primary side, then ``second`` on the inverse side, as the protocol says.
 
-        Where statements can be conditional (`Backend.conditional_writes`): ``at_once``, if given,
-        writes both where one connection reaches both sides; ``alone``, if given, takes
+        Where statements can be conditional (`Backend.conditional_writes`, `Backend.counted_writes`):
+        ``at_once``, if given, writes both where one connection reaches both sides (after the
+        primary's key lock, where the backend has one); ``alone``, if given, takes
         ``second``'s place where the inverse side is a transaction of its own (it may commit that
         transaction itself). Elsewhere both are ignored.
         """
