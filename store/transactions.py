@@ -191,25 +191,37 @@ class _Txn:
         return results
 
     def _pipelined(self, own: Sequence[tuple[str, Sequence[Any] | None]]) -> list[tuple[int, int]]:
-        """`_send` where the driver pipelines: BEGIN (if not yet sent), the deferred statements and the
-        first of ``own`` in one pipeline, the rest of ``own`` one by one; (rowcount, lastrowid) of each
-        of ``own``. An error of any statement in the pipeline raises when the pipeline ends."""
+        """`_send` where the driver pipelines: BEGIN (if not yet sent), the deferred statements and
+        ``own`` in one pipeline (each of ``own`` but the last on a cursor of its own, which keeps its
+        result); (rowcount, lastrowid) of each of ``own``, the cursor left on the last one's rows.
+        An error of any statement in the pipeline raises when the pipeline ends."""
         first: list[tuple[str, Sequence[Any] | None]] = []
         if self._begin is not None:
             first.append((self._begin, None))
             self._begin = None
         first += self._deferred
         self._deferred.clear()
-        first += own[:1]
-        if len(first) == 1:
+        if not first and len(own) == 1:
+            self._c.execute(*own[0])
+            return [_answer(self._c)]
+        if not own and len(first) == 1:
             self._c.execute(*first[0])
-        elif first:
+            return []
+        cursors: list[Any] = []
+        if first or own:
             with self._c.pipeline():
                 for text, values in first:
                     self._c.execute(text, values)
-        out = [_answer(self._c)] if own else []
-        for text, values in own[1:]:
-            self._c.execute(text, values)
+                for text, values in own[:-1]:
+                    cur = self._c.cursor()
+                    cur.execute(text, values)
+                    cursors.append(cur)
+                if own:
+                    self._c.execute(*own[-1])
+        out = [_answer(cur) for cur in cursors]
+        for cur in cursors:
+            cur.close()
+        if own:
             out.append(_answer(self._c))
         return out
 

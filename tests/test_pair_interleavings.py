@@ -177,6 +177,31 @@ BATCH_RACES = [
 
 
 @pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("names", PAIRS, ids=["+".join(p) for p in PAIRS])
+def test_two_writes_of_one_pair_on_postgres(
+    postgres_ready: StoreConfig, names: list[str], initial_present: bool
+) -> None:
+    """The sides on two host names (the inverse a transaction of its own, under the primary's
+    advisory lock); each side's write and its count one statement."""
+    with Store(postgres_ready) as store:
+        runs = explore(store, names, initial_present, pin_shard=9)
+        print(f"schedules: {runs}")
+        assert runs >= 2
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("names", PAIRS[:6], ids=["+".join(p) for p in PAIRS[:6]])
+def test_two_writes_of_one_pair_on_one_postgres_host(
+    postgres_ready: StoreConfig, names: list[str], initial_present: bool
+) -> None:
+    """Both sides on one host name: one transaction writes both, after the primary's advisory lock."""
+    with Store(postgres_ready) as store:
+        runs = explore(store, names, initial_present, pin_shard=5)
+        print(f"schedules: {runs}")
+        assert runs >= 1
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
 @pytest.mark.parametrize("names", BATCH_RACES, ids=["+".join(p) for p in BATCH_RACES])
 def test_a_batch_racing_a_single_write_of_one_pair_on_mariadb(
     mariadb_ready: StoreConfig, names: list[str], initial_present: bool

@@ -118,6 +118,11 @@ class Backend:
     #: and several go in one request: a pair write and its counts travel together
     #: (`store.backends.statements.RelationStatements`: count_up_if, count_down_if, bump_if).
     conditional_writes: ClassVar[bool] = False
+    #: A pair write and its count are one statement (a data-modifying CTE: the count runs only if
+    #: the write changed a row), and several statements go in one request (a pipeline): a pair
+    #: write travels as where `conditional_writes` (`store.backends.statements.RelationStatements`:
+    #: move_if_other_counted, delete_counted; `GuardedInsertStatements`: insert_live_counted).
+    counted_writes: ClassVar[bool] = False
     #: A side of a batch of pairs is written with a few multi-row statements: one locking read of
     #: every pair's key (present rows, and the gaps where absent ones would go), then one INSERT,
     #: one upsert of the moves, one of the counts (`store.backends.statements.PairRowsStatements`).

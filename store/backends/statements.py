@@ -18,7 +18,20 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import MetaData, and_, bindparam, delete, func, insert, literal_column, or_, select, update
+from sqlalchemy import (
+    MetaData,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import table as sa_table
 from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause, Label
 
 from store.backends import Backend
@@ -30,6 +43,7 @@ __all__ = [
     "PairRowsStatements",
     "RelationStatements",
     "Statements",
+    "counted_with_log",
     "expand_rows",
     "with_part",
 ]
@@ -72,6 +86,29 @@ class Statements:
         elif tuple(order) != tuple(params):
             raise AssertionError(f"{name}: compiled parameter order {order} is not {tuple(params)}")
         self._templates[name] = sql
+
+    def _add_counted(
+        self,
+        name: str,
+        write: ClauseElement,
+        write_params: Sequence[str],
+        count: ClauseElement,
+        count_params: Sequence[str],
+    ) -> None:
+        """Statement ``name``: ``write`` and ``count`` as one, where `Backend.counted_writes`.
+
+        A data-modifying CTE: ``count`` reads the rows ``write`` changed from ``w`` (it runs on
+        none if the write changed none), and the statement returns a row per changed row, so its
+        rowcount is the write's. Parameters: ``write``'s, then ``count``'s.
+        """
+        texts = []
+        for stmt, params in ((write, write_params), (count, count_params)):
+            sql, order = self.backend.compile(stmt)
+            if tuple(order) != tuple(params):
+                raise AssertionError(f"{name}: compiled parameter order {order} is not {tuple(params)}")
+            texts.append(sql)
+        w, c = texts
+        self._templates[name] = f"WITH w AS ({w} RETURNING 1), c AS ({c}) SELECT 1 FROM w"
 
     def for_shard(self, shard: int) -> dict[str, str]:
         """Every statement's text for shard ``shard`` (made on first use, then kept)."""
@@ -237,6 +274,13 @@ class RelationStatements(Statements):
             )
             self._add("count_down_if", down.where(did), ["r", "cf"])
             self._add("bump_if", update(c).where(*this_list, did).values(version=bumped), ["r", "cf"])
+        if backend.counted_writes:
+            # A pair write and its count as one statement (`Statements._add_counted`).
+            pair_params = ["s", "f", "t", "s2"]
+            self._add_counted("move_if_other_counted", other, pair_params, _bump_of(c, rel, cf), ["r", "cf"])
+            self._add_counted(
+                "delete_counted", delete(t).where(pair), ["f", "t"], _count_down_of(c, rel, cf), ["r", "cf"]
+            )
         self._add("count", select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf), ["r", "cf"])
         # A recount changes no row of the list but its count: a new version all the same, so a
         # cached list that holds the old count is never taken for current.
@@ -337,6 +381,49 @@ class RelationStatements(Statements):
         return text.replace(_IN, self.backend.params(n), 1)
 
 
+#: The rows a counted write changed (`Statements._add_counted`).
+_CHANGED = sa_table("w")
+
+
+def _changed_any() -> Any:
+    """True if the counted write changed a row."""
+    return exists(select(_ONE).select_from(_CHANGED))
+
+
+def _count_up_of(backend: Backend, c: Any) -> ClauseElement:
+    """count_up for each row the counted write changed: (relation, from, n)."""
+    typed = [
+        bindparam(n, type_=c.c[col].type) for n, col in (("r", "relation"), ("cf", "from_id"), ("n", "n"))
+    ]
+    src = select(*typed, _ONE).select_from(_CHANGED)
+    up = backend.upsert_add(c, ("relation", "from_id"), "n", also={"version": c.c.version + _ONE})
+    stmt: ClauseElement = up.from_select(["relation", "from_id", "n", "version"], src)
+    return stmt
+
+
+def _count_down_of(c: Any, rel: Any, cf: Any) -> ClauseElement:
+    """count_down if the counted write changed a row: (relation, from)."""
+    this_list = (c.c.relation == rel, c.c.from_id == cf, _changed_any())
+    return update(c).where(*this_list).values(n=c.c.n - _ONE, version=c.c.version + _ONE)
+
+
+def _bump_of(c: Any, rel: Any, cf: Any) -> ClauseElement:
+    """bump if the counted write changed a row: (relation, from)."""
+    this_list = (c.c.relation == rel, c.c.from_id == cf, _changed_any())
+    return update(c).where(*this_list).values(version=c.c.version + _ONE)
+
+
+def counted_with_log(text: str, change_log: str) -> str:
+    """A ``*_counted`` statement's ``text`` (`Statements._add_counted`) that also inserts a row of
+    the invalidation log ``change_log`` (its at_ms and entries: two more parameters, last) for
+    each row the write changed."""
+    tail = " SELECT 1 FROM w"
+    if not text.endswith(tail):
+        raise AssertionError(f"not a counted statement: {text[:200]}")
+    log = f", l AS (INSERT INTO {change_log} (at_ms, entries) SELECT %s, %s FROM w)"
+    return text[: -len(tail)] + log + tail
+
+
 def with_part(text: str, part: int) -> str:
     """A ``part_*`` statement's text with its rows labelled ``part``."""
     return text.replace(_PART, str(part))
@@ -367,6 +454,13 @@ class GuardedInsertStatements(Statements):
             ["from_id", "to_id", "sequence"], source.with_for_update(read=True)
         )
         self._add("insert_live", stmt, ["f", "t", "s", "k"])
+        if backend.counted_writes:
+            # The same with its count, as one statement (`Statements._add_counted`); parameters
+            # (f, t, s, k, relation, from, n).
+            c = counts_table(md, types, schema=self.schema)
+            self._add_counted(
+                "insert_live_counted", stmt, ["f", "t", "s", "k"], _count_up_of(backend, c), ["r", "cf", "n"]
+            )
 
 
 class PairRowsStatements(Statements):

@@ -9,7 +9,7 @@ unlink, so a count is one primary-key read and always exact.
 backend, bound per shard); it decides nothing. A `Side` names one row of a
 pair (its shard, relation, from_id and to_id, and the object row a link
 must find live); `Plan` is a side's write sent as one request where the
-backend can (`Backend.conditional_writes`). This is the package's lowest
+backend can (`Backend.conditional_writes`, `Backend.counted_writes`). This is the package's lowest
 layer: the pair writer (`store.relations.writer`), the list cache, the
 service and the batched reads are built on it.
 """
@@ -100,26 +100,35 @@ class Page:
 
 class Plan:
     """Pair writes as statements for one request (`RelationRepository.link_plan`): each write is
-    followed by its count, which runs only if the write changed the row (`Backend.conditional_writes`)."""
+    followed by its count, which runs only if the write changed the row (`Backend.conditional_writes`),
+    or is one statement with its count (`Backend.counted_writes`)."""
 
-    __slots__ = ("kinds", "statements")
+    __slots__ = ("kinds", "statements", "width")
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 2) -> None:
         self.kinds: list[str] = []
         self.statements: list[tuple[str, Any]] = []
+        #: Statements a write takes: 2 (the write, its count), or 1 (the two as one).
+        self.width = width
 
     def add(self, kind: str, write: tuple[str, Any], count: tuple[str, Any]) -> None:
         """A write of ``kind`` (`ADD`, `MOVE`, `REMOVE`) and its conditional count."""
         self.kinds.append(kind)
         self.statements += [write, count]
 
+    def add_counted(self, kind: str, write: tuple[str, Any]) -> None:
+        """A write of ``kind`` that counts itself (a ``*_counted`` statement: rowcount is the write's)."""
+        self.kinds.append(kind)
+        self.statements.append(write)
+
     def outcome(self, results: Sequence[tuple[int, int]], seen: Seen = None) -> str | None:
         """The kind of the first write that changed its row, or None; from the statements'
         (rowcount, lastrowid). ``seen`` is told the list version its count returned."""
+        w = self.width
         for i, kind in enumerate(self.kinds):
-            if results[2 * i][0] == 1:
+            if results[w * i][0] == 1:
                 if seen is not None:
-                    seen(results[2 * i + 1][1])
+                    seen(results[w * i + w - 1][1])
                 return kind
         return None
 
@@ -231,6 +240,8 @@ class RelationRepository:
         """`link_in` as statements for one request, where `Backend.conditional_writes`: the move
         (if ``move``), then the guarded insert (if ``insert``), each followed by its count, which
         runs only if it changed the row. `Plan.outcome` reads what they did."""
+        if side.h.backend.counted_writes:
+            return self._counted_link_plan(side, sequence, move=move, insert=insert)
         sql = self.sql(side.h, side.relation)
         f, t = side.from_id, side.to_id
         plan = Plan()
@@ -243,9 +254,30 @@ class RelationRepository:
             plan.add(ADD, live, (sql.count_up_if, (side.relation, f, 1)))
         return plan
 
-    def unlink_plan(self, side: Side) -> Plan:
-        """`remove_in` as statements for one request, where `Backend.conditional_writes`."""
+    def _counted_link_plan(self, side: Side, sequence: int, *, move: bool, insert: bool) -> Plan:
+        """`link_plan` where `Backend.counted_writes`: each write with its count as one statement."""
         sql = self.sql(side.h, side.relation)
+        r, f, t = side.relation, side.from_id, side.to_id
+        plan = Plan(1)
+        if move:
+            plan.add_counted(MOVE, (sql.move_if_other_counted, (sequence, f, t, sequence, r, f)))
+        if insert:
+            g = side.guard
+            assert g is not None
+            live = self._guarded_sql(side, "insert_live_counted")
+            plan.add_counted(ADD, (live, (f, t, sequence, g.value, r, f, 1)))
+        return plan
+
+    def unlink_plan(self, side: Side) -> Plan:
+        """`remove_in` as statements for one request, where `Backend.conditional_writes` (or
+        `Backend.counted_writes`)."""
+        sql = self.sql(side.h, side.relation)
+        if side.h.backend.counted_writes:
+            plan = Plan(1)
+            plan.add_counted(
+                REMOVE, (sql.delete_counted, (side.from_id, side.to_id, side.relation, side.from_id))
+            )
+            return plan
         plan = Plan()
         plan.add(
             REMOVE,
@@ -261,7 +293,8 @@ class RelationRepository:
         insert it if it is absent and its guard's object is live. `MOVE`, `ADD`, or
         None if neither changed the row (the pair is at ``sequence`` already, or absent and not
         insertable: the caller asks which, the slow way). One request where the backend can."""
-        if side.h.backend.conditional_writes:
+        b = side.h.backend
+        if b.conditional_writes or b.counted_writes:
             plan = self.link_plan(side, sequence, move=move, insert=insert)
             return plan.outcome(cur.batch(plan.statements), seen)
         if move and self.move_in(cur, side, sequence, seen):
@@ -281,7 +314,8 @@ class RelationRepository:
 
     def remove_in(self, cur: Cursor, side: Side, seen: Seen = None) -> bool:
         """Delete the pair (and count it out); True if it was there."""
-        if side.h.backend.conditional_writes:
+        b = side.h.backend
+        if b.conditional_writes or b.counted_writes:
             plan = self.unlink_plan(side)
             return plan.outcome(cur.batch(plan.statements), seen) is not None
         sql = self.sql(side.h, side.relation)

@@ -49,7 +49,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from store.backends.statements import ObjectStatements
+from store.backends import Backend
+from store.backends.statements import ObjectStatements, counted_with_log
 from store.cache.follower import VERSION_MARK
 from store.cache.leases import wall_ms
 from store.engines import Cursor, transaction_pair
@@ -62,6 +63,8 @@ __all__ = ["Change", "PairWriter", "State"]
 # What the primary side settled on, for the inverse side to copy:
 # (present, sequence); the sequence is unused when the pair is absent.
 State = tuple[bool, int]
+#: Logging ``*_counted`` texts kept (`PairWriter._counted_logged`), one per statement and shard.
+_LOGGED_TEXTS = 4096
 
 
 @dataclass(slots=True)
@@ -96,6 +99,7 @@ class PairWriter:
         self.log: Callable[[Side], str] | None = None
         self._live_sql: dict[tuple[str, int, str], str] = {}
         self._live_stmts: dict[tuple[str, str, str], ObjectStatements] = {}
+        self._logged_sql: dict[str, str] = {}
 
     # -- the three writes --------------------------------------------------------
 
@@ -123,6 +127,7 @@ class PairWriter:
         once did.
 
         Where statements can be conditional (`Backend.conditional_writes`),
+        or a write and its count are one statement (`Backend.counted_writes`),
         a side's move, insert and counts go in one request. Where one
         connection reaches both sides, both sides' go in that request, the
         inverse's speculatively: if the primary side then needs the slow way
@@ -206,6 +211,7 @@ class PairWriter:
             assert inverse.guard is not None
             new = moved = False  # (again after a deadlock)
             made.clear()
+            self._lock_key(cur, primary)  # (where the backend has a key lock: it goes out first)
             cp, ci = Change(primary), Change(inverse)
             mine = self.repo.link_plan(primary, sequence, move=move, insert=True)
             theirs = self.repo.link_plan(inverse, sequence, move=move, insert=True)
@@ -271,6 +277,7 @@ class PairWriter:
             assert inverse is not None
             gone = False  # (again after a deadlock)
             made.clear()
+            self._lock_key(cur, primary)
             sides = [(primary, self.repo.unlink_plan(primary)), (inverse, self.repo.unlink_plan(inverse))]
             results = cur.batch([s for _side, plan in sides for s in plan.statements])
             for n, (side, plan) in enumerate(sides):
@@ -319,12 +326,14 @@ class PairWriter:
     ) -> None:
         """``first`` on the primary side, then ``second`` on the inverse side, as the protocol says.
 
-        Where statements can be conditional (`Backend.conditional_writes`): ``at_once``, if given,
-        writes both where one connection reaches both sides; ``alone``, if given, takes
+        Where statements can be conditional (`Backend.conditional_writes`, `Backend.counted_writes`):
+        ``at_once``, if given, writes both where one connection reaches both sides (after the
+        primary's key lock, where the backend has one); ``alone``, if given, takes
         ``second``'s place where the inverse side is a transaction of its own (it may commit that
         transaction itself). Elsewhere both are ignored.
         """
-        if not primary.h.backend.conditional_writes:
+        b = primary.h.backend
+        if not (b.conditional_writes or b.counted_writes):
             at_once = alone = None
         step = self.step or _no_step
         step("start")
@@ -356,7 +365,14 @@ class PairWriter:
         h = c.side.h
         statements = list(plan.statements)
         sql = None if self.log is None else h.log_sql()
-        if sql is not None:
+        if sql is not None and h.backend.counted_writes:
+            # Each write logs its list in its own statement, if it changed a row (at most one does).
+            assert self.log is not None
+            entry = self.log(c.side)
+            statements = [
+                (self._counted_logged(h.backend, text), (*v, wall_ms(), entry)) for text, v in statements
+            ]
+        elif sql is not None:
             assert self.log is not None
             logged = h.backend.change_log_insert_if_changed()
             statements.append((logged, (wall_ms(), self.log(c.side) + VERSION_MARK)))
@@ -391,6 +407,18 @@ class PairWriter:
             cur.defer_log_version(sql, wall_ms(), entry, version, (c.side.relation, c.side.from_id))
         else:
             cur.defer_log(sql, wall_ms(), self.log(c.side))
+
+    def _counted_logged(self, backend: Backend, text: str) -> str:
+        """A ``*_counted`` statement's ``text`` that also writes a log row (at_ms, entries) if it
+        changed a row (`store.backends.statements.counted_with_log`); made once per text."""
+        out = self._logged_sql.get(text)
+        if out is None:
+            if len(self._logged_sql) >= _LOGGED_TEXTS:
+                self._logged_sql.clear()
+            log = backend.change_log
+            assert log is not None  # (a host that logs has one)
+            out = self._logged_sql[text] = counted_with_log(text, log)
+        return out
 
     # -- locks and checks -------------------------------------------------------------
 

@@ -59,6 +59,8 @@ class PostgresBackend(Backend):
     key_lock = "SELECT pg_advisory_xact_lock(%s)"
     # BEGIN and the deferred count updates go out in one pipeline with the next statement.
     pipelines = True
+    # A pair write and its count in one statement (a data-modifying CTE).
+    counted_writes = True
 
     def _sa_dialect(self) -> Dialect:
         return pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
