@@ -88,9 +88,27 @@ def run_one(
 
 
 def lock_waits(store: Store) -> Waiting | None:
-    """On the test MariaDB: how many transactions wait on a lock of this process's databases now
-    (the scheduler's proof that a write is blocked, not slow); elsewhere None (time alone)."""
-    if not all(url.get_backend_name() == "mysql" for url in store.config.hosts.values()):
+    """How many of the store's transactions wait on a lock now (the scheduler's proof that a write
+    is blocked, not slow): on the test MariaDB, those waiting on this process's databases; on
+    PostgreSQL, the sessions of the store's database waiting on a lock (row or advisory). SQLite:
+    None (time alone)."""
+    backends = {url.get_backend_name() for url in store.config.hosts.values()}
+    if backends == {"postgresql"}:
+        (database,) = {url.database for url in store.config.hosts.values()}
+
+        def pg_waiting() -> int:
+            import psycopg
+
+            with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                    " WHERE NOT l.granted AND a.datname = %s",
+                    (database,),
+                ).fetchone()
+            return int(row[0]) if row else 0
+
+        return pg_waiting
+    if backends != {"mysql"}:
         return None
 
     def waiting() -> int:
