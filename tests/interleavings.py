@@ -45,6 +45,25 @@ class Schedule:
     events: list[tuple[str, int, str]] = field(default_factory=list)
     #: What each write returned, or the exception it raised.
     outcomes: list[object] = field(default_factory=list)
+    #: At each release: (the write released, the writes then blocked, the writes then paused).
+    releases: list[tuple[int, frozenset[int], frozenset[int]]] = field(default_factory=list)
+
+    def commit_order(self) -> list[int]:
+        """The writes in the order they committed: the order they returned in, but for a write that
+        was blocked when the only write that could hold its lock (the one released; none other
+        was paused) took its last step. That one committed first and the blocked one after it,
+        whichever returned first (on a busy machine the blocked one, with less to do after its
+        COMMIT, often does)."""
+        last = {i: k for k, (i, _b, _p) in enumerate(self.releases)}
+        order = list(self.returned)
+        for k, (i, blocked, paused) in enumerate(self.releases):
+            if last[i] != k or paused:
+                continue
+            for j in blocked:
+                if j in order and i in order and order.index(j) < order.index(i):
+                    order.remove(j)
+                    order.insert(order.index(i) + 1, j)
+        return order
 
     def steps(self, labels: Sequence[str] | None = None) -> str:
         """The schedule as text: "write:step" at each release, "write returned" as each returned."""
@@ -76,6 +95,7 @@ class Scheduler:
         self.events: list[tuple[str, int, str]] = []
         self.outcomes: list[object] = [None] * n
         self.errors: list[BaseException] = []
+        self.releases: list[tuple[int, frozenset[int], frozenset[int]]] = []
 
     def hook(self, step: str) -> None:
         i = getattr(self.local, "index", None)
@@ -130,6 +150,9 @@ class Scheduler:
 
     def release(self, i: int) -> None:
         with self.cond:
+            blocked = frozenset(k for k, s in enumerate(self.state) if s == "running")
+            paused = frozenset(k for k, s in enumerate(self.state) if s == "paused" and k != i)
+            self.releases.append((i, blocked, paused))
             self.state[i] = "running"
             self.changed[i] = time.monotonic()
             self.events.append(("step", i, self.at[i]))
@@ -192,6 +215,7 @@ def run_schedule(
         out.returned = list(sched.returned)
         out.events = list(sched.events)
         out.outcomes = list(sched.outcomes)
+        out.releases = list(sched.releases)
     finally:
         install(None)
     return out

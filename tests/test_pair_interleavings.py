@@ -143,9 +143,9 @@ def explore(store: Store, names: list[str], initial_present: bool, pin_shard: in
 
         def check() -> None:
             (p_present, p_seq), (i_present, i_seq) = read_pair(store, board, pin)
-            want_present, want_seq = replay(initial, [names[i] for i in done.returned])
+            want_present, want_seq = replay(initial, [names[i] for i in done.commit_order()])
             state = "present" if initial_present else "absent"
-            where = f"writes {names} from {state}, schedule {done.taken}"
+            where = f"writes {names} from {state}, schedule {done.taken}: {done.steps(names)}"
             assert (p_present, p_seq) == (i_present, i_seq), f"sides differ after {where}"
             assert p_present == want_present, f"not the last write's result after {where}"
             if want_seq is not None:
