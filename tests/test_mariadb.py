@@ -356,6 +356,7 @@ def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) 
         (0, 1, -1, (1 << 63) - 1, -(1 << 63), 1 << 64),
         (True, False, None, 1.5, -0.0),
         ("plain", "it's", 'a "quote"', "back\\slash", "100%", "€ and \n"),
+        ("\\'\"\0\r\n\x1a", '{"a": "b\\\\c", "d": "it\'s"}', "\\\\'", ""),
         (b"\x00\xff'", bytearray(b"ab"), 7, "x"),
         [3, "y", None],
     ],
@@ -374,6 +375,11 @@ def test_the_int_binding_cursor_sends_what_pymysql_would(mariadb_ready: StoreCon
         assert list(ours.fetchone()) == list(theirs.execute(query, args) and theirs.fetchone())
         with pytest.raises(pymysql.err.ProgrammingError):
             ours.execute(query, [*args, 1])
+        # A session without backslash escapes: a str is escaped as the driver escapes it there.
+        ours.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')")
+        ours.execute(query, args)
+        assert ours._executed == theirs.mogrify(query, args)
+        assert list(ours.fetchone()) == list(theirs.execute(query, args) and theirs.fetchone())
     finally:
         conn.close()
 

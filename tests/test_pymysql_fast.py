@@ -10,6 +10,8 @@ from typing import Any
 
 import pymysql
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from store import Store, StoreConfig
 from store.backends import pymysql_fast
@@ -19,6 +21,7 @@ from store.backends.pymysql_fast import (
     TLS_INTERNALS,
     WRITE_INTERNALS,
     Internal,
+    escape_text,
     missing_internals,
     pymysql_version,
 )
@@ -56,6 +59,12 @@ def test_the_pin_is_the_tested_range_and_the_installed_driver_is_in_it() -> None
     assert low <= tuple(pymysql.VERSION[:3]) < high, (
         f"PyMySQL {pymysql_version(pymysql)} is not {TESTED_PYMYSQL}"
     )
+
+
+@given(st.text(alphabet=st.sampled_from("ab'\"\\\0\n\r\x1a%é€ {}:"), max_size=40) | st.text(max_size=40))
+def test_the_quick_escape_is_the_drivers(text: str) -> None:
+    """`escape_text` makes the text PyMySQL's ``escape_string`` makes, for any string."""
+    assert escape_text(text) == pymysql.converters.escape_string(text)
 
 
 def test_the_check_names_what_is_missing_and_what_has_another_shape() -> None:
