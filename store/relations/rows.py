@@ -10,6 +10,7 @@ groups the pairs and runs the protocol).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -183,8 +184,8 @@ class SideRows:
         self.versions = versions
         self.entries = entries
         self.unlink = unlink
-        h = entries[0].side.h if entries else None
-        if all(e.side.h is h for e in entries):  # (one shard, as a batch of one board's pins is)
+        # (one shard, as a batch of one board's pins is)
+        if not entries or [e.side.h for e in entries].count(entries[0].side.h) == len(entries):
             self.shards = [entries] if entries else []
         else:
             shards: dict[tuple[str, int], list[RowEntry]] = {}
@@ -275,7 +276,13 @@ class SideRows:
                     sent.append(("dead", 0))
             rows_of: dict[str, list[RowEntry]] = {}
             lists: dict[tuple[str, int], list[int]] = {}
-            for e in entries:
+            if self._hoped:  # (`speculate`: every pair one kind, each row written)
+                same = REMOVE if self.unlink else ADD
+                rows_of[same] = list(entries)
+                relation, delta = side.relation, _DELTA[same]
+                counted = Counter([e.side.from_id for e in entries])
+                lists = {(relation, f): [c, c * delta] for f, c in counted.items()}
+            for e in () if self._hoped else entries:
                 kind = e.kind
                 if kind is None:
                     continue
@@ -309,7 +316,7 @@ class SideRows:
                 for (_r, f), (c, n) in lists.items():
                     (grown if n > 0 else other).append((f, c, n))
                 if grown:
-                    if all(n == 1 and c == 1 for _f, c, n in grown):  # (each list one new pair)
+                    if not [f for f, c, n in grown if n != 1 or c != 1]:  # (each list one new pair)
                         ones = tuple([f for f, _c, _n in grown])
                         out.append((sql(side, "count_add_ones", len(grown)) % ones, ()))
                     else:
