@@ -67,13 +67,17 @@ class PoolLoad(Protocol):
 class _ReusedCursor:
     """The connection's one cursor; ``close()`` leaves it open for the next user."""
 
-    __slots__ = ("_c", "execute_oks")
+    __slots__ = ("_c", "execute_oks", "execute_rows")
 
     def __init__(self, cursor: Any) -> None:
         self._c = cursor
         #: The driver cursor's one-request reader of rowless statements, where it has one.
         self.execute_oks: Callable[[str, Any], list[tuple[int, int]]] | None = getattr(
             cursor, "execute_oks", None
+        )
+        #: ... and of any statements (rows too), where it has one.
+        self.execute_rows: Callable[[str, Any], list[tuple[int, int, list[Any]]]] | None = getattr(
+            cursor, "execute_rows", None
         )
 
     def execute(self, sql: str, params: Any = None, /) -> Any:

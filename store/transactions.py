@@ -146,7 +146,8 @@ class _Txn:
 
         ``rowless``: no statement of ``own`` returns rows, so where the driver's cursor reads
         such a request's answers in one go (``execute_oks``, the store's PyMySQL cursor), it does.
-        ``rows``, if given, gets each of ``own``'s rows ([] for a statement that returns none).
+        ``rows``, if given, gets each of ``own``'s rows ([] for a statement that returns none),
+        read in one go where the driver's cursor can (``execute_rows``).
         """
         if self._pipe:
             return self._pipelined(own)
@@ -176,6 +177,13 @@ class _Txn:
             for i, told in seen.items():
                 told(answers[i][1])
             return answers[mine:]
+        reader = getattr(self._c, "execute_rows", None) if rows is not None else None
+        if reader is not None and rows is not None:
+            got: list[tuple[int, int, list[Any]]] = reader(text, tuple(args) if args else None)
+            for i, told in seen.items():
+                told(got[i][1])
+            rows += [r for _n, _id, r in got[mine:]]
+            return [(n, last) for n, last, _r in got[mine:]]
         self._c.execute(text, tuple(args) if args else None)
         results: list[tuple[int, int]] = []
         for i in range(len(parts)):

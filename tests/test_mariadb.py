@@ -356,6 +356,7 @@ def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) 
         (0, 1, -1, (1 << 63) - 1, -(1 << 63), 1 << 64),
         (True, False, None, 1.5, -0.0),
         ("plain", "it's", 'a "quote"', "back\\slash", "100%", "€ and \n"),
+        ("\\'\"\0\r\n\x1a", '{"a": "b\\\\c", "d": "it\'s"}', "\\\\'", ""),
         (b"\x00\xff'", bytearray(b"ab"), 7, "x"),
         [3, "y", None],
     ],
@@ -374,6 +375,11 @@ def test_the_int_binding_cursor_sends_what_pymysql_would(mariadb_ready: StoreCon
         assert list(ours.fetchone()) == list(theirs.execute(query, args) and theirs.fetchone())
         with pytest.raises(pymysql.err.ProgrammingError):
             ours.execute(query, [*args, 1])
+        # A session without backslash escapes: a str is escaped as the driver escapes it there.
+        ours.execute("SET SESSION sql_mode = CONCAT(@@sql_mode, ',NO_BACKSLASH_ESCAPES')")
+        ours.execute(query, args)
+        assert ours._executed == theirs.mogrify(query, args)
+        assert list(ours.fetchone()) == list(theirs.execute(query, args) and theirs.fetchone())
     finally:
         conn.close()
 
@@ -439,3 +445,47 @@ def test_the_cursor_reads_a_request_of_writes_as_pymysql_would(mariadb_ready: St
         other = connect()
         other.cursor().execute(f"DROP DATABASE IF EXISTS {OKS}")
         other.close()
+
+
+def test_the_cursor_reads_a_request_with_rows_as_pymysql_would(mariadb_ready: StoreConfig) -> None:
+    """``execute_rows`` reads every statement's answer itself: OKs as ``execute_oks`` reads them,
+    and each result's rows as PyMySQL's cursor gives them (ints, NULLs, text in the connection's
+    encoding, binary as bytes, JSON, decimals, dates, long values, an empty result), an
+    error half way raised as the driver raises it, with the connection usable after."""
+    from store.backends.pymysql_fast import cursor_class
+
+    conn = pymysql.connect(
+        host="127.0.0.1",
+        port=3306,
+        user="root",
+        autocommit=True,
+        client_flag=pymysql.constants.CLIENT.MULTI_STATEMENTS,
+        cursorclass=cursor_class(pymysql),
+    )
+    try:
+        cur = conn.cursor()
+        request = (
+            "DO 1; SELECT %s, NULL, -5, 18446744073709551615, 'caf\u00e9 \u20ac', _binary X'00ff', "
+            "JSON_OBJECT('a', 1), 1.50, DATE '2024-02-29', 2.5e0; "
+            "SELECT 1 FROM DUAL WHERE 1 = 0; SELECT GROUP_CONCAT(x SEPARATOR ';') FROM "
+            "(SELECT 1 AS x UNION SELECT 2) AS t; SELECT REPEAT('a', 300), REPEAT('b', 70000), 7; DO 2"
+        )
+        ours = cur.execute_rows(request, (12345678901234,))
+        theirs = []
+        cur.execute(request, (12345678901234,))
+        while True:
+            theirs.append((cur.rowcount, cur.lastrowid or 0, list(cur.fetchall()) if cur.description else []))
+            if not cur.nextset():
+                break
+        assert [(n, last) for n, last, _rows in ours] == [(n, last) for n, last, _rows in theirs]
+        assert [rows for _n, _last, rows in ours] == [rows for _n, _last, rows in theirs]
+        assert ours[1][2][0][0] == 12345678901234
+        assert ours[1][2][0][4] == "caf\u00e9 \u20ac"
+        assert ours[2] == (0, 0, [])
+        assert ours[3][2] == [("1;2",)]
+        assert [len(v) for v in ours[4][2][0][:2]] == [300, 70000]
+        with pytest.raises(pymysql.err.ProgrammingError):
+            cur.execute_rows("SELECT 1; SELECT * FROM no_such_db_here.nope; SELECT 2")
+        assert cur.execute_rows("SELECT 3") == [(1, 0, [(3,)])]
+    finally:
+        conn.close()

@@ -10,6 +10,8 @@ from typing import Any
 
 import pymysql
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from store import Store, StoreConfig
 from store.backends.mysql import pymysql_fast
@@ -19,6 +21,7 @@ from store.backends.mysql.pymysql_fast import (
     TLS_INTERNALS,
     WRITE_INTERNALS,
     Internal,
+    escape_text,
     missing_internals,
     pymysql_version,
 )
@@ -57,6 +60,44 @@ def test_the_pin_is_the_tested_range_and_the_installed_driver_is_in_it() -> None
     assert low <= tuple(pymysql.VERSION[:3]) < high, (
         f"PyMySQL {pymysql_version(pymysql)} is not {TESTED_PYMYSQL}"
     )
+
+
+@given(st.text(alphabet=st.sampled_from("ab'\"\\\0\n\r\x1a%é€ {}:"), max_size=40) | st.text(max_size=40))
+def test_the_quick_escape_is_the_drivers(text: str) -> None:
+    """`escape_text` makes the text PyMySQL's ``escape_string`` makes, for any string."""
+    assert escape_text(text) == pymysql.converters.escape_string(text)
+
+
+def test_a_packet_the_server_split_is_read_whole() -> None:
+    """A payload of 16 MB or more comes in parts (the last shorter than 0xFFFFFF bytes, maybe
+    empty), each with its own sequence number: read as one."""
+
+    class Conn:
+        _next_seq_id = 3
+        InternalError = pymysql.err.InternalError
+
+        def __init__(self, parts: list[bytes]) -> None:
+            self.data = b"".join(
+                len(p).to_bytes(3, "little") + bytes([(3 + k) % 256]) + p for k, p in enumerate(parts)
+            )
+
+        def _read_bytes(self, n: int) -> bytes:
+            out, self.data = self.data[:n], self.data[n:]
+            return out
+
+        def _force_close(self) -> None:
+            pass
+
+    big = b"x" * 0xFFFFFF
+    for parts in ([b"abc"], [big, b"tail"], [big, big, b""]):
+        conn = Conn(parts)
+        assert pymysql_fast._read_packet(conn) == b"".join(parts)
+        assert conn._next_seq_id == 3 + len(parts)
+        assert conn.data == b""
+    conn = Conn([b"abc"])
+    conn._next_seq_id = 4
+    with pytest.raises(pymysql.err.InternalError):
+        pymysql_fast._read_packet(conn)
 
 
 def test_the_check_names_what_is_missing_and_what_has_another_shape() -> None:

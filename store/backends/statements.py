@@ -483,10 +483,13 @@ class PairRowsStatements(Statements):
     - count_add (from, n, k): the count grows by n and the version by k (a new counts row
       starts at n, version k); the relation's name is in the text; count_add_ones (from): the
       same with n = k = 1 in the text;
-    - count_change: (from, n) per row, then (from, k) per row, then (relation), then (from) per
-      row: a counts row that is there changes by n, its version by k (none is made);
-    - versions (relation) then (from) per row: one row, one value, ``from:version;`` for each
-      list that has a counts row, read locked (so it is the transaction's own version).
+    - count_change: (from, n) per row, then (from, k) per row, then (from) per row: a counts
+      row that is there changes by n, its version by k (none is made);
+    - versions (from) per row: one row, one value, ``from:version;`` for each list that has a
+      counts row, read locked (so it is the transaction's own version).
+
+    Every parameter is an int (the relation's name is in the texts): `literal_rows` writes them
+    into the text, where a batch is bound.
     """
 
     def __init__(self, backend: Backend, relation: str, table: str | None, *, ids: str) -> None:
@@ -508,7 +511,7 @@ class PairRowsStatements(Statements):
         self._add("insert_new", skip, ["f", "t", "s"])
         move = backend.upsert_set(t, ("from_id", "to_id"), "sequence", also={})
         self._add("move", move.values(from_id=pf, to_id=pt, sequence=ps), ["f", "t", "s"])
-        rel, cf = _p("r"), _p("cf")
+        cf = _p("cf")
         added: ColumnClause[Any] = literal_column("VALUES(version)")
         up = backend.upsert_add(c, ("relation", "from_id"), "n", also={"version": c.c.version + added})
         # The relation's name is written into the count rows' text, not bound once a row (a batch of
@@ -522,13 +525,13 @@ class PairRowsStatements(Statements):
         one: ColumnClause[Any] = literal_column("1")
         self._add("count_add_ones", up.values(relation=named, from_id=cf, n=one, version=one), ["cf"])
         some = c.c.from_id.in_([literal_column(_ROWS)])
-        change = update(c).where(c.c.relation == rel, some)
+        change = update(c).where(c.c.relation == named, some)
         change = change.values(
             n=c.c.n + literal_column(_CASE_N), version=c.c.version + literal_column(_CASE_V)
         )
-        self._add("count_change", change, ["r"])
+        self._add("count_change", change, [])
         packed: ColumnClause[Any] = literal_column("GROUP_CONCAT(from_id, ':', version, ';' SEPARATOR '')")
-        self._add("versions", select(packed).where(c.c.relation == rel, some).with_for_update(), ["r"])
+        self._add("versions", select(packed).where(c.c.relation == named, some).with_for_update(), [])
         self._rows = {
             "locked": "(%s, %s)",
             "delete": "(%s, %s)",

@@ -219,7 +219,8 @@ class RelationRepository:
 
     def rows_sql(self, side: Side, name: str, n: int) -> str:
         """`PairRowsStatements` statement ``name`` for ``n`` rows on ``side``'s shard (its relation,
-        and its guard's object table for ``live``)."""
+        and its guard's object table for ``live``), with ``%d`` for each parameter (all are ints):
+        the statement is ``text % tuple(params)``, bound once, not parameter by parameter."""
         h, g = side.h, side.guard
         kind = (h.backend.name, side.relation, None if g is None else g.table, None if g is None else g.key)
         made = (kind, h.shard, name, n)
@@ -230,7 +231,8 @@ class RelationRepository:
         if stmts is None:  # compiled once per backend, not per shard
             ids = "instagram" if g is not None and g.key == "id" else "pinterest"
             stmts = self._rows[kind] = PairRowsStatements(h.backend, side.relation, kind[2], ids=ids)
-        text = expand_rows(stmts.for_shard(h.shard)[name], stmts.row(name), n)
+        # (every parameter is an int: the caller writes them into the text, ``text % tuple(params)``)
+        text = expand_rows(stmts.for_shard(h.shard)[name], stmts.row(name), n).replace("%s", "%d")
         if len(self._row_texts) >= _ROW_TEXTS:
             self._row_texts.clear()  # (a bound on what is kept: batch sizes and shards vary)
         self._row_texts[made] = text

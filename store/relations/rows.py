@@ -10,6 +10,7 @@ groups the pairs and runs the protocol).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -183,8 +184,8 @@ class SideRows:
         self.versions = versions
         self.entries = entries
         self.unlink = unlink
-        h = entries[0].side.h if entries else None
-        if all(e.side.h is h for e in entries):  # (one shard, as a batch of one board's pins is)
+        # (one shard, as a batch of one board's pins is)
+        if not entries or [e.side.h for e in entries].count(entries[0].side.h) == len(entries):
             self.shards = [entries] if entries else []
         else:
             shards: dict[tuple[str, int], list[RowEntry]] = {}
@@ -202,15 +203,15 @@ class SideRows:
         side = entries[0].side
         if self.unlink or side.guard is None:
             return None
-        keys = list(dict.fromkeys([g.value for e in entries if (g := e.side.guard) is not None]))
-        return self.repo.rows_sql(side, "dead", len(keys)), keys
+        keys = tuple(dict.fromkeys([g.value for e in entries if (g := e.side.guard) is not None]))
+        return self.repo.rows_sql(side, "dead", len(keys)) % keys, ()
 
     def reads(self) -> list[Statement]:
         out: list[Statement] = []
         for entries in self.shards:
             side = entries[0].side
-            keys = [x for e in entries for x in (e.side.from_id, e.side.to_id)]
-            out.append((self.repo.rows_sql(side, "locked", len(entries)), keys))
+            keys = tuple([x for e in entries for x in (e.side.from_id, e.side.to_id)])
+            out.append((self.repo.rows_sql(side, "locked", len(entries)) % keys, ()))
             dead = self._dead(entries)
             if dead is not None:
                 out.append(dead)
@@ -275,7 +276,13 @@ class SideRows:
                     sent.append(("dead", 0))
             rows_of: dict[str, list[RowEntry]] = {}
             lists: dict[tuple[str, int], list[int]] = {}
-            for e in entries:
+            if self._hoped:  # (`speculate`: every pair one kind, each row written)
+                same = REMOVE if self.unlink else ADD
+                rows_of[same] = list(entries)
+                relation, delta = side.relation, _DELTA[same]
+                counted = Counter([e.side.from_id for e in entries])
+                lists = {(relation, f): [c, c * delta] for f, c in counted.items()}
+            for e in () if self._hoped else entries:
                 kind = e.kind
                 if kind is None:
                     continue
@@ -295,35 +302,36 @@ class SideRows:
                     continue
                 rows.sort(key=_KEY_ORDER)  # (locks taken in key order)
                 if role == "delete":
-                    params = [x for e in rows for x in (e.side.from_id, e.side.to_id)]
+                    params = tuple([x for e in rows for x in (e.side.from_id, e.side.to_id)])
                 else:
-                    params = [x for e in rows for x in (e.side.from_id, e.side.to_id, e.settled)]
+                    params = tuple([x for e in rows for x in (e.side.from_id, e.side.to_id, e.settled)])
                 if role == "insert" and self._hoped:
                     role = "insert_new"  # (a pair there already is skipped, and `written` sees it)
-                out.append((sql(side, role, len(rows)), params))
+                out.append((sql(side, role, len(rows)) % params, ()))
                 # (a row an upsert changed counts twice)
                 sent.append((role, len(rows) * (2 if role == "move" else 1)))
             if lists:
-                relation = side.relation
                 grown: list[tuple[int, int, int]] = []
                 other: list[tuple[int, int, int]] = []
                 for (_r, f), (c, n) in lists.items():
                     (grown if n > 0 else other).append((f, c, n))
                 if grown:
-                    if all(n == 1 and c == 1 for _f, c, n in grown):  # (each list one new pair)
-                        out.append((sql(side, "count_add_ones", len(grown)), [f for f, _c, _n in grown]))
+                    if not [f for f, c, n in grown if n != 1 or c != 1]:  # (each list one new pair)
+                        ones = tuple([f for f, _c, _n in grown])
+                        out.append((sql(side, "count_add_ones", len(grown)) % ones, ()))
                     else:
-                        added: list[Any] = [x for f, c, n in grown for x in (f, n, c)]
-                        out.append((sql(side, "count_add", len(grown)), added))
+                        added = tuple([x for f, c, n in grown for x in (f, n, c)])
+                        out.append((sql(side, "count_add", len(grown)) % added, ()))
                     sent.append(("count_add", -1))
                 if other:
                     whens_n = [x for f, _c, n in other for x in (f, n)]
                     whens_v = [x for f, c, _n in other for x in (f, c)]
-                    changed: list[Any] = [*whens_n, *whens_v, relation, *[f for f, _c, _n in other]]
-                    out.append((sql(side, "count_change", len(other)), changed))
+                    changed = (*whens_n, *whens_v, *[f for f, _c, _n in other])
+                    out.append((sql(side, "count_change", len(other)) % changed, ()))
                     sent.append(("count_change", -1))
                 if self.versions:
-                    out.append((sql(side, "versions", len(lists)), [relation, *[f for _r, f in lists]]))
+                    froms = tuple([f for _r, f in lists])
+                    out.append((sql(side, "versions", len(lists)) % froms, ()))
                     sent.append(("versions", -1))
             self._sent.append(sent)
             self._lists.append(lists)
