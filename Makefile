@@ -7,8 +7,9 @@ STAMP  := $(VENV)/.installed
 .PHONY: invalidate demo test test-fast faults moves deploy browser check lint typecheck services bench clean
 
 # pytest-xdist workers (each has its own namespace, caches and ports: tests/conftest.py), a test
-# module to a worker. `make test XDIST=` runs the suite in one process.
-XDIST ?= -n 2 --dist loadscope
+# module to a worker. `make test XDIST=` runs the suite in one process. Three on two cores: with
+# two, a third of the CPU sat idle (the tests wait on servers, sleeps and child processes).
+XDIST ?= -n 3 --dist loadscope
 # The tier that runs by itself, after the others: the browser test (Chromium, timed against a
 # move) and the tests marked `alone` (they measure the machine, or a busy one fails them).
 SERIAL := browser or alone
