@@ -203,12 +203,7 @@ class _Txn:
         ``own`` in one pipeline (each of ``own`` but the last on a cursor of its own, which keeps its
         result); (rowcount, lastrowid) of each of ``own``, the cursor left on the last one's rows.
         An error of any statement in the pipeline raises when the pipeline ends."""
-        first: list[tuple[str, Sequence[Any] | None]] = []
-        if self._begin is not None:
-            first.append((self._begin, None))
-            self._begin = None
-        first += self._deferred
-        self._deferred.clear()
+        first = self._opening()
         if not first and len(own) == 1:
             self._c.execute(*own[0])
             return [_answer(self._c)]
@@ -243,6 +238,17 @@ class _Txn:
             return self._c.execute(sql, params)
         self._send([(sql, params)])
         return None
+
+    def _opening(self) -> list[tuple[str, Sequence[Any] | None]]:
+        """What must go before the next statements, taken: BEGIN (if not yet sent) and the deferred
+        statements, in order."""
+        first: list[tuple[str, Sequence[Any] | None]] = []
+        if self._begin is not None:
+            first.append((self._begin, None))
+            self._begin = None
+        first += self._deferred
+        self._deferred.clear()
+        return first
 
     def _open(self) -> None:
         """BEGIN, where statements go one by one and the transaction has not begun (`commit_with`)."""
@@ -294,12 +300,7 @@ class _Txn:
         statements, ``statements`` (each on a cursor of its own, which keeps its result), the log
         row and COMMIT in one pipeline; (rowcount, lastrowid) of each of ``statements``. An error
         of any statement raises when the pipeline ends (the transaction is then rolled back)."""
-        first: list[tuple[str, Sequence[Any] | None]] = []
-        if self._begin is not None:
-            first.append((self._begin, None))
-            self._begin = None
-        first += self._deferred
-        self._deferred.clear()
+        first = self._opening()
         logged = self._log_statement()
         cursors: list[Any] = []
         with self._c.pipeline():
