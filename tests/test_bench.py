@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -78,3 +79,34 @@ def test_bench_runs_only_the_cases_asked_for(store: Store) -> None:
     result = CliRunner().invoke(main, ["bench", "--cases", "create_many,nosuch"])
     assert result.exit_code == 2
     assert "no bench case is named 'nosuch'" in result.output
+
+
+def test_the_floors_use_the_drivers_own_cursor_unless_asked_for_the_stores(store: Store) -> None:
+    """The floors' statements go through PyMySQL's plain ``Cursor`` (a hand-written program's), even on
+    the store's own connection class; ``driver_cursor=False`` keeps the store's quicker cursor."""
+    import pymysql.connections
+    import pymysql.cursors
+
+    from store.tools.bench import _PooledCursor
+
+    shard = store.config.open_shards[0][0]
+    h = store.admin_context().engines.shard(shard, store.shard_map.master(shard))
+
+    def cursor_class(floor: _PooledCursor) -> tuple[type, object]:
+        floor.execute("SELECT 1", ())
+        try:
+            return type(floor._cur), floor._held[0].raw if floor._held else None
+        finally:
+            floor.fetchall()
+
+    driver, raw = cursor_class(_PooledCursor(h))
+    strict, _ = cursor_class(_PooledCursor(h, driver_cursor=False))
+    if isinstance(raw, pymysql.connections.Connection):
+        assert type(raw).__module__.startswith("store."), "the store's own connection class"
+        assert driver is pymysql.cursors.Cursor
+        assert strict is not pymysql.cursors.Cursor
+        assert issubclass(strict, pymysql.cursors.Cursor)
+    else:
+        assert driver is strict
+    with pytest.raises(ValueError, match="floor_cursor is 'driver' or 'store'"):
+        run_bench(store, n=1, floor_cursor="mine")

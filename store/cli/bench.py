@@ -33,6 +33,14 @@ __all__ = ["bench"]
     help="Run only these cases, separated by commas: a case's name as the report prints it, or "
     "the part before its size (create_many,link_many). Default: every case.",
 )
+@click.option(
+    "--floor-cursor",
+    type=click.Choice(["driver", "store"]),
+    default="driver",
+    show_default=True,
+    help="The cursor the floors send their statements through: the driver's own (as a "
+    "hand-written program does), or the store's (its quicker binding and escaping: a stricter floor).",
+)
 @click.pass_context
 def bench(
     ctx: click.Context,
@@ -41,6 +49,7 @@ def bench(
     as_json: bool,
     metrics_port: int | None,
     cases: str | None,
+    floor_cursor: str,
 ) -> None:
     """Time store operations next to the raw driver doing the same work.
 
@@ -66,7 +75,9 @@ def bench(
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
         click.echo(f"metrics on http://127.0.0.1:{metrics_port}/metrics", err=True)
     with open_store(config_path) as store:
-        results = run_bench(store, n=iterations, progress=say, metrics=metrics, cases=wanted)
+        results = run_bench(
+            store, n=iterations, progress=say, metrics=metrics, cases=wanted, floor_cursor=floor_cursor
+        )
         stats = store.stats()
         last_errors = store.admin_context().caches.last_errors()
     if as_json:

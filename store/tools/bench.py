@@ -119,12 +119,14 @@ class _PooledCursor:
     same statement measured 47 us on one connection and 78 us on another,
     by which core the server process ran on. The statements go through the
     driver's own cursor, not the store's (PyMySQL's plain `Cursor`, not the
-    store's faster one); on PostgreSQL the connection's cursor sends ``$n``
-    text, as a careful hand-written program would (see BENCHMARKS.md).
+    store's faster one) unless ``driver_cursor`` is False; on PostgreSQL the
+    connection's cursor sends ``$n`` text, as a careful hand-written program
+    would (see BENCHMARKS.md).
     """
 
-    def __init__(self, h: ShardHandle) -> None:
+    def __init__(self, h: ShardHandle, *, driver_cursor: bool = True) -> None:
         self._pool = h.pool
+        self._driver_cursor = driver_cursor
         self._held: tuple[Any, float] | None = None
         self._cur: Any = None
         self._cursors: dict[int, Any] = {}  # id of a driver connection -> its plain cursor
@@ -132,7 +134,9 @@ class _PooledCursor:
     def _plain_cursor(self, raw: Any) -> Any:
         cur = self._cursors.get(id(raw))
         if cur is None:
-            if type(raw).__module__.startswith("pymysql"):
+            # The store's connection class subclasses PyMySQL's: ask the class's ancestry, not its
+            # own module (which is the store's).
+            if self._driver_cursor and any(c.__module__.startswith("pymysql.") for c in type(raw).__mro__):
                 import pymysql.cursors
 
                 cur = raw.cursor(pymysql.cursors.Cursor)
@@ -174,13 +178,20 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     metrics: Metrics | None = None,
     cases: Wanted | None = None,
+    floor_cursor: str = "driver",
 ) -> list[BenchResult]:
     """Run every case (or those ``cases`` wants) ``n`` times against ``store``'s first open shard's host.
 
     The database cases run without caches (a twin of ``store`` sharing its
     pools); the warm-cache cases run when ``store`` has memcached and Redis.
     With ``metrics``, both are instrumented, and `metrics_cost_cases` is added.
+    ``floor_cursor``: "driver" (the floors send their statements through the
+    driver's own cursor, as a hand-written program does) or "store" (through
+    the store's cursor, with its quicker binding and escaping: a stricter
+    floor, which prices the store's own steps alone).
     """
+    if floor_cursor not in ("driver", "store"):
+        raise ValueError(f"floor_cursor is 'driver' or 'store', not {floor_cursor!r}")
     wanted = cases or Wanted()
     shard = store.config.open_shards[0][0]
     host = store.shard_map.master(shard)
@@ -191,7 +202,9 @@ def run_bench(
 
         instrument(store, metrics)
         instrument(uncached, metrics)
-    floor = _PooledCursor(store.admin_context().engines.shard(shard, host))
+    floor = _PooledCursor(
+        store.admin_context().engines.shard(shard, host), driver_cursor=floor_cursor == "driver"
+    )
     with _raw_connection(store, host, shard) as (raw, p):
         cur = raw.cursor()
         try:
