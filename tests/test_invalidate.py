@@ -200,6 +200,9 @@ def test_a_lost_stream_resumes_from_the_saved_position_not_the_terms_start(serve
             _sql(servers, f"KILL CONNECTION {dumps[0][0]}")
             writer.update(pin, {"n": 2})
             _wait_for(lambda: reader.get(pin) == {"n": 2}, within_s=5)
+            # The reader can see n=2 before the daemon sees its stream gone (on a loaded machine the
+            # heartbeat ages past the window and the reader reads again): wait for the step down.
+            _wait_for(lambda: inv.errors >= 1 and inv.terms >= 2 and inv.role == "leader", within_s=10)
             assert inv.errors >= 1, inv.status()
             assert "stream" in inv.last_error, inv.status()
             assert inv.terms >= 2, inv.status()
