@@ -18,7 +18,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BLOCK_S", "CONFIRM_S", "Hook", "Schedule", "Scheduler", "Waiting", "explore", "run_schedule"]
+__all__ = [
+    "ASK_EVERY_S",
+    "BLOCK_S",
+    "CONFIRM_S",
+    "Hook",
+    "Schedule",
+    "Scheduler",
+    "Waiting",
+    "explore",
+    "run_schedule",
+]
 
 #: How long a released thread may take to reach its next step before it counts as blocked on a lock.
 BLOCK_S = 0.12
@@ -26,6 +36,10 @@ BLOCK_S = 0.12
 #: How long a thread judged blocked by `BLOCK_S` may go unconfirmed by a ``waiting`` oracle (see
 #: `Scheduler`) before it is taken as blocked anyway (on something the oracle does not see).
 CONFIRM_S = 10.0
+
+#: How long between two questions to a ``waiting`` oracle: longer than the 100 ms for which
+#: MariaDB's InnoDB lock tables keep showing what they showed at the last read.
+ASK_EVERY_S = 0.15
 
 #: What the code under test calls before each step, with the step's name.
 Hook = Callable[[str], None]
@@ -82,7 +96,10 @@ class Scheduler:
         only once the server shows as many writes waiting on locks as there are such threads (or
         after `CONFIRM_S`): on a busy machine a slow thread is not a blocked one, and taking it
         for one lets two writes run at once, so that the order they return in is not the order
-        they committed in."""
+        they committed in. The oracle is asked only after `BLOCK_S`, and then every
+        `ASK_EVERY_S`: MariaDB's InnoDB lock tables are a cache refreshed only when it was not
+        read for 100 ms, so that asking more often keeps showing the state before the write
+        blocked (a write slow to reach its lock then counted as unconfirmed for `CONFIRM_S`)."""
         self.waiting = waiting
         self.cond = threading.Condition()
         self.state = ["running"] * n  # running -> paused <-> running -> done
@@ -146,7 +163,7 @@ class Scheduler:
                     ):
                         return
                 continue
-            time.sleep(BLOCK_S / 4)
+            time.sleep(ASK_EVERY_S)
 
     def release(self, i: int) -> None:
         with self.cond:
