@@ -153,6 +153,8 @@ class BulkCreates:
         if isinstance(items, dict | str | bytes | bytearray) or not isinstance(items, Iterable):
             raise DataError(f"items must be a list of dicts (one per object), got {type(items).__name__}")
         limit = self._config.max_ids
+        if type(items) is list and len(items) <= limit and set(map(type, items)) <= {dict}:
+            return list(items)  # (a list of dicts, the usual call: checked without a loop)
         out: list[dict[str, Any]] = []
         for i, item in enumerate(items):
             if len(out) >= limit:
@@ -216,9 +218,10 @@ class BulkCreates:
         spec = self._router.type(type_name)
         given = self._items(items)
         texts: list[str] = []
+        encode = self._objects.repo.encode
         for i, item in enumerate(given):
             try:
-                texts.append(self._objects.repo.encode(item))
+                texts.append(encode(item))
             except DataError as exc:
                 raise type(exc)(f"items[{i}]: {exc}") from None
         target = self._target(near, shard)
@@ -226,8 +229,11 @@ class BulkCreates:
         if not given:
             return []
         by_shard: dict[int, list[int]] = {}
-        for i in range(len(given)):
-            by_shard.setdefault(self._router.pick_shard() if target is None else target, []).append(i)
+        if target is not None:
+            by_shard[target] = list(range(len(given)))
+        else:
+            for i in range(len(given)):
+                by_shard.setdefault(self._router.pick_shard(), []).append(i)
         keyed = any(claims)
         ids: list[int] = [0] * len(given)
         keys: dict[int, list[tuple[int, int]]] = {}  # shard -> (item, row key) inserted
@@ -241,8 +247,14 @@ class BulkCreates:
                         lambda s=s, part=part: self._insert(spec, s, part, texts, pending=keyed),  # type: ignore[misc]
                     )
                     keys.setdefault(s, []).extend(got)
-                    for i, key in got:
-                        ids[i] = key if self._instagram else encode_pinterest(s, spec.id, key)
+                    if self._instagram:
+                        for i, key in got:
+                            ids[i] = key
+                    else:
+                        # (`_insert` checked every key: 0..MAX_LOCAL_ID, the local id's bits)
+                        base = encode_pinterest(s, spec.id, 0)
+                        for i, key in got:
+                            ids[i] = base | key
             if keyed:
                 self._claim_all(spec, claims, ids, keys)
         except BaseException:
@@ -273,19 +285,22 @@ class BulkCreates:
             if not self._instagram:
                 step = self._id_step(h, conn, cur)
             sql = self._sql(h, spec, name if step is None else name + _PLAIN, len(members))
-            cur.execute(sql, [texts[i] for i in members])
+            # (every item, in order, where they all go to one shard: ``members`` is 0..n-1)
+            cur.execute(sql, texts if len(members) == len(texts) else [texts[i] for i in members])
             if step is None:
                 rows = list(cur.fetchall())
             else:
                 first, count = int(cur.lastrowid or 0), int(cur.rowcount)
             cur.close()
+        got: list[int]
         if step is not None:
-            if count != len(members) or first <= 0:
+            if count != len(members) or first <= 0 or step <= 0:
                 raise DataError(
-                    f"the database made {count} rows (first key {first}) for {len(members)} in {spec.table}"
+                    f"the database made {count} rows (first key {first}, step {step}) for {len(members)} "
+                    f"in {spec.table}"
                 )
-            rows = [(first + j * step,) for j in range(count)]
-        if len(rows) != len(members):
+            got = list(range(first, first + count * step, step))  # (upwards: sorted)
+        elif len(rows) != len(members):
             raise DataError(f"the database returned {len(rows)} keys for {len(members)} rows in {spec.table}")
         if self._instagram:
             # Matched by their data: rows of the same text are alike, so either may be either.
@@ -293,8 +308,11 @@ class BulkCreates:
             for i in reversed(members):
                 waiting.setdefault(texts[i], []).append(i)
             return [(waiting[_text(text)].pop(), int(key)) for key, text in rows]
-        # An AUTO_INCREMENT (or rowid) statement numbers its rows upwards, in the order given.
-        got = sorted(int(r[0]) for r in rows)
+        if step is None:
+            # An AUTO_INCREMENT (or rowid) statement numbers its rows upwards, in the order given.
+            got = sorted(int(r[0]) for r in rows)
+        if got and got[0] < 0:
+            raise DataError(f"the database returned key {got[0]} for a row in {spec.table}")
         if got and got[-1] > MAX_LOCAL_ID:
             with contextlib.suppress(StoreError):
                 for key in got:

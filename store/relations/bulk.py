@@ -485,11 +485,14 @@ def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | No
 
 def _groups(routed: list[Sides]) -> list[list[int]]:
     """Indexes of ``routed`` grouped by (primary pool, inverse pool), in key order, `CHUNK` at most."""
+    pools = [(id(p.h.pool), 0 if i is None else id(i.h.pool)) for p, i in routed]
+    order = [(p.h.shard, p.from_id, p.to_id) for p, _i in routed]
     by: dict[tuple[int, int], list[int]] = {}
-    order: list[tuple[int, int, int]] = []
-    for k, (p, i) in enumerate(routed):
-        by.setdefault((id(p.h.pool), 0 if i is None else id(i.h.pool)), []).append(k)
-        order.append((p.h.shard, p.from_id, p.to_id))
+    if len(set(pools)) <= 1:  # (one group, as a batch of one board's pins on one host is)
+        by = {pools[0]: list(range(len(routed)))} if routed else {}
+    else:
+        for k, pool in enumerate(pools):
+            by.setdefault(pool, []).append(k)
     out: list[list[int]] = []
     for members in by.values():
         members.sort(key=order.__getitem__)

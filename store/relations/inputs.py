@@ -54,6 +54,11 @@ def pair_list(pairs: Iterable[tuple[int, int]], *, limit: int | None = None) -> 
     if limit is not None and isinstance(given, list) and len(given) > limit:
         held = f"{len(given)} pairs" if given is pairs else f"more than {limit} pairs"
         raise LimitError(f"pairs holds {held}, over limits.max_ids ({limit}); split the call")
+    if type(given) is list and set(map(type, given)) <= {tuple} and set(map(len, given)) <= {2}:
+        try:  # (a list of 2-tuples, the usual call: each pair kept once without a loop)
+            return list(dict.fromkeys(given))
+        except TypeError:
+            pass  # (an unhashable ID: the loop below names it)
     out: dict[tuple[int, int], None] = {}
     for pair in given:
         if not isinstance(pair, tuple | list) or len(pair) != 2:

@@ -275,27 +275,32 @@ class SideRows:
                     out.append(dead)
                     sent.append(("dead", 0))
             rows_of: dict[str, list[RowEntry]] = {}
-            lists: dict[tuple[str, int], list[int]] = {}
+            # Each list the rows change (a side is of one relation): (from_id, changes, count
+            # delta), in the order of their first change.
+            changed: list[tuple[int, int, int]]
             if self._hoped:  # (`speculate`: every pair one kind, each row written)
                 same = REMOVE if self.unlink else ADD
                 rows_of[same] = list(entries)
-                relation, delta = side.relation, _DELTA[same]
+                delta = _DELTA[same]
                 counted = Counter([e.side.from_id for e in entries])
-                lists = {(relation, f): [c, c * delta] for f, c in counted.items()}
-            for e in () if self._hoped else entries:
-                kind = e.kind
-                if kind is None:
-                    continue
-                if e.write:
-                    rows_of.setdefault(kind, []).append(e)
-                s = e.side
-                key = (s.relation, s.from_id)
-                got = lists.get(key)
-                if got is None:
-                    lists[key] = [1, _DELTA[kind]]
-                else:
-                    got[0] += 1
-                    got[1] += _DELTA[kind]
+                changed = [(f, c, c * delta) for f, c in counted.items()]
+            else:
+                by_list: dict[int, list[int]] = {}
+                for e in entries:
+                    kind = e.kind
+                    if kind is None:
+                        continue
+                    if e.write:
+                        rows_of.setdefault(kind, []).append(e)
+                    got = by_list.get(e.side.from_id)
+                    if got is None:
+                        by_list[e.side.from_id] = [1, _DELTA[kind]]
+                    else:
+                        got[0] += 1
+                        got[1] += _DELTA[kind]
+                changed = [(f, c, n) for f, (c, n) in by_list.items()]
+            # (read by `checked` for the versions: made only where they are read)
+            lists = {(side.relation, f): [c, n] for f, c, n in changed} if self.versions else {}
             for role, kind in (("insert", ADD), ("move", MOVE), ("delete", REMOVE)):
                 rows = rows_of.get(kind)
                 if not rows:
@@ -310,13 +315,14 @@ class SideRows:
                 out.append((sql(side, role, len(rows)) % params, ()))
                 # (a row an upsert changed counts twice)
                 sent.append((role, len(rows) * (2 if role == "move" else 1)))
-            if lists:
-                grown: list[tuple[int, int, int]] = []
-                other: list[tuple[int, int, int]] = []
-                for (_r, f), (c, n) in lists.items():
-                    (grown if n > 0 else other).append((f, c, n))
+            if changed:
+                grown = [x for x in changed if x[2] > 0]
+                other = [x for x in changed if x[2] <= 0] if len(grown) < len(changed) else []
                 if grown:
-                    if not [f for f, c, n in grown if n != 1 or c != 1]:  # (each list one new pair)
+                    # Each list one new pair (as a speculation whose lists all differ has it)?
+                    if (self._hoped and len(grown) == len(entries)) or not [
+                        f for f, c, n in grown if n != 1 or c != 1
+                    ]:
                         ones = tuple([f for f, _c, _n in grown])
                         out.append((sql(side, "count_add_ones", len(grown)) % ones, ()))
                     else:
@@ -326,12 +332,12 @@ class SideRows:
                 if other:
                     whens_n = [x for f, _c, n in other for x in (f, n)]
                     whens_v = [x for f, c, _n in other for x in (f, c)]
-                    changed = (*whens_n, *whens_v, *[f for f, _c, _n in other])
-                    out.append((sql(side, "count_change", len(other)) % changed, ()))
+                    cases = (*whens_n, *whens_v, *[f for f, _c, _n in other])
+                    out.append((sql(side, "count_change", len(other)) % cases, ()))
                     sent.append(("count_change", -1))
                 if self.versions:
-                    froms = tuple([f for _r, f in lists])
-                    out.append((sql(side, "versions", len(lists)) % froms, ()))
+                    froms = tuple([f for f, _c, _n in changed])
+                    out.append((sql(side, "versions", len(changed)) % froms, ()))
                     sent.append(("versions", -1))
             self._sent.append(sent)
             self._lists.append(lists)

@@ -37,6 +37,9 @@ __all__ = ["REMOVE_CHUNK", "RelationService"]
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 #: Pairs of a deleted object's list read (and removed) per round.
 REMOVE_CHUNK = 200
+#: ``tuple.__new__``: a named tuple (`Side`, `Guard`) made from a tuple of its fields, as its
+#: ``_make`` does, without the Python frame of its ``__new__`` (a batch of pairs makes 300).
+_new_tuple = tuple.__new__
 
 
 class RelationService:
@@ -106,26 +109,35 @@ class RelationService:
         # Each ID's (shard handle, guard), by the end of the pair it is at (its type is that end's).
         froms: dict[int, tuple[ShardHandle, Guard | None]] = {}
         tos: dict[int, tuple[ShardHandle, Guard | None]] = {}
+        handles: dict[tuple[int, str], ShardHandle] = {}  # (shard, host): each handle looked up once
         name, other, from_type, to_type = spec.name, inverse.name, spec.from_type, inverse.from_type
         primary = spec.primary
+        new = _new_tuple  # (a Side made without its ``__new__``'s Python frame: a call makes two a pair)
         out = []
         for from_id, to_id in pairs:
             here = froms.get(from_id)
             if here is None:
-                here = froms[from_id] = self._end(from_id, from_type, guarded=guarded)
+                here = froms[from_id] = self._end(from_id, from_type, guarded, handles)
             there = tos.get(to_id)
             if there is None:
-                there = tos[to_id] = self._end(to_id, to_type, guarded=guarded)
-            side = Side(here[0], name, from_id, to_id, here[1])
-            far = Side(there[0], other, to_id, from_id, there[1])
+                there = tos[to_id] = self._end(to_id, to_type, guarded, handles)
+            side = new(Side, (here[0], name, from_id, to_id, here[1]))
+            far = new(Side, (there[0], other, to_id, from_id, there[1]))
             out.append((side, far) if primary else (far, side))
         return out
 
-    def _end(self, id_: int, type_name: str, *, guarded: bool) -> tuple[ShardHandle, Guard | None]:
-        """The shard handle of ``id_`` (of type ``type_name``), and its guard if ``guarded``."""
+    def _end(
+        self, id_: int, type_name: str, guarded: bool, handles: dict[tuple[int, str], ShardHandle]
+    ) -> tuple[ShardHandle, Guard | None]:
+        """The shard handle of ``id_`` (of type ``type_name``; ``handles``: those looked up so far),
+        and its guard if ``guarded``."""
         shard, t, key, host = self._router.route(id_, type_name)
-        guard = Guard(f"{type_name} {id_}", t.table, self._object_key, key) if guarded else None
-        return self._shard(shard, host), guard
+        h = handles.get((shard, host))
+        if h is None:
+            h = handles[(shard, host)] = self._shard(shard, host)
+        if not guarded:
+            return h, None
+        return h, _new_tuple(Guard, (f"{type_name} {id_}", t.table, self._object_key, key))
 
     def apply_changes(self, changes: Sequence[Change]) -> None:
         """Update the cached lists in place with committed pair ``changes``, in their order."""
