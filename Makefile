@@ -8,8 +8,10 @@ STAMP  := $(VENV)/.installed
 
 # pytest-xdist workers (each has its own namespace, caches and ports: tests/conftest.py), a test
 # module to a worker. `make test XDIST=` runs the suite in one process. Three on two cores: with
-# two, a third of the CPU sat idle (the tests wait on servers, sleeps and child processes).
-XDIST ?= -n 3 --dist loadscope
+# two, a third of the CPU sat idle (the tests wait on servers, sleeps and child processes). The
+# modules go out in the order collected, the longest first (tests/conftest.py LONGEST_FIRST), not
+# by their number of tests.
+XDIST ?= -n 3 --dist loadscope --no-loadscope-reorder
 # The tier that runs by itself, after the others: the browser test (Chromium, timed against a
 # move) and the tests marked `alone` (they measure the machine, or a busy one fails them).
 SERIAL := browser or alone

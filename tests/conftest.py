@@ -411,10 +411,44 @@ def _reaches_servers(item: pytest.Item) -> bool:
     return any(word in text for word in SERVER_WORDS)
 
 
+#: The modules that take longest, longest first (measured in a full run). They are collected first,
+#: so that pytest-xdist, which hands each worker whole modules in the order collected (`make test`
+#: turns off its reordering by test count), starts them first: a long module handed out last
+#: would leave one worker running alone at the end.
+LONGEST_FIRST = (
+    "tests/test_unique_interleavings.py",
+    "tests/test_bench_mix.py",
+    "tests/faults/test_scenarios.py",
+    "tests/test_secrets.py",
+    "tests/test_move_instagram.py",
+    "tests/test_move.py",
+    "tests/test_pair_interleavings.py",
+    "tests/faults/test_write_crashes.py",
+    "tests/test_move_postgres.py",
+    "tests/faults/test_invalidate_faults.py",
+    "tests/test_exactly_once.py",
+    "tests/test_packaging.py",
+    "tests/test_bench.py",
+    "tests/test_move_journals.py",
+    "tests/test_promises.py",
+    "tests/test_exactly_once_postgres.py",
+    "tests/test_rebalance.py",
+    "tests/test_livemap.py",
+)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Put the tests of `LONGEST_FIRST`'s modules first, in its order; the rest keep theirs."""
+    rank = {module: k for k, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that may need a server ``servers``: `make test-fast` runs the others.
-    (Only where ``-m`` names the marker: reading the tests' code takes a few seconds.)"""
+    """Order the modules longest first (`LONGEST_FIRST`), and mark every test that may need a
+    server ``servers``: `make test-fast` runs the others. (The marks only where ``-m`` names the
+    marker: reading the tests' code takes a few seconds.)"""
+    _longest_first(items)
     if "servers" not in (config.option.markexpr or ""):
         return
     for item in items:
