@@ -6,6 +6,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: invalidate demo test test-fast faults moves deploy browser check lint typecheck services bench clean
 
+# Bytecode caching on, whatever the environment says: with PYTHONDONTWRITEBYTECODE set, every
+# pytest worker and every child process the tests start (a few hundred) compiled the package,
+# and rewrote the tests' asserts, again.
+unexport PYTHONDONTWRITEBYTECODE
+
 # pytest-xdist workers (each has its own namespace, caches and ports: tests/conftest.py), a test
 # module to a worker. `make test XDIST=` runs the suite in one process. Three on two cores: with
 # two, a third of the CPU sat idle (the tests wait on servers, sleeps and child processes). The

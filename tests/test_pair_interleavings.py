@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
+import pymysql
 import pytest
 
 from store import Store, StoreConfig
 from store.admin import repair_relations
-from tests.conftest import NAMESPACE, root_sql, sqlite_config
-from tests.interleavings import Hook, Schedule, Waiting, run_schedule
+from tests.conftest import NAMESPACE, sqlite_config
+from tests.interleavings import Hook, Schedule, run_schedule
 from tests.interleavings import explore as explore_all
 
 BHP = "board_has_pins"
@@ -81,44 +84,63 @@ def run_one(
     def install(hook: Hook | None) -> None:
         writer.step = hook
 
-    out = run_schedule(install, calls, choices, waiting=lock_waits(store))
+    waiting = lock_waits(store)
+    try:
+        out = run_schedule(install, calls, choices, waiting=waiting)
+    finally:
+        if waiting is not None:
+            waiting.close()
     errors = [o for o in out.outcomes if isinstance(o, BaseException)]
     assert errors == [], errors
     return out
 
 
-def lock_waits(store: Store) -> Waiting | None:
-    """How many of the store's transactions wait on a lock now (the scheduler's proof that a write
-    is blocked, not slow): on the test MariaDB, those waiting on this process's databases; on
-    PostgreSQL, the sessions of the store's database waiting on a lock (row or advisory). SQLite:
-    None (time alone)."""
+class LockWaits:
+    """How many of a store's transactions wait on a lock now (the scheduler's proof that a write is
+    blocked, not slow), asked on one connection of its own, opened at the first question and
+    closed by `close` (a connection a question cost a server process on PostgreSQL, a thread on
+    MariaDB, each time): on the test MariaDB, those waiting on this session's databases; on
+    PostgreSQL, the sessions of the store's database waiting on a lock (row or advisory)."""
+
+    def __init__(self, database: str | None) -> None:
+        self.database = database  # PostgreSQL's; None: the test MariaDB
+        self._conn: Any = None
+
+    def __call__(self) -> int:
+        if self.database is not None:
+            if self._conn is None:
+                self._conn = psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True)
+            row = self._conn.execute(
+                "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE NOT l.granted AND a.datname = %s",
+                (self.database,),
+            ).fetchone()
+            return int(row[0]) if row else 0
+        if self._conn is None:
+            self._conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+        with self._conn.cursor() as cur:
+            cur.execute(
+                "SELECT w.requesting_trx_id, l.lock_table FROM information_schema.INNODB_LOCK_WAITS w"
+                " JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.requested_lock_id"
+            )
+            rows = cur.fetchall()
+        return len({trx for trx, table in rows if str(table).startswith(f"`{NAMESPACE}_")})
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            conn.close()
+
+
+def lock_waits(store: Store) -> LockWaits | None:
+    """The `LockWaits` of ``store``'s servers (the test MariaDB, or one PostgreSQL database);
+    SQLite: None (time alone)."""
     backends = {url.get_backend_name() for url in store.config.hosts.values()}
     if backends == {"postgresql"}:
         (database,) = {url.database for url in store.config.hosts.values()}
-
-        def pg_waiting() -> int:
-            import psycopg
-
-            with psycopg.connect("host=127.0.0.1 user=postgres dbname=postgres", autocommit=True) as conn:
-                row = conn.execute(
-                    "SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                    " WHERE NOT l.granted AND a.datname = %s",
-                    (database,),
-                ).fetchone()
-            return int(row[0]) if row else 0
-
-        return pg_waiting
-    if backends != {"mysql"}:
-        return None
-
-    def waiting() -> int:
-        rows = root_sql(
-            "SELECT w.requesting_trx_id, l.lock_table FROM information_schema.INNODB_LOCK_WAITS w"
-            " JOIN information_schema.INNODB_LOCKS l ON l.lock_id = w.requested_lock_id"
-        )
-        return len({trx for trx, table in rows if str(table).startswith(f"`{NAMESPACE}_")})
-
-    return waiting
+        return LockWaits(database)
+    return LockWaits(None) if backends == {"mysql"} else None
 
 
 def read_pair(store: Store, board: int, pin: int) -> tuple[tuple[bool, int | None], tuple[bool, int | None]]:
