@@ -8,7 +8,8 @@ phase and reports it per call beside the client's.
 
 Read from Linux's ``/proc`` by program name, so it counts every instance of
 a program on the machine (the servers of other work too: run the mix on a
-quiet machine). Elsewhere it is empty and the report leaves the column out.
+quiet machine), each process from its own two samples. Elsewhere it is empty
+and the report leaves the column out.
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ SERVER_PROGRAMS = ("mariadbd", "mysqld", "redis-server", "memcached", "postgres"
 _PROC = Path("/proc")
 
 
-def server_cpu_s(programs: tuple[str, ...] = SERVER_PROGRAMS) -> dict[str, float]:
-    """CPU seconds (user + system) each program's running processes have used so far; {} without /proc."""
+def server_cpu_s(programs: tuple[str, ...] = SERVER_PROGRAMS) -> dict[tuple[str, int, int], float]:
+    """CPU seconds (user + system) each running process of ``programs`` has used so far, by (program,
+    pid, start time in clock ticks); {} without /proc. `since` sums two samples by program."""
     try:
         tick = float(os.sysconf("SC_CLK_TCK"))
         entries = list(_PROC.iterdir())
     except (OSError, ValueError, AttributeError):
         return {}
-    out: dict[str, float] = {}
+    out: dict[tuple[str, int, int], float] = {}
     for entry in entries:
         if not entry.name.isdigit():
             continue
@@ -39,14 +41,23 @@ def server_cpu_s(programs: tuple[str, ...] = SERVER_PROGRAMS) -> dict[str, float
             name = (entry / "comm").read_text().strip()
             if name not in programs:
                 continue
-            # Fields after the ")" closing the command name: utime and stime are the 12th and 13th.
+            # Fields after the ")" closing the command name: utime and stime are the 12th and 13th,
+            # the start time the 20th.
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # the process ended meanwhile
             continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[(name, int(entry.name), int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
-def since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """CPU seconds per program between two samples (programs in both; a restarted one can go negative: 0)."""
-    return {name: max(0.0, after[name] - before[name]) for name in after if name in before}
+def since(
+    before: dict[tuple[str, int, int], float], after: dict[tuple[str, int, int], float]
+) -> dict[str, float]:
+    """CPU seconds per program between two samples, over the processes running at both: one that
+    ended meanwhile (another test's server, a restart) neither subtracts what it had used nor
+    hides what the others used; one that started meanwhile is not counted."""
+    out: dict[str, float] = {}
+    for key, used in after.items():
+        if key in before:
+            out[key[0]] = out.get(key[0], 0.0) + max(0.0, used - before[key])
+    return out
