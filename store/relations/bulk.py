@@ -377,7 +377,36 @@ class BulkPairs:
             # Every inverse row goes, whether its primary row was there or not (as `unlink`).
             remove(cur, [i for _p, i in group if i is not None])
 
-        n = self._protocol(group, first, second)
+        together = alone = None
+        i = group[0][1]
+        if i is not None and _planned(i):
+
+            def together(cur: Cursor) -> int:
+                # One connection reaches both sides: every primary key locked, then both sides'
+                # deletes and counts in one request, each inverse row after its primary row.
+                made.clear()
+                for p, _i in group:
+                    w._lock_key(cur, p)
+                sides = [p for p, _i in group]
+                return sum(remove(cur, sides + [i for _p, i in group if i is not None])[: len(sides)])
+
+            if w.log is None or i.h.log_sql() is None:
+
+                def alone(cur: Cursor, _gone: int) -> None:
+                    # The inverse side in a transaction of its own, on a host that logs nothing:
+                    # its deletes, counts and COMMIT in one request.
+                    sides = [i for _p, i in group if i is not None]
+                    plans = [repo.unlink_plan(s) for s in sides]
+                    results = cur.commit_with([s for plan in plans for s in plan.statements])
+                    at = 0
+                    for side, plan in zip(sides, plans, strict=True):
+                        c = Change(side)
+                        n = len(plan.statements)
+                        if plan.outcome(results[at : at + n], c.seen) is not None:
+                            w._changed(cur, c, REMOVE, 0, made)
+                        at += n
+
+        n = self._protocol(group, first, second, together=together, second_alone=alone)
         changes += made
         return n
 
@@ -533,10 +562,15 @@ class BulkPairs:
         second: Callable[[Cursor, int], None],
         *,
         alone: Callable[[Cursor], None] | None = None,
+        together: Callable[[Cursor], int] | None = None,
+        second_alone: Callable[[Cursor, int], None] | None = None,
     ) -> int:
         """``first`` on the primary host, then ``second`` on the inverse host under its locks
         (`store.pairs`: one transaction where one pool reaches both sides). Where the group has
-        no inverse side, ``alone`` (if given) runs after ``first`` in its transaction."""
+        no inverse side, ``alone`` (if given) runs after ``first`` in its transaction. Where one
+        pool reaches both sides, ``together`` (if given) takes the place of both; where two
+        transactions write them, ``second_alone`` (if given) takes ``second``'s (it may commit
+        the inverse side's transaction itself)."""
         step = self._rel.pairs.step or _no_step
         step("start")
         p = group[0][0].h
@@ -551,6 +585,8 @@ class BulkPairs:
                 return n
 
             return p.transaction(only)
+        if p.pool is i.pool and together is not None:
+            return p.transaction(together)
         if p.pool is i.pool:
 
             def both(cur: Cursor) -> int:
@@ -560,7 +596,7 @@ class BulkPairs:
                 return n
 
             return p.transaction(both)
-        return transaction_pair(p, i, first, second, step=step)
+        return transaction_pair(p, i, first, second_alone or second, step=step)
 
 
 def cur_conditional(group: list[Sides]) -> bool:
