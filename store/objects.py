@@ -75,6 +75,7 @@ class ObjectService:
         prefix: str,
         unique: UniqueKeys | None = None,
         steps: Steps | None = None,
+        sweep: Callable[[str, int], int],
     ) -> None:
         self._config = config
         self._steps = steps or Steps()
@@ -83,6 +84,8 @@ class ObjectService:
         self._engines = engines
         self.repo = repo
         self._relations = relations
+        #: Takes a deleted object (type name, ID) out of its lists (`BulkPairs.remove_object`).
+        self._sweep = sweep
         self._cache = cache
         self._prefix = prefix
         self._instagram = config.ids == "instagram"
@@ -379,8 +382,10 @@ class ObjectService:
 
         Steps: the mark (with unique keys, in one transaction with a read of
         the values the object holds, under its row lock); the release of
-        those values; the removal of each pair that reaches it through an
-        inverse. The result is the first step's: True if the object was
+        those values; the removal of the pairs that reach it through an
+        inverse, a page of its lists at a time: a step reads the page, a
+        step removes its pairs as a batch (`BulkPairs.remove_object`). The
+        result is the first step's: True if the object was
         live. Run again, a delete finishes what an earlier one left.
         """
         shard, spec, local_id, _host = self._router.route(id, type_name)
@@ -408,7 +413,7 @@ class ObjectService:
             self._invalidate(id, spec)
         if unique is not None and held:
             unique.release(held, id)  # only rows this object holds: a value another took stays
-        self._relations.remove_object(spec.name, id)
+        self._sweep(spec.name, id)
         self._steps.mark("deleted")
         return was_live
 

@@ -65,7 +65,7 @@ from store.relations.rows import (
     write_both,
     write_side,
 )
-from store.relations.service import RelationService
+from store.relations.service import REMOVE_CHUNK, RelationService
 from store.relations.writer import Change
 from store.specs import RelationSpec
 
@@ -149,15 +149,24 @@ class BulkPairs:
             total += self._rel.steps(name, step)
         return total
 
-    def _cached(self, group: list[Sides], write: Callable[[list[Change]], int]) -> int:
-        """Run ``write``, then update the cached lists it changed (drop them all after a failure)."""
+    def _cached(
+        self,
+        group: list[Sides],
+        write: Callable[[list[Change]], int],
+        pending: list[Change] | None = None,
+    ) -> int:
+        """Run ``write``, then update the cached lists it changed (drop them all after a failure);
+        with ``pending``, its changes go there for the caller to apply with others."""
         changes: list[Change] = []
         try:
             n = write(changes)
         except BaseException:
             self._rel.invalidate([(s.relation, s.from_id) for p, i in group for s in (p, i) if s is not None])
             raise
-        self._rel.apply_changes(changes)
+        if pending is not None:
+            pending += changes
+        else:
+            self._rel.apply_changes(changes)
         return n
 
     # -- link -------------------------------------------------------------------------------
@@ -335,9 +344,11 @@ class BulkPairs:
 
     # -- unlink -----------------------------------------------------------------------------
 
-    def _unlink_group(self, group: list[Sides]) -> int:
+    def _unlink_group(self, group: list[Sides], pending: list[Change] | None = None) -> int:
+        """Unlink one group of pairs (one primary pool, one inverse pool); how many were there.
+        ``pending``: as `_cached`'s."""
         once = self._unlink_rows if rows_path(group) else self._unlink_once
-        return self._cached(group, lambda changes: once(group, changes))
+        return self._cached(group, lambda changes: once(group, changes), pending)
 
     def _unlink_once(self, group: list[Sides], changes: list[Change]) -> int:
         w = self._rel.pairs
@@ -346,7 +357,7 @@ class BulkPairs:
 
         def remove(cur: Cursor, sides: list[Side]) -> list[bool]:
             cs = [Change(s) for s in sides]
-            if cur_conditional(group):
+            if sides and _planned(sides[0]):  # every pair's statements in one request
                 kinds = _outcomes(cur, [repo.unlink_plan(s) for s in sides], cs)
                 gone = [k is not None for k in kinds]
             else:
@@ -366,7 +377,36 @@ class BulkPairs:
             # Every inverse row goes, whether its primary row was there or not (as `unlink`).
             remove(cur, [i for _p, i in group if i is not None])
 
-        n = self._protocol(group, first, second)
+        together = alone = None
+        i = group[0][1]
+        if i is not None and _planned(i):
+
+            def together(cur: Cursor) -> int:
+                # One connection reaches both sides: every primary key locked, then both sides'
+                # deletes and counts in one request, each inverse row after its primary row.
+                made.clear()
+                for p, _i in group:
+                    w._lock_key(cur, p)
+                sides = [p for p, _i in group]
+                return sum(remove(cur, sides + [i for _p, i in group if i is not None])[: len(sides)])
+
+            if w.log is None or i.h.log_sql() is None:
+
+                def alone(cur: Cursor, _gone: int) -> None:
+                    # The inverse side in a transaction of its own, on a host that logs nothing:
+                    # its deletes, counts and COMMIT in one request.
+                    sides = [i for _p, i in group if i is not None]
+                    plans = [repo.unlink_plan(s) for s in sides]
+                    results = cur.commit_with([s for plan in plans for s in plan.statements])
+                    at = 0
+                    for side, plan in zip(sides, plans, strict=True):
+                        c = Change(side)
+                        n = len(plan.statements)
+                        if plan.outcome(results[at : at + n], c.seen) is not None:
+                            w._changed(cur, c, REMOVE, 0, made)
+                        at += n
+
+        n = self._protocol(group, first, second, together=together, second_alone=alone)
         changes += made
         return n
 
@@ -425,6 +465,94 @@ class BulkPairs:
         changes += made
         return n
 
+    # -- a deleted object's lists -------------------------------------------------------------
+
+    def remove_object(self, type_name: str, obj: int) -> int:
+        """Take a (deleted) object out of every list that reaches it through an inverse; pairs removed.
+
+        For each relation from ``type_name`` that has an inverse, every pair
+        of the object's list goes, both sides, by the pair protocol, a page
+        (`REMOVE_CHUNK` pairs of a list) at a time: one step reads the first
+        page of every list (one query: they are all on the object's shard),
+        one step removes those pairs as a batch (`_sweep`: grouped by host
+        pair as `unlink_many` groups them, a few requests per group), then
+        each further page of a longer list is a step that reads it and a
+        step that removes it. A link racing with this is refused (the object
+        is marked deleted first), or committed before this reads the list
+        and removed here. A list is paged by key, after the last pair read,
+        so the sweep ends even if a pair could not be removed.
+        """
+        rel = self._rel
+        specs = [
+            s
+            for s in rel.router.config.relations.values()
+            if s.from_type == type_name and s.inverse is not None
+        ]
+        if not specs:
+            return 0
+        names = [s.name for s in specs]
+        firsts = rel.steps(
+            "read lists",
+            lambda: rel.repo.first_pages(rel.handle(specs[0], obj), names, obj, REMOVE_CHUNK),
+        )
+        removed = self._sweep(obj, list(zip(specs, firsts, strict=True)))
+        for spec, first in zip(specs, firsts, strict=True):
+            rows = first
+            while len(rows) >= REMOVE_CHUNK:
+                after = rows[-1]
+                rows = rel.steps(
+                    "read lists",
+                    lambda spec=spec, after=after: rel.repo.page(  # type: ignore[misc]
+                        rel.handle(spec, obj), spec.name, obj, REMOVE_CHUNK, after, False
+                    ),
+                )
+                removed += self._sweep(obj, [(spec, rows)])
+        return removed
+
+    def _sweep(self, obj: int, pages: list[tuple[RelationSpec, list[tuple[int, int]]]]) -> int:
+        """Unlink the pairs of ``pages`` (a page of ``obj``'s list in each relation: (sequence,
+        to_id) rows) as one step, "sweep"; how many were there.
+
+        The pairs are grouped by (primary pool, inverse pool) as `unlink_many` groups them, the
+        pairs of every relation together (a group's side has a statement per relation), and
+        each group is unlinked as a batch. A step refused because a shard moved runs again with
+        the pairs of the groups not yet committed, routed by the newer map; a pair already
+        gone is a no-op, so the counts stay exact. The cached lists are updated once, after
+        the step.
+        """
+        todo = [(spec, [to_id for _seq, to_id in rows]) for spec, rows in pages if rows]
+        if not todo:
+            return 0
+        rel = self._rel
+        removed = 0
+        pending: list[Change] = []
+
+        def step() -> int:
+            nonlocal removed, todo
+            routed: list[Sides] = []
+            whose: list[tuple[int, int]] = []  # each routed pair's (index in todo, index in its list)
+            for n, (spec, to_ids) in enumerate(todo):
+                routed += rel.sides_many(spec, [(obj, t) for t in to_ids], guarded=False)
+                whose += [(n, j) for j in range(len(to_ids))]
+            done: set[tuple[int, int]] = set()
+            try:
+                for members in _groups(routed):
+                    removed += self._unlink_group([routed[k] for k in members], pending)
+                    done.update(whose[k] for k in members)
+            finally:
+                if done:  # (committed: a step that runs again leaves them out)
+                    todo = [
+                        (spec, kept)
+                        for n, (spec, to_ids) in enumerate(todo)
+                        if (kept := [t for j, t in enumerate(to_ids) if (n, j) not in done])
+                    ]
+            return removed
+
+        try:
+            return rel.steps("sweep", step)
+        finally:
+            rel.apply_changes(pending)
+
     # -- the protocol -----------------------------------------------------------------------
 
     def _protocol(
@@ -434,10 +562,15 @@ class BulkPairs:
         second: Callable[[Cursor, int], None],
         *,
         alone: Callable[[Cursor], None] | None = None,
+        together: Callable[[Cursor], int] | None = None,
+        second_alone: Callable[[Cursor, int], None] | None = None,
     ) -> int:
         """``first`` on the primary host, then ``second`` on the inverse host under its locks
         (`store.pairs`: one transaction where one pool reaches both sides). Where the group has
-        no inverse side, ``alone`` (if given) runs after ``first`` in its transaction."""
+        no inverse side, ``alone`` (if given) runs after ``first`` in its transaction. Where one
+        pool reaches both sides, ``together`` (if given) takes the place of both; where two
+        transactions write them, ``second_alone`` (if given) takes ``second``'s (it may commit
+        the inverse side's transaction itself)."""
         step = self._rel.pairs.step or _no_step
         step("start")
         p = group[0][0].h
@@ -452,6 +585,8 @@ class BulkPairs:
                 return n
 
             return p.transaction(only)
+        if p.pool is i.pool and together is not None:
+            return p.transaction(together)
         if p.pool is i.pool:
 
             def both(cur: Cursor) -> int:
@@ -461,12 +596,20 @@ class BulkPairs:
                 return n
 
             return p.transaction(both)
-        return transaction_pair(p, i, first, second, step=step)
+        return transaction_pair(p, i, first, second_alone or second, step=step)
 
 
 def cur_conditional(group: list[Sides]) -> bool:
     """Whether the group's statements can be conditional (one request per side)."""
     return bool(group[0][0].h.backend.conditional_writes)
+
+
+def _planned(side: Side) -> bool:
+    """Whether ``side``'s unlink is statements for one request (`RelationRepository.unlink_plan`):
+    conditional counts (`Backend.conditional_writes`) or writes that count themselves
+    (`Backend.counted_writes`), so that a batch's plans go out together."""
+    b = side.h.backend
+    return bool(b.conditional_writes or b.counted_writes)
 
 
 def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | None]:
@@ -484,9 +627,10 @@ def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | No
 
 
 def _groups(routed: list[Sides]) -> list[list[int]]:
-    """Indexes of ``routed`` grouped by (primary pool, inverse pool), in key order, `CHUNK` at most."""
+    """Indexes of ``routed`` grouped by (primary pool, inverse pool), in key order (shard, relation,
+    pair), `CHUNK` at most."""
     pools = [(id(p.h.pool), 0 if i is None else id(i.h.pool)) for p, i in routed]
-    order = [(p.h.shard, p.from_id, p.to_id) for p, _i in routed]
+    order = [(p.h.shard, p.relation, p.from_id, p.to_id) for p, _i in routed]
     by: dict[tuple[int, int], list[int]] = {}
     if len(set(pools)) <= 1:  # (one group, as a batch of one board's pins on one host is)
         by = {pools[0]: list(range(len(routed)))} if routed else {}

@@ -184,13 +184,17 @@ class SideRows:
         self.versions = versions
         self.entries = entries
         self.unlink = unlink
-        # (one shard, as a batch of one board's pins is)
-        if not entries or [e.side.h for e in entries].count(entries[0].side.h) == len(entries):
+        # Its rows by (shard, relation): each part's statements name one table. (One part, as a
+        # batch of one board's pins is.)
+        if not entries or (
+            [e.side.h for e in entries].count(entries[0].side.h) == len(entries)
+            and [e.side.relation for e in entries].count(entries[0].side.relation) == len(entries)
+        ):
             self.shards = [entries] if entries else []
         else:
-            shards: dict[tuple[str, int], list[RowEntry]] = {}
+            shards: dict[tuple[str, int, str], list[RowEntry]] = {}
             for e in entries:
-                shards.setdefault((e.side.h.host, e.side.h.shard), []).append(e)
+                shards.setdefault((e.side.h.host, e.side.h.shard, e.side.relation), []).append(e)
             self.shards = list(shards.values())
         #: Per shard: what `writes` sent, by role, and how many rows each must change (-1: any).
         self._sent: list[list[tuple[str, int]]] = []

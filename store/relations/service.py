@@ -13,6 +13,7 @@ and keeps the list cache (`RelationListCache`) in step with what was
 committed. It reads one list at a time; reads of many lists at once
 (membership checks, the first pages of many lists, pages with their
 objects) are `store.relations.reads`, and writes of many pairs at once
+(`link_many`, `unlink_many`, and the sweep of a deleted object's lists)
 `store.relations.bulk`.
 """
 
@@ -35,7 +36,7 @@ from store.steps import Steps
 __all__ = ["REMOVE_CHUNK", "RelationService"]
 
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
-#: Pairs of a deleted object's list read (and removed) per round.
+#: Pairs of a deleted object's list read (and removed) per round (`BulkPairs.remove_object`).
 REMOVE_CHUNK = 200
 #: ``tuple.__new__``: a named tuple (`Side`, `Guard`) made from a tuple of its fields, as its
 #: ``_make`` does, without the Python frame of its ``__new__`` (a batch of pairs makes 300).
@@ -286,9 +287,10 @@ class RelationService:
         assert primary is not None
         return primary, inverse
 
-    def _unlink(self, primary: Side, inverse: Side | None, pending: list[Change] | None = None) -> bool:
+    def _unlink(self, primary: Side, inverse: Side | None) -> bool:
+        """Remove the pair by the pair protocol (`PairWriter.unlink`), then update the cached lists."""
         return self._written(
-            primary, inverse, lambda changes: self.pairs.unlink(primary, inverse, changes=changes), pending
+            primary, inverse, lambda changes: self.pairs.unlink(primary, inverse, changes=changes)
         )
 
     def _written(
@@ -296,16 +298,13 @@ class RelationService:
         primary: Side,
         inverse: Side | None,
         write: Callable[[list[Change]], bool],
-        pending: list[Change] | None = None,
     ) -> bool:
         """Run a pair write, then update (or drop) the cached lists whose rows it changed.
 
         Commit first, then change the cache, only where rows changed (a
         re-link of a pair in place leaves the cached lists alone): each list
         in place, in its version order (`ListCache.apply`); after a failure
-        drop both, since a side may have committed before it. With
-        ``pending``, the changes are added there for the caller to apply
-        with others (`_apply`: one call to the cache for many writes).
+        drop both, since a side may have committed before it.
         """
         changes: list[Change] = []
         try:
@@ -313,10 +312,7 @@ class RelationService:
         except BaseException:
             self._invalidate_sides(primary, inverse)
             raise
-        if pending is not None:
-            pending += changes
-        else:
-            self._apply(changes)
+        self._apply(changes)
         return result
 
     def _apply(self, changes: Sequence[Change]) -> None:
@@ -338,57 +334,6 @@ class RelationService:
                 self._invalidate_sides(primary, inverse)
 
         return self.steps("sync", fix)
-
-    def remove_object(self, type_name: str, obj: int) -> int:
-        """Take a (deleted) object out of every list that reaches it through an inverse; pairs removed.
-
-        For each relation from ``type_name`` that has an inverse, every pair
-        of the object's list goes, both sides, by the pair protocol: one
-        step per pair, and one per page read (`store.steps`). A link racing
-        with this is refused (the object is marked deleted first), or
-        committed before this reads the list and removed here.
-        """
-        removed = 0
-        pending: list[Change] = []  # the cached lists are updated in one call per chunk
-        specs = [
-            s
-            for s in self._router.config.relations.values()
-            if s.from_type == type_name and s.inverse is not None
-        ]
-        if not specs:
-            return 0
-        # (every list of ``obj`` is on its shard)
-        firsts = self.steps(
-            "read lists",
-            lambda: self.repo.first_pages(
-                self._side(specs[0], obj, None), [s.name for s in specs], obj, REMOVE_CHUNK
-            ),
-        )
-        try:
-            for spec, rows in zip(specs, firsts, strict=True):
-                while True:  # by key, so that it ends even if a pair could not be removed
-                    for _seq, to_id in rows:
-                        removed += self.steps(
-                            "sweep",
-                            lambda spec=spec, to_id=to_id: self._unlink(  # type: ignore[misc]
-                                *self._sides(spec, obj, to_id, guarded=False), pending
-                            ),
-                        )
-                    if len(pending) >= REMOVE_CHUNK:
-                        self._apply(pending)
-                        pending.clear()
-                    if len(rows) < REMOVE_CHUNK:
-                        break
-                    after = rows[-1]
-                    rows = self.steps(
-                        "read lists",
-                        lambda spec=spec, after=after: self.repo.page(  # type: ignore[misc]
-                            self._side(spec, obj, None), spec.name, obj, REMOVE_CHUNK, after, False
-                        ),
-                    )
-        finally:
-            self._apply(pending)
-        return removed
 
     def _sides(
         self, spec: RelationSpec, from_id: int, to_id: int, *, guarded: bool
