@@ -153,7 +153,9 @@ def test_daemon_deletes_what_writers_lost(servers: dict[str, Any], mode: str) ->
 
 
 def test_heartbeats_extend_trust_and_the_window_comes_back(servers: dict[str, Any]) -> None:
-    raw = _raw(servers, "binlog", max_stale_s=1)
+    # A generous cache timeout: on a loaded machine a read that times out is a miss, which says
+    # nothing of whether the entry was trusted (the counts below tell the two apart).
+    raw = _raw(servers, "binlog", max_stale_s=1, timeout_ms=1000)
     daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
     daemon.start()
     try:
@@ -170,7 +172,7 @@ def test_heartbeats_extend_trust_and_the_window_comes_back(servers: dict[str, An
             daemon.stop()
             time.sleep(1.6)  # the heartbeat grows older than the window
             assert s.get(pin) == {"n": 0}
-            assert s.stats()["memcached"]["expired"] == expired + 1, "back to the window"
+            assert s.stats()["memcached"]["expired"] == expired + 1, ("back to the window", s.stats())
             assert _stale_heartbeats(s) == ["A"], "store check reports the host"
     finally:
         daemon.stop()
