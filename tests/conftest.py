@@ -116,6 +116,19 @@ def root_sql(query: str, *args: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+def repair_past_every_grace(store: Any) -> None:
+    """`repair_unique` as if every claim's grace period had run out: what earlier tests of this
+    session's namespace left (a killed rename's claim, young at their last repair) is gone, and
+    not counted as a later test's orphan."""
+    import store.unique as unique_module
+    from store.admin import repair_unique
+
+    later = unique_module._now_ms() + int(unique_module.CLAIM_GRACE_S * 1000) + 1000
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(unique_module, "_now_ms", lambda: later)
+        repair_unique(store)
+
+
 def sqlite_config(folder: Path) -> dict[str, Any]:
     """Eight shards in SQLite files, split over two host folders."""
     return base_config(

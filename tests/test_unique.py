@@ -24,6 +24,7 @@ from store.admin import init_shards, repair_unique
 from store.specs import UniqueSpec
 from store.unique import CLAIM_GRACE_S, key_shard
 from tests.asyncface import blocking_store
+from tests.conftest import repair_past_every_grace
 
 #: The ``store`` fixture's tests run on the sync and the async face (`tests.asyncface`).
 BOTH_FACES = True
@@ -193,21 +194,10 @@ def _create_killed_after_its_claim(store: Store, name: str) -> int:
     return new
 
 
-def _past_every_grace(store: Store) -> None:
-    """Repair as if every claim were past its grace: what earlier tests of this session's namespace
-    left (a killed rename's claim, young at their last repair) is not counted as this test's."""
-    import store.unique as unique_module
-
-    later = unique_module._now_ms() + int(CLAIM_GRACE_S * 1000) + 1000
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(unique_module, "_now_ms", lambda: later)
-        repair_unique(store)
-
-
 def test_repair_removes_orphans_and_adds_missing_rows(ustore: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = ustore.admin_context()
     assert ctx.unique is not None
-    _past_every_grace(ustore)
+    repair_past_every_grace(ustore)  # what earlier tests of the namespace left
     kept, lost = _unique_name("kept"), _unique_name("lost")
     u = ustore.create("user", {"username": kept})
     w = ustore.create("user", {"username": lost})

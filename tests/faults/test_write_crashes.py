@@ -26,7 +26,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +38,7 @@ from store import DuplicateKeyError, Store, StoreConfig
 from store import unique as unique_module
 from store.admin import init_shards, repair_unique
 from store.unique import CLAIM_GRACE_S, Holder, key_shard
-from tests.conftest import mariadb_config, run_cli
+from tests.conftest import mariadb_config, repair_past_every_grace, run_cli
 
 UNIQUE = {
     "user_by_username": {"type": "user", "field": "username"},
@@ -97,10 +96,6 @@ def run_writer(config_file: Path, op: str, kill_at: int, args: dict[str, Any]) -
     return False, steps, result[0]
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def keys_consistent(store: Store, repaired_ms: int) -> None:
     """Rows and objects agree exactly as of the repair started at ``repaired_ms``.
 
@@ -141,16 +136,14 @@ def setup(mariadb_ready: StoreConfig, tmp_path: Path) -> Iterator[tuple[Path, St
     init_shards(config.for_admin())  # the unique-key tables (idempotent)
     yield config_file, config
     # The killed renames' claims, left for their grace period, would be a later test's orphans
-    # (the namespace's tables are shared by the session's tests): repair as if it had run out.
-    later = now_ms() + int(CLAIM_GRACE_S * 1000) + 1000
-    with pytest.MonkeyPatch.context() as m, Store(config) as store:
-        m.setattr(unique_module, "_now_ms", lambda: later)
-        repair_unique(store)
+    # (the namespace's tables are shared by the session's tests).
+    with Store(config) as store:
+        repair_past_every_grace(store)
 
 
 def repair(config_file: Path) -> int:
     """`store relations repair`; the time it started (it judges claims' ages no earlier)."""
-    started = now_ms()
+    started = unique_module._now_ms()
     run_cli(config_file, "relations", "repair")
     return started
 
@@ -161,7 +154,9 @@ def test_a_writer_killed_at_every_step_leaves_nothing_repair_cannot_fix(
 ) -> None:
     config_file, config = setup
     kills = 0
-    repaired_ms = now_ms()  # no repair yet (each case's first writer is killed, and repair runs)
+    repaired_ms = (
+        unique_module._now_ms()
+    )  # no repair yet (each case's first writer is killed, and repair runs)
     for kill_at in range(40):
         with Store(config) as store:
             name = name_on_other_host(op)
