@@ -77,7 +77,9 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
     for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
         require_port(name, port)
     out = tmp_path / "mix"
-    result = CliRunner().invoke(main, ["bench", "mix", "--quick", "--out", str(out), "--json"])
+    result = CliRunner().invoke(
+        main, ["bench", "mix", "--quick", "--requests", "200", "--out", str(out), "--json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads((out / "mix.json").read_text())
     systems = {p["system"] for p in doc["phases"]}
@@ -170,7 +172,7 @@ def test_mix_over_two_processes_merges_their_calls_and_removes_what_they_created
     options = bench.MixOptions(
         shape=bench.QUICK_SHAPE,
         threads=[1],
-        seconds=2.0,
+        requests=150,
         systems=("floor", "floor:promised", "store:invalidation=log"),
         trips=50,
         out=out,
