@@ -32,7 +32,7 @@ from store import Store, StoreConfig
 from store.admin import init_shards
 from store.defaults import EMBEDDED
 from store.naming import Names, like_escape
-from tests.servers import free_port, free_ports, start_memcached, start_redis
+from tests.servers import session_ports, start_memcached, start_redis
 
 
 def _namespace() -> str:
@@ -273,11 +273,11 @@ def mariadb_ready() -> StoreConfig:
     return config
 
 
-#: This process's own memcached servers and Redis (`own_caches` starts them), on ports the OS picked.
-MEMCACHED_PORTS = free_ports(2)
-REDIS_PORT = free_port()
-while REDIS_PORT in MEMCACHED_PORTS:
-    REDIS_PORT = free_port()
+#: This process's own memcached servers and Redis (`own_caches` starts them, maybe minutes after
+#: the ports are drawn: `session_ports` draws them where the OS hands out none of its own).
+_CACHE_PORTS = session_ports(3)
+MEMCACHED_PORTS = _CACHE_PORTS[:2]
+REDIS_PORT = _CACHE_PORTS[2]
 REDIS_TEST_URL = f"redis://127.0.0.1:{REDIS_PORT}/15"
 
 

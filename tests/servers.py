@@ -53,6 +53,69 @@ def free_ports(n: int) -> tuple[int, ...]:
             sock.close()
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the OS hands out itself (to ``bind(0)`` and to outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def session_ports(n: int) -> tuple[int, ...]:
+    """``n`` distinct free ports for servers a test process starts only later (its own caches).
+
+    Drawn at random from below the OS's own range: a port `free_port` picked
+    minutes before its server starts could meanwhile be handed to another
+    process's ``bind(0)`` (another worker's server) or to an outgoing
+    connection. Down here only another process drawing the same way can
+    take it, which the servers' start checks (`start_redis`, `start_memcached`).
+    """
+    import random
+
+    rng = random.SystemRandom()
+    out: list[int] = []
+    while len(out) < n:
+        port = rng.randrange(10000, _ephemeral_floor())
+        if port in out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+    return tuple(out)
+
+
+def _listener_pid(port: int, ask: bytes, field: bytes) -> int | None:
+    """The pid a memcached (``stats``) or Redis (``INFO server``) on ``port`` reports, if any."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            sock.sendall(ask)
+            got = b""
+            while field not in got or not got.split(field, 1)[1].split(b"\r\n", 1)[1:]:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+    except OSError:
+        return None
+    if field not in got:
+        return None
+    digits = got.split(field, 1)[1].split(b"\r\n", 1)[0].strip()
+    return int(digits) if digits.isdigit() else None
+
+
+def _check_ours(proc: subprocess.Popen[bytes], port: int, what: str, ask: bytes, field: bytes) -> None:
+    """Fail unless the server answering on ``port`` is ``proc``: where another process held the
+    port, ours exited and the tests would talk to a stranger (until it went away)."""
+    pid = _listener_pid(port, ask, field)
+    if pid != proc.pid:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"{what} did not start on port {port}: it is another process's (pid {pid})")
+
+
 def wait_port(port: int, seconds: float = 30.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -72,6 +135,7 @@ def start_memcached(port: int) -> subprocess.Popen[bytes]:
     if not wait_port(port, 10):
         proc.kill()
         pytest.fail(f"memcached did not start on port {port}")
+    _check_ours(proc, port, "memcached", b"stats\r\n", b"STAT pid ")
     return proc
 
 
@@ -85,6 +149,7 @@ def start_redis(port: int) -> subprocess.Popen[bytes]:
     if not wait_port(port, 10):
         proc.kill()
         pytest.fail(f"redis-server did not start on port {port}")
+    _check_ours(proc, port, "redis-server", b"INFO server\r\n", b"process_id:")
     return proc
 
 
