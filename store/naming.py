@@ -33,7 +33,9 @@ __all__ = [
     "Names",
     "database_name",
     "like_escape",
+    "parse_tombstone",
     "schema_name",
+    "tombstone_message",
 ]
 
 DATABASE_PREFIX = "db"
@@ -45,6 +47,21 @@ ARCHIVE_PREFIX = "moved_"
 COUNTS_TABLE = "relation_counts"
 #: The marker table of a tombstone: one row saying where the shard went, in which map version.
 TOMBSTONE_TABLE = "store_tombstone"
+_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
+
+
+def tombstone_message(shard: int, moved_to: str, map_version: int) -> str:
+    """The error text a statement on a moved shard's tombstone raises, on every backend."""
+    return f"store-tombstone shard={shard} moved_to={moved_to} map_version={map_version}"
+
+
+def parse_tombstone(message: str) -> tuple[str, int] | None:
+    """(moved_to, map_version) from the error a tombstone raises (`tombstone_message`), or None if
+    it is not one."""
+    found = _TOMBSTONE_PARSE.search(message)
+    return None if found is None else (found.group(1), int(found.group(2)))
+
+
 #: The suffix of what `store init` calls the ID machinery of Instagram IDs (a trigger, next_id()).
 NEXT_ID = "#next_id"
 #: What `store init` names the version column it adds to an object table made before versions.

@@ -76,7 +76,7 @@ from store.backends.postgres.admin import PG_LOCK_BASE, TOMBSTONE_SQLSTATE
 from store.backends.postgres.dialect import PostgresBackend
 from store.backends.postgres.driver import postgres_connector
 from store.exceptions import MoveError
-from store.naming import TOMBSTONE_TABLE
+from store.naming import TOMBSTONE_TABLE, tombstone_message
 from store.tls import postgres_tls
 
 if TYPE_CHECKING:
@@ -631,7 +631,7 @@ class PostgresEngine(PostgresVerify):
         for shard in range(j.low, j.high + 1):
             sc = self.move.names.schema_name(shard)
             q, a = _q(sc), _q(self.move.names.archive(sc))
-            message = f"store-tombstone shard={shard} moved_to={j.target} map_version={version}"
+            message = tombstone_message(shard, j.target, version)
             out += [
                 f"CREATE SCHEMA IF NOT EXISTS {a}",
                 f"ALTER FUNCTION {q}.next_id() SET SCHEMA {a}",

@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 
 from store.backends.inventory import shard_number
 from store.exceptions import BackendError
-from store.naming import DEFAULT_NAMES, TOMBSTONE_TABLE, Names
+from store.naming import DEFAULT_NAMES, TOMBSTONE_TABLE, Names, parse_tombstone, tombstone_message
 from store.tls import mysql_tls
 
 __all__ = [
@@ -149,14 +149,6 @@ BEGIN
   RETURN 0;
 END"""
 
-_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
-
-
-def parse_tombstone(message: str) -> tuple[str, int] | None:
-    """(moved_to, map_version) from the error a tombstone raises, or None if it is not one."""
-    found = _TOMBSTONE_PARSE.search(message)
-    return None if found is None else (found.group(1), int(found.group(2)))
-
 
 def tombstone_statements(
     shard: int,
@@ -174,7 +166,7 @@ def tombstone_statements(
     db = names.database_name(shard)
     fn = f"`{db}`.`{_TOMBSTONE_FUNCTION}`()"
     quoted = moved_to.replace("\\", "\\\\").replace("'", "''")
-    message = f"store-tombstone shard={shard} moved_to={moved_to} map_version={map_version}"
+    message = tombstone_message(shard, moved_to, map_version)
     out = [
         _TOMBSTONE_MARKER.format(db=db, table=TOMBSTONE_TABLE),
         f"REPLACE INTO `{db}`.`{TOMBSTONE_TABLE}` (shard, moved_to, map_version) "

@@ -8,9 +8,8 @@ map version, which `parse_tombstone` reads back.
 from __future__ import annotations
 
 import hashlib
-import re
 
-from store.naming import Names
+from store.naming import Names, parse_tombstone
 
 __all__ = ["PG_LOCK_BASE", "TOMBSTONE_SQLSTATE", "parse_tombstone"]
 
@@ -18,13 +17,6 @@ __all__ = ["PG_LOCK_BASE", "TOMBSTONE_SQLSTATE", "parse_tombstone"]
 PG_LOCK_BASE = 0x5707E1D0000
 #: The SQLSTATE every statement on a moved shard's tombstone raises (`store.admin.move.postgres`).
 TOMBSTONE_SQLSTATE = "ST001"
-_TOMBSTONE_PARSE = re.compile(r"store-tombstone shard=\d+ moved_to=(.*) map_version=(\d+)")
-
-
-def parse_tombstone(message: str) -> tuple[str, int] | None:
-    """(moved_to, map_version) from the error a tombstone raises, or None if it is not one."""
-    found = _TOMBSTONE_PARSE.search(message)
-    return None if found is None else (found.group(1), int(found.group(2)))
 
 
 def _admin_key(shard: int, names: Names) -> int:
