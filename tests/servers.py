@@ -93,7 +93,7 @@ def _listener_pid(port: int, ask: bytes, field: bytes) -> int | None:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
             sock.sendall(ask)
             got = b""
-            while field not in got or not got.split(field, 1)[1].split(b"\r\n", 1)[1:]:
+            while field not in got or b"\r\n" not in got.split(field, 1)[1]:  # (its line whole)
                 chunk = sock.recv(65536)
                 if not chunk:
                     break

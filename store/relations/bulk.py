@@ -354,11 +354,14 @@ class BulkPairs:
         w = self._rel.pairs
         repo = w.repo
         made: list[Change] = []
+        primaries = [p for p, _i in group]
+        # Every inverse row goes, whether its primary row was there or not (as `unlink`).
+        inverses = [i for _p, i in group if i is not None]
 
-        def remove(cur: Cursor, sides: list[Side]) -> list[bool]:
+        def remove(cur: Cursor, sides: list[Side], *, commit: bool = False) -> list[bool]:
             cs = [Change(s) for s in sides]
             if sides and _planned(sides[0]):  # every pair's statements in one request
-                kinds = _outcomes(cur, [repo.unlink_plan(s) for s in sides], cs)
+                kinds = _outcomes(cur, [repo.unlink_plan(s) for s in sides], cs, commit=commit)
                 gone = [k is not None for k in kinds]
             else:
                 gone = [repo.remove_in(cur, s, c.seen) for s, c in zip(sides, cs, strict=True)]
@@ -367,15 +370,17 @@ class BulkPairs:
                     w._changed(cur, c, REMOVE, 0, made)
             return gone
 
-        def first(cur: Cursor) -> int:
+        def lock(cur: Cursor) -> None:
             made.clear()
-            for p, _i in group:
+            for p in primaries:
                 w._lock_key(cur, p)
-            return sum(remove(cur, [p for p, _i in group]))
+
+        def first(cur: Cursor) -> int:
+            lock(cur)
+            return sum(remove(cur, primaries))
 
         def second(cur: Cursor, _gone: int) -> None:
-            # Every inverse row goes, whether its primary row was there or not (as `unlink`).
-            remove(cur, [i for _p, i in group if i is not None])
+            remove(cur, inverses)
 
         together = alone = None
         i = group[0][1]
@@ -384,27 +389,15 @@ class BulkPairs:
             def together(cur: Cursor) -> int:
                 # One connection reaches both sides: every primary key locked, then both sides'
                 # deletes and counts in one request, each inverse row after its primary row.
-                made.clear()
-                for p, _i in group:
-                    w._lock_key(cur, p)
-                sides = [p for p, _i in group]
-                return sum(remove(cur, sides + [i for _p, i in group if i is not None])[: len(sides)])
+                lock(cur)
+                return sum(remove(cur, primaries + inverses)[: len(primaries)])
 
             if w.log is None or i.h.log_sql() is None:
 
                 def alone(cur: Cursor, _gone: int) -> None:
                     # The inverse side in a transaction of its own, on a host that logs nothing:
                     # its deletes, counts and COMMIT in one request.
-                    sides = [i for _p, i in group if i is not None]
-                    plans = [repo.unlink_plan(s) for s in sides]
-                    results = cur.commit_with([s for plan in plans for s in plan.statements])
-                    at = 0
-                    for side, plan in zip(sides, plans, strict=True):
-                        c = Change(side)
-                        n = len(plan.statements)
-                        if plan.outcome(results[at : at + n], c.seen) is not None:
-                            w._changed(cur, c, REMOVE, 0, made)
-                        at += n
+                    remove(cur, inverses, commit=True)
 
         n = self._protocol(group, first, second, together=together, second_alone=alone)
         changes += made
@@ -612,11 +605,13 @@ def _planned(side: Side) -> bool:
     return bool(b.conditional_writes or b.counted_writes)
 
 
-def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change]) -> list[str | None]:
-    """Run every plan's statements in one request; each plan's outcome (`Plan.outcome`)."""
+def _outcomes(cur: Cursor, plans: list[Plan], cs: list[Change], *, commit: bool = False) -> list[str | None]:
+    """Run every plan's statements in one request (``commit``: with the transaction's COMMIT);
+    each plan's outcome (`Plan.outcome`)."""
     if not plans:
         return []
-    results = cur.batch([s for plan in plans for s in plan.statements])
+    statements = [s for plan in plans for s in plan.statements]
+    results = cur.commit_with(statements) if commit else cur.batch(statements)
     out: list[str | None] = []
     at = 0
     for plan, c in zip(plans, cs, strict=True):
