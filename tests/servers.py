@@ -116,6 +116,26 @@ def _check_ours(proc: subprocess.Popen[bytes], port: int, what: str, ask: bytes,
         pytest.fail(f"{what} did not start on port {port}: it is another process's (pid {pid})")
 
 
+def wait_stopped(pid: int, seconds: float = 10.0) -> None:
+    """Wait until every thread of process ``pid`` is stopped (state ``T`` in ``/proc``), after a
+    SIGSTOP; at once where there is no ``/proc``."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.exists():
+        return
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            try:
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:  # the thread ended meanwhile
+                continue
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.005)
+    pytest.fail(f"process {pid} did not stop within {seconds} s of its SIGSTOP")
+
+
 def wait_port(port: int, seconds: float = 30.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -250,9 +270,12 @@ class MariaDBServer:
             self.proc = None
 
     def freeze(self) -> None:
-        """SIGSTOP: the port stays open and nothing answers, like a hung host."""
+        """SIGSTOP: the port stays open and nothing answers, like a hung host. Returns once every
+        thread of the server has stopped: the signal is delivered after ``kill`` returns, and on a
+        busy machine a thread answered a query in between."""
         if self.proc is not None:
             os.kill(self.proc.pid, signal.SIGSTOP)
+            wait_stopped(self.proc.pid)
 
     def thaw(self) -> None:
         """SIGCONT after `freeze`."""
