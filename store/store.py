@@ -653,7 +653,17 @@ def _trust_heartbeats(config: StoreConfig, router: Router, caches: Caches) -> No
     if peek is None or not config.cache.daemon_hosts(config.hosts):
         return
     assert objects is not None
-    trust = HeartbeatTrust(objects.store, caches.prefix, lambda: {r.master for r in router.shard_map})
+
+    def host_of(key: str) -> str | None:
+        # Object and list keys end with the ID that routes them (`ObjectService.key`, `list_key`).
+        try:
+            return router.shard_map.master(router.shard_of(int(key.rpartition(":")[2])))
+        except (ValueError, StoreError):
+            return None
+
+    trust = HeartbeatTrust(
+        objects.store, caches.prefix, lambda: {r.master for r in router.shard_map}, host_of=host_of
+    )
     for cache in (caches.objects, caches.lists):
         if cache is not None:
             cache.follower = trust

@@ -357,6 +357,18 @@ def test_system_names_are_checked_before_anything_runs() -> None:
             systems.make_system(name, config, schema, options)  # type: ignore[arg-type]
 
 
+def test_a_store_variant_with_several_knobs_is_one_system_on_the_command_line() -> None:
+    from store.cli.bench import _system_names
+
+    assert _system_names("floor,store:invalidation=binlog,list_entries=100, store , store:ttl_s=5") == (
+        "floor",
+        "store:invalidation=binlog,list_entries=100",
+        "store",
+        "store:ttl_s=5",
+    )
+    assert _system_names("floor,,horizontal_shard") == ("floor", "horizontal_shard")
+
+
 def test_cpu_per_call_vs_the_floor_counts_the_client_and_every_server() -> None:
     from store.tools.mix.report import cpu_vs
 

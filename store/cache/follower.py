@@ -204,6 +204,10 @@ class Follower:
             return self._started_ms
         return None
 
+    def key_trusted_since_ms(self, key: str, now_ms: int, window_ms: int) -> int | None:
+        """`trusted_since_ms`: a follower reads every host's log, so it vouches for all or none."""
+        return self.trusted_since_ms(now_ms, window_ms)
+
     def start(self) -> None:
         """Follow in a daemon thread, a pass every ``poll_s``."""
         if self._thread is None:

@@ -70,11 +70,13 @@ class HeartbeatTrust:
 
     The caches are asked at most once every ``every_s`` per process (on the
     read path, by whichever thread finds the last answer too old; the others
-    use the last answer meanwhile). An entry is trusted past the window only
-    while every host of the map that ``hosts()`` names has a heartbeat whose T
-    is within the window: a host without one (down, not followed, its daemon
-    dead) brings every entry back to the window. That is coarser than the
-    rule allows (per host), and never less safe.
+    use the last answer meanwhile). While every host of the map that
+    ``hosts()`` names has a heartbeat whose T is within the window, every
+    entry read since the latest S is trusted at any age (`trusted_since_ms`,
+    no per-key work). Otherwise an entry is judged by its own host, which
+    ``host_of`` finds from its key (`key_trusted_since_ms`): a host without
+    a fresh heartbeat (down, not followed, its daemon dead) brings its own
+    entries back to the window, and no other host's.
     """
 
     def __init__(
@@ -85,8 +87,12 @@ class HeartbeatTrust:
         *,
         every_s: float = HEARTBEAT_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        host_of: Callable[[str], str | None] | None = None,
     ) -> None:
+        """``host_of``: the host whose heartbeat covers a cache key (None: not known, so the window
+        only); without it, one host without a fresh heartbeat brings every entry to the window."""
         self._cache = cache
+        self._host_of = host_of
         self._prefix = prefix
         self._hosts = hosts
         self._every_s = every_s
@@ -123,3 +129,14 @@ class HeartbeatTrust:
                 return None
             since = max(since, beat.since_ms)
         return since
+
+    def key_trusted_since_ms(self, key: str, now_ms: int, window_ms: int) -> int | None:
+        """The entry under ``key`` is trusted at any age if read at or after this time: its host's
+        heartbeat is within the window (then its S); None: only the window holds."""
+        if self._host_of is None:
+            return self.trusted_since_ms(now_ms, window_ms)
+        host = self._host_of(key)
+        beat = None if host is None else self.heartbeats().get(host)
+        if beat is None or beat.covered_ms < now_ms - window_ms:
+            return None
+        return beat.since_ms

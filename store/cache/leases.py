@@ -91,6 +91,11 @@ class TrustSource(Protocol):
         """Entries read at or after this time are trusted at any age; None: the window only."""
         ...
 
+    def key_trusted_since_ms(self, key: str, now_ms: int, window_ms: int) -> int | None:
+        """The same for the entry under ``key`` alone (by its host), asked only where
+        `trusted_since_ms` said None: some sources vouch for some hosts and not others."""
+        ...
+
 
 class LeaseStore(Protocol):
     """The cache operations the lease protocol needs, batched per server.
@@ -161,7 +166,7 @@ class ObjectCache:
         follower = self.follower if logged else None
         since = None if follower is None else follower.trusted_since_ms(now, self._max_stale_ms)
         present = oldest if since is None else min(oldest, b"%013d" % since)
-        return self._get_many(keys, load, found, oldest, present)
+        return self._get_many(keys, load, found, oldest, present, follower if since is None else None, now)
 
     def _get_many(
         self,
@@ -170,7 +175,11 @@ class ObjectCache:
         found: Mapping[str, Lookup],
         oldest: bytes,
         oldest_present: bytes,
+        by_key: TrustSource | None = None,
+        now: int = 0,
     ) -> dict[str, bytes]:
+        """``by_key``: where the source vouches for no host as a whole, it is asked per key (its
+        host) about a present entry older than the window."""
         hits: dict[str, bytes] = {}
         known_absent = 0
         leased: dict[str, int] = {}
@@ -189,6 +198,11 @@ class ObjectCache:
                         if read >= oldest_present:
                             hits[key] = value[_HEAD:]
                             continue
+                        if by_key is not None:
+                            since = by_key.key_trusted_since_ms(key, now, self._max_stale_ms)
+                            if since is not None and read >= b"%013d" % since:
+                                hits[key] = value[_HEAD:]
+                                continue
                     elif read >= oldest:
                         known_absent += 1
                         continue

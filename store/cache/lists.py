@@ -254,26 +254,37 @@ class ListCache:
         #: The invalidation log's follower (`store.cache.follower`), once one runs.
         self.follower: TrustSource | None = None
 
-    def _limits(self) -> tuple[int, int]:
-        """(oldest read time trusted, the same for a non-empty list while the log's follower is current)."""
+    def _limits(self) -> tuple[int, int, int]:
+        """(oldest read time trusted, the same for a non-empty list while the invalidation log's
+        follower or daemon vouches for every host, now: -1 if it vouches for none as a whole)."""
         now = self.clock_ms()
         oldest = now - self._max_stale_ms
         f = self.follower
         since = None if f is None else f.trusted_since_ms(now, self._max_stale_ms)
-        return oldest, oldest if since is None else min(oldest, since)
+        if since is None:
+            return oldest, oldest, now if f is not None else -1
+        return oldest, min(oldest, since), -1
 
-    @staticmethod
-    def _stale(got: ListRead | None, limits: tuple[int, int]) -> bool:
+    def _stale(self, key: str, got: ListRead | None, limits: tuple[int, int, int]) -> bool:
         if got is None or got.meta is None:
             return False
         # Links and unlinks are logged; an empty list may be one whose object was just made.
-        return got.read_ms < (limits[1] if got.meta[0] else limits[0])
+        if not got.meta[0]:
+            return got.read_ms < limits[0]
+        if got.read_ms >= limits[1]:
+            return False
+        f = self.follower
+        if f is None or limits[2] < 0:
+            return True
+        # No host vouched for as a whole: perhaps this list's host.
+        since = f.key_trusted_since_ms(key, limits[2], self._max_stale_ms)
+        return since is None or got.read_ms < since
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """The backend's atomic read (None on failure); a list older than ``max_stale_s`` is not cached
         (unless the invalidation log's follower is current)."""
         got = self.backend.read(key, op)
-        if got is not None and self._stale(got, self._limits()):
+        if got is not None and self._stale(key, got, self._limits()):
             self.stats.add(expired=1)
             return ListRead(None, [], got.version)
         return got
@@ -285,8 +296,8 @@ class ListCache:
         limits = self._limits()
         out: list[ListRead | None] = []
         expired = 0
-        for got in self.backend.read_many(keys, ops):
-            if got is not None and self._stale(got, limits):
+        for key, got in zip(keys, self.backend.read_many(keys, ops), strict=True):
+            if got is not None and self._stale(key, got, limits):
                 expired += 1
                 got = ListRead(None, [], got.version)
             out.append(got)

@@ -242,7 +242,7 @@ def bench_mix(
         seconds=2.0 if quick else seconds,
         requests=requests,
         rounds=rounds,
-        systems=tuple(s.strip() for s in systems.split(",") if s.strip())
+        systems=_system_names(systems)
         + (("store:async",) if run_async and "store:async" not in systems else ()),
         concurrency=[4, 32] if quick and concurrency_text == "16,64,256" else _task_counts(concurrency_text),
         async_workers=async_workers,
@@ -261,3 +261,17 @@ def bench_mix(
     click.echo(doc["report"])
     charts = ", ".join(doc["charts"]) or "none"
     click.echo(f"\nraw numbers: {out / 'mix.json'}; tables: {out / 'mix.md'}; charts: {charts}")
+
+
+def _system_names(text: str) -> tuple[str, ...]:
+    """``--systems``: names split at commas, where a ``KEY=VALUE`` piece with no system of its own
+    belongs to the one before it (``store:invalidation=binlog,list_entries=100``)."""
+    names: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        if names and "=" in piece and ":" not in piece and ":" in names[-1]:
+            names[-1] += f",{piece}"
+        else:
+            names.append(piece)
+    return tuple(names)

@@ -41,6 +41,9 @@ STREAM_TIMEOUT_S = 2.0
 #: How often the binlog source's position is written to its server (it is in the caches every tick).
 SAVE_ON_HOST_EVERY_S = 30.0
 
+#: MariaDB's errors for a missing table and a missing database.
+_NO_SUCH_TABLE, _NO_SUCH_DATABASE = 1146, 1049
+
 
 class CacheDeleteError(StoreError):
     """A cache did not take every delete: the keys are kept and deleted again at the next tick."""
@@ -276,15 +279,21 @@ class Daemon:
                     return got
             return _load_on_host(connect, server, self._store.config.names)
 
-        def save(position: Position) -> None:
+        on_host: list[bytes] = [b""]
+
+        def save(position: Position, conn: Any) -> None:
             objects = self._caches.objects
             setter = getattr(objects.store, "set_many", None) if objects is not None else None
             if setter is not None:
                 setter({position_key(self._caches.prefix, server): position.encode()}, HEARTBEAT_TTL_S * 60)
+            # On the server only when it moved, at most every SAVE_ON_HOST_EVERY_S, on the lock's
+            # connection: an idle server costs the ticks' one query each and nothing more.
             now = wall_ms() / 1000
-            if now - saved_at[0] >= SAVE_ON_HOST_EVERY_S:
+            encoded = position.encode()
+            if now - saved_at[0] >= SAVE_ON_HOST_EVERY_S and encoded != on_host[0]:
                 saved_at[0] = now
-                _save_on_host(connect, server, position, self._store.config.names)
+                if _save_on_host(conn, server, position, self._store.config.names):
+                    on_host[0] = encoded
 
         return BinlogSource(
             server,
@@ -392,22 +401,30 @@ def _load_on_host(connect: Callable[[], Any], server: str, names: Names) -> Posi
         close_quietly(conn)
 
 
-def _save_on_host(connect: Callable[[], Any], server: str, position: Position, names: Names) -> None:
-    conn = None
+def _save_on_host(conn: Any, server: str, position: Position, names: Names) -> bool:
+    """Write ``position`` on its server over ``conn`` (the lock's connection), making the table the
+    first time; False if it could not (the caches keep it too)."""
+    upsert = (
+        f"INSERT INTO {_position_table(names)} (server, position, at_ms) VALUES (%s, %s, %s) "
+        "ON DUPLICATE KEY UPDATE position = VALUES(position), at_ms = VALUES(at_ms)"
+    )
+    args = (server, position.encode().decode(), wall_ms())
+    cur = conn.cursor()
     try:
-        conn = connect()
-        cur = conn.cursor()
-        cur.execute(f"CREATE DATABASE IF NOT EXISTS `{names.log_database}`")
-        cur.execute(
-            f"CREATE TABLE IF NOT EXISTS {_position_table(names)} (server VARCHAR(255) NOT NULL PRIMARY KEY, "
-            "position VARCHAR(1024) NOT NULL, at_ms BIGINT NOT NULL) ENGINE=InnoDB"
-        )
-        cur.execute(
-            f"INSERT INTO {_position_table(names)} (server, position, at_ms) VALUES (%s, %s, %s) "
-            "ON DUPLICATE KEY UPDATE position = VALUES(position), at_ms = VALUES(at_ms)",
-            (server, position.encode().decode(), wall_ms()),
-        )
-    except Exception as exc:  # the caches keep it too
+        try:
+            cur.execute(upsert, args)
+        except Exception as exc:
+            if getattr(exc, "args", (None,))[0] not in (_NO_SUCH_TABLE, _NO_SUCH_DATABASE):
+                raise
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{names.log_database}`")
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS {_position_table(names)} (server VARCHAR(255) NOT NULL "
+                "PRIMARY KEY, position VARCHAR(1024) NOT NULL, at_ms BIGINT NOT NULL) ENGINE=InnoDB"
+            )
+            cur.execute(upsert, args)
+        return True
+    except Exception as exc:  # the caches keep it too; a lost connection shows at the next tick
         log.debug("position of %s not saved on the server: %s", server, exc)
+        return False
     finally:
-        close_quietly(conn)
+        cur.close()

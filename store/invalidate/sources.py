@@ -238,7 +238,7 @@ class BinlogSource:
         *,
         server_id: int,
         load: Callable[[], Position | None],
-        save: Callable[[Position], None],
+        save: Callable[[Position, Any], None],
     ) -> None:
         self.name = name
         self._settings = dict(settings)
@@ -428,7 +428,7 @@ class BinlogSource:
                 )
                 self.covered_ms = target[0]
                 self._target = target = None
-                self._save(self.position)
+                self._save(self.position, self._conn)
         if target is None:
             t0 = wall_ms()
             cur = self._conn.cursor()
