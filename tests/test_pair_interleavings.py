@@ -264,6 +264,19 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_one_mariadb_host(
         assert runs >= 2
 
 
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("names", BATCH_RACES, ids=["+".join(p) for p in BATCH_RACES])
+def test_a_batch_racing_a_single_write_of_one_pair_on_postgres(
+    postgres_ready: StoreConfig, names: list[str], initial_present: bool
+) -> None:
+    """Two host names: a batch's side is one pipelined request of every pair's advisory lock and
+    counted write, racing a single write of one of its pairs."""
+    with Store(postgres_ready) as store:
+        runs = explore(store, names, initial_present, pin_shard=9)
+        print(f"schedules: {runs}")
+        assert runs >= 2
+
+
 @pytest.mark.parametrize("names", BATCH_RACES[:2], ids=["+".join(p) for p in BATCH_RACES[:2]])
 def test_a_batch_racing_a_single_write_of_one_pair_on_sqlite(tmp_path: object, names: list[str]) -> None:
     from pathlib import Path

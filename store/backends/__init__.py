@@ -100,6 +100,9 @@ class Backend:
     #: A statement locking one key for the rest of the transaction, taken before writing a pair
     #: whose row may be absent; None where the write itself locks the key, present or not.
     key_lock: ClassVar[str | None] = None
+    #: The same for many keys, taken in the order given (one parameter: the keys as an array);
+    #: None: `key_lock` a key at a time.
+    key_locks: ClassVar[str | None] = None
     #: Which ID schemes a host of this backend can serve.
     serves_ids: ClassVar[frozenset[str]] = frozenset({"pinterest"})
     #: True if `store move` can move its shards; True if it can be a ticket server or a map table.
@@ -127,6 +130,9 @@ class Backend:
     #: every pair's key (present rows, and the gaps where absent ones would go), then one INSERT,
     #: one upsert of the moves, one of the counts (`store.backends.statements.PairRowsStatements`).
     pair_rows: ClassVar[bool] = False
+    #: A side of a batch of new pairs is one statement: every guarded insert and the counts of the
+    #: lists it grew (`counted_link_rows`), where `counted_writes` and the pair rows are not.
+    counted_rows: ClassVar[bool] = False
     #: Each shard is a schema of one database (PostgreSQL), not a database or file of its own.
     schema_shards: ClassVar[bool] = False
     #: How an INSERT that meets an existing key updates it instead, in hand-written SQL (benchmark
@@ -337,6 +343,13 @@ class Backend:
         schema = self.statement_schema(shard)
         name = prep.quote_identifier(table)
         return name if schema is None else f"{prep.quote_identifier(schema)}.{name}"
+
+    def counted_link_rows(self, shard: int, relation: str, table: str, key: str) -> str:
+        """Where `counted_rows`: one statement inserting many pairs of ``relation`` on ``shard``,
+        each only if its ``from`` object (row ``key`` of ``table``) is live (read in share mode) and
+        the pair is absent, and counting the lists it grew; parameters: the from, to, sequence and
+        object-key arrays, then the relation's name; a row (from_id, to_id) per pair inserted."""
+        raise NotImplementedError(f"{self.name} writes a batch's pairs one statement each")
 
     def params(self, n: int) -> str:
         """``n`` comma-separated placeholders."""

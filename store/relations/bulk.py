@@ -82,6 +82,8 @@ class BulkPairs:
     def __init__(self, relations: RelationService, *, max_pairs: int) -> None:
         self._rel = relations
         self._max = max_pairs
+        #: `Backend.counted_link_rows` texts by (backend, shard, relation, object table, key).
+        self._row_texts: dict[tuple[str, int, str, str, str], str] = {}
 
     # -- the calls ------------------------------------------------------------------------
 
@@ -198,10 +200,12 @@ class BulkPairs:
         def first(cur: Cursor) -> int:
             made.clear()
             done.clear()
-            for p, _i in group:
-                w._lock_key(cur, p)
+            w.lock_keys(cur, [p for p, _i in group])
             cs = [Change(p) for p, _i in group]
-            if cur_conditional(group):
+            fresh = None if move else self._fresh(cur, [(p, seq) for p, _i in group])
+            if fresh is not None:  # (a pair not inserted is there already, or its object deleted)
+                kinds: list[str | None] = [ADD if f else None for f in fresh]
+            elif _link_planned(group):
                 plans = [self._link_plan(p, seq, move) for p, _i in group]
                 kinds = _outcomes(cur, plans, cs)
             else:
@@ -233,13 +237,21 @@ class BulkPairs:
                 if i is not None and kind is not None:
                     todo.append((k, i, kind, settled))
             cs = [Change(i) for _k, i, _kind, _s in todo]
-            if cur_conditional(group):
+            if _link_planned(group):
+                kinds: list[str | None] = [None] * len(todo)
+                adds = [j for j, (_k, _i, kind, _s) in enumerate(todo) if kind == ADD]
+                fresh = self._fresh(cur, [(todo[j][1], todo[j][3]) for j in adds])
+                for j, f in zip(adds if fresh is not None else [], fresh or [], strict=True):
+                    kinds[j] = ADD if f else None
+                others = [j for j in range(len(todo)) if fresh is None or todo[j][2] != ADD]
                 plans = []
-                for _k, i, kind, s in todo:
+                for j in others:
+                    _k, i, kind, s = todo[j]
                     plans.append(
                         repo.link_plan(i, s, move=kind == MOVE, insert=kind == ADD and i.guard is not None)
                     )
-                kinds = _outcomes(cur, plans, cs)
+                for j, got in zip(others, _outcomes(cur, plans, [cs[j] for j in others]), strict=True):
+                    kinds[j] = got
             else:
                 kinds = [
                     repo.link_in(
@@ -260,6 +272,53 @@ class BulkPairs:
         n = self._protocol(group, first, second)
         changes += made
         return n
+
+    def _fresh(self, cur: Cursor, items: list[tuple[Side, int]]) -> list[bool] | None:
+        """Insert each of ``items`` (a side and its sequence, every side guarded) as a new pair with
+        its count, one statement per shard and relation (`Backend.counted_link_rows`), all in one
+        request; whether each was inserted (False: there already, or its object not live: the
+        caller asks which, the slow way). None where the backend cannot, or for one pair."""
+        if len(items) < 2:
+            return None
+        b = items[0][0].h.backend
+        if not b.counted_rows:
+            return None
+        parts: dict[tuple[int, str, str, str], list[int]] = {}
+        for k, (side, _s) in enumerate(items):
+            g = side.guard
+            if g is None:
+                return None
+            parts.setdefault((side.h.shard, side.relation, g.table, g.key), []).append(k)
+        statements: list[tuple[str, tuple[object, ...]]] = []
+        for (shard, relation, table, key), ks in parts.items():
+            made = (b.name, shard, relation, table, key)
+            text = self._row_texts.get(made)
+            if text is None:
+                if len(self._row_texts) >= 4096:
+                    self._row_texts.clear()  # (a bound on what is kept: shards vary)
+                text = self._row_texts[made] = b.counted_link_rows(shard, relation, table, key)
+            sides = [items[k][0] for k in ks]
+            values = [g.value for side in sides if (g := side.guard) is not None]
+            statements.append(
+                (
+                    text,
+                    (
+                        _array([side.from_id for side in sides]),
+                        _array([side.to_id for side in sides]),
+                        _array([items[k][1] for k in ks]),
+                        _array(values),
+                        relation,
+                    ),
+                )
+            )
+        inserted = {
+            (relation, int(f), int(t))
+            for ((_shard, relation, _t, _k), _ks), (_n, rows) in zip(
+                parts.items(), cur.batch_rows(statements), strict=True
+            )
+            for f, t in rows
+        }
+        return [(side.relation, side.from_id, side.to_id) in inserted for side, _s in items]
 
     def _link_plan(self, side: Side, seq: int, move: bool) -> Plan:
         """`RelationRepository.link_plan`, also for a side with no guard (a relation without an
@@ -372,8 +431,7 @@ class BulkPairs:
 
         def lock(cur: Cursor) -> None:
             made.clear()
-            for p in primaries:
-                w._lock_key(cur, p)
+            w.lock_keys(cur, primaries)
 
         def first(cur: Cursor) -> int:
             lock(cur)
@@ -595,6 +653,21 @@ class BulkPairs:
 def cur_conditional(group: list[Sides]) -> bool:
     """Whether the group's statements can be conditional (one request per side)."""
     return bool(group[0][0].h.backend.conditional_writes)
+
+
+def _array(values: list[int]) -> str:
+    """An array of ints as its text (``{1,2,3}``): bound as one string, where a list would be
+    bound element by element by the driver."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _link_planned(group: list[Sides]) -> bool:
+    """Whether each side of the group's links is statements for one request: conditional counts
+    (`Backend.conditional_writes`), or writes that count themselves (`Backend.counted_writes`)
+    where every primary side is guarded (a guarded insert counts itself; an unguarded one has
+    no such statement, and goes pair by pair)."""
+    b = group[0][0].h.backend
+    return bool(b.conditional_writes or (b.counted_writes and all(p.guard is not None for p, _i in group)))
 
 
 def _planned(side: Side) -> bool:

@@ -46,7 +46,7 @@ then finds and removes it) or sees the mark.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from store.backends import Backend
@@ -421,6 +421,19 @@ class PairWriter:
         return out
 
     # -- locks and checks -------------------------------------------------------------
+
+    def lock_keys(self, cur: Cursor, sides: Sequence[Side]) -> None:
+        """`_lock_key` of each of ``sides`` (one shard's backend), in their order: one statement
+        where the backend locks many keys at once (`Backend.key_locks`)."""
+        if not sides:
+            return
+        many = sides[0].h.backend.key_locks
+        if many is not None and len(sides) > 1:
+            keys = ",".join([str(_key_hash(s.relation, s.from_id, s.to_id)) for s in sides])
+            cur.defer(many, ("{" + keys + "}",))
+            return
+        for side in sides:
+            self._lock_key(cur, side)
 
     def _lock_key(self, cur: Cursor, side: Side) -> None:
         lock = side.h.backend.key_lock

@@ -57,10 +57,36 @@ class PostgresBackend(Backend):
     serves_ids = frozenset({"instagram"})
     # PostgreSQL locks nothing for an absent key: an advisory lock on the pair stands in.
     key_lock = "SELECT pg_advisory_xact_lock(%s)"
+    # (unnest keeps the array's order: a batch takes its keys' locks in the order it writes them)
+    key_locks = (
+        "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) WITH ORDINALITY AS u(k, o) ORDER BY o"
+    )
     # BEGIN and the deferred count updates go out in one pipeline with the next statement.
     pipelines = True
     # A pair write and its count in one statement (a data-modifying CTE).
     counted_writes = True
+    # A batch's new pairs on one shard: one statement (`counted_link_rows`).
+    counted_rows = True
+
+    def counted_link_rows(self, shard: int, relation: str, table: str, key: str) -> str:
+        """`Backend.counted_link_rows`: the pairs as arrays (unnest), inserted where their object
+        is live and they are absent, each list's count and version grown by its new pairs in the
+        same statement (a data-modifying CTE, as the counted write of one pair)."""
+        rel, obj = self.table(shard, relation), self.table(shard, table)
+        counts = self.table(shard, "relation_counts")
+        column = self.sa_dialect.identifier_preparer.quote_identifier(key)
+        return (
+            "WITH v AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[]) "
+            "AS v(f, t, s, k)), "
+            f"w AS (INSERT INTO {rel} (from_id, to_id, sequence) "
+            f"SELECT v.f, v.t, v.s FROM v JOIN {obj} AS o ON o.{column} = v.k WHERE o.active = 1 "
+            "FOR SHARE OF o ON CONFLICT DO NOTHING RETURNING from_id, to_id), "
+            f"c AS (INSERT INTO {counts} AS rc (relation, from_id, n, version) "
+            "SELECT %s, from_id, count(*), count(*) FROM w GROUP BY from_id "
+            "ON CONFLICT (relation, from_id) DO UPDATE SET n = rc.n + excluded.n, "
+            "version = rc.version + excluded.version) "
+            "SELECT from_id, to_id FROM w"
+        )
 
     def _sa_dialect(self) -> Dialect:
         return pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
