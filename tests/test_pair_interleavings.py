@@ -27,6 +27,7 @@ import pytest
 
 from store import Store, StoreConfig
 from store.admin import repair_relations
+from store.exceptions import NotFound
 from tests.conftest import NAMESPACE, sqlite_config
 from tests.interleavings import Hook, Schedule, run_schedule
 from tests.interleavings import explore as explore_all
@@ -286,6 +287,76 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_sqlite(tmp_path: object, n
         runs = explore(store, names, True)
         print(f"schedules: {runs}")
         assert runs >= 2
+
+
+def explore_delete_and_link(store: Store, initial_present: bool, pin_shard: int) -> int:
+    """Every schedule of ``delete(pin)`` racing ``link(board, pin)``, paused at every step of both
+    (the delete's mark, list read and sweep, `Steps.hook`; each pair write's protocol steps,
+    `PairWriter.step`): whatever the order, no pair is left on either side and the board's count
+    is 0. The link either commits first (and the delete's sweep removes it) or is refused
+    (`NotFound`: the pin was marked deleted)."""
+    ctx = store.admin_context()
+    writer = ctx.relations.pairs
+    assert ctx.steps is not None
+    steps = ctx.steps
+
+    def run(prefix: list[int]) -> tuple[Schedule, Callable[[], None]]:
+        board = store.create("board", {}, shard=0)
+        pin = store.create("pin", {}, shard=pin_shard)
+        if initial_present:
+            store.link(BHP, board, pin, sequence=7)
+
+        def link() -> object:
+            try:
+                return store.link(BHP, board, pin)
+            except NotFound:
+                return "refused"
+
+        def install(hook: Hook | None) -> None:
+            writer.step = hook
+            steps.hook = hook
+
+        waiting = lock_waits(store)
+        try:
+            calls = [link, lambda: store.delete(pin, type_name="pin")]
+            done = run_schedule(install, calls, prefix, waiting=waiting)
+        finally:
+            if waiting is not None:
+                waiting.close()
+
+        def check() -> None:
+            where = f"delete racing link from {'present' if initial_present else 'absent'}, " + (
+                f"schedule {done.taken}: {done.steps(['link', 'delete'])}"
+            )
+            errors = [o for o in done.outcomes if isinstance(o, BaseException)]
+            assert errors == [], (errors, where)
+            assert read_pair(store, board, pin) == ((False, None), (False, None)), where
+            assert store.count(BHP, board) == 0, where
+            assert store.get(pin, type_name="pin") is None, where
+
+        return done, check
+
+    return explore_all(run)
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+def test_a_delete_racing_a_link_of_its_object_leaves_no_pair_on_mariadb(
+    mariadb_ready: StoreConfig, initial_present: bool
+) -> None:
+    with Store(mariadb_ready) as store:
+        runs = explore_delete_and_link(store, initial_present, pin_shard=5)
+        print(f"schedules: {runs}")
+        assert runs >= 3
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+def test_a_delete_racing_a_link_of_its_object_leaves_no_pair_on_postgres(
+    postgres_ready: StoreConfig, initial_present: bool
+) -> None:
+    with Store(postgres_ready) as store:
+        runs = explore_delete_and_link(store, initial_present, pin_shard=9)
+        print(f"schedules: {runs}")
+        assert runs >= 3
 
 
 def test_three_writes_of_one_pair_on_mariadb(mariadb_ready: StoreConfig) -> None:
