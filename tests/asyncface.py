@@ -10,6 +10,8 @@ store's own. Exceptions come through as they were raised.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import inspect
 import threading
 from collections.abc import Callable, Coroutine
@@ -31,8 +33,27 @@ class LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        """Run ``coro`` on the loop and wait for its result. Its task runs in a copy of the calling
+        thread's context (as `asyncio.to_thread` carries it the other way), so a context variable
+        a test sets reaches the store's worker (`AsyncStore` carries it into its executor)."""
+        context = contextvars.copy_context()
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            task = self.loop.create_task(coro, context=context)
+
+            def finished(t: asyncio.Task[T]) -> None:
+                if t.cancelled():
+                    done.cancel()
+                elif (exc := t.exception()) is not None:
+                    done.set_exception(exc)
+                else:
+                    done.set_result(t.result())
+
+            task.add_done_callback(finished)
+
+        self.loop.call_soon_threadsafe(start)
+        return done.result()
 
     def close(self) -> None:
         """Stop the loop, join its thread and close it."""

@@ -13,6 +13,7 @@ The checks after each schedule belong to the test modules that use this
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -88,6 +89,11 @@ class Schedule:
         return ", ".join(out)
 
 
+#: The scheduler and write index of the thread a write runs for, where another thread runs it
+#: (`store.aio.AsyncStore` runs a call in its executor, carrying the caller's context there).
+_WRITE: contextvars.ContextVar[tuple[Scheduler, int] | None] = contextvars.ContextVar("write", default=None)
+
+
 class Scheduler:
     """Pauses each write thread at the protocol's steps; releases one at a time."""
 
@@ -116,6 +122,9 @@ class Scheduler:
 
     def hook(self, step: str) -> None:
         i = getattr(self.local, "index", None)
+        if i is None:  # a write of a scheduled thread run by another (the async face's worker)?
+            mine = _WRITE.get()
+            i = mine[1] if mine is not None and mine[0] is self else None
         if i is None:  # a write outside the scheduled threads (setup): runs freely
             return
         with self.cond:
@@ -128,6 +137,7 @@ class Scheduler:
 
     def run_thread(self, i: int, call: Callable[[], object]) -> None:
         self.local.index = i
+        _WRITE.set((self, i))  # (carried into a worker thread that runs the write for this one)
         try:
             self.outcomes[i] = call()
         except BaseException as exc:  # surfaced by the test

@@ -127,8 +127,9 @@ def test_quick_mix_runs_on_postgresql_with_instagram_ids(
         conn.execute(f"CREATE DATABASE {PG_MIX_DB}")
     monkeypatch.setenv("STORE_MIX_URL", f"postgresql+psycopg://postgres@127.0.0.1:5432/{PG_MIX_DB}")
     out = tmp_path / "mix"
-    # store:invalidation=log: with a `store invalidate` daemon reading PostgreSQL's log table.
-    systems = ("floor", "horizontal_shard", "store", "store:invalidation=log")
+    # store:invalidation=log: with a `store invalidate` daemon reading PostgreSQL's log table;
+    # floor:promised: the floor with the store's write promises by hand, in PostgreSQL's SQL.
+    systems = ("floor", "floor:promised", "horizontal_shard", "store", "store:invalidation=log")
     args = ["bench", "mix", "--quick", "--requests", "30", "--systems", ",".join(systems)]
     result = CliRunner().invoke(main, [*args, "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output

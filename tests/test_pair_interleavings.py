@@ -28,6 +28,7 @@ import pytest
 from store import Store, StoreConfig
 from store.admin import repair_relations
 from store.exceptions import NotFound
+from tests.asyncface import blocking_store
 from tests.conftest import NAMESPACE, sqlite_config
 from tests.interleavings import Hook, Schedule, run_schedule
 from tests.interleavings import explore as explore_all
@@ -355,6 +356,31 @@ def test_a_delete_racing_a_link_of_its_object_leaves_no_pair_on_postgres(
 ) -> None:
     with Store(postgres_ready) as store:
         runs = explore_delete_and_link(store, initial_present, pin_shard=9)
+        print(f"schedules: {runs}")
+        assert runs >= 3
+
+
+#: Pairs of writes run through the async face (a subset: the same code runs under it).
+ASYNC_PAIRS = [["link", "unlink"], ["unlink", "relink@500"], ["relink@500", "relink@900"], ["link", "link"]]
+
+
+@pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
+@pytest.mark.parametrize("names", ASYNC_PAIRS, ids=["+".join(p) for p in ASYNC_PAIRS])
+def test_two_writes_of_one_pair_through_the_async_face_on_mariadb(
+    mariadb_ready: StoreConfig, names: list[str], initial_present: bool
+) -> None:
+    """The writes are `AsyncStore` calls awaited on one event loop; each is paused at the pair
+    protocol's steps in the store's worker thread, where the caller's context (which write it is)
+    goes with the call."""
+    with blocking_store(mariadb_ready, "async") as store:
+        runs = explore(store, names, initial_present)
+        print(f"schedules: {runs}")
+        assert runs >= 2
+
+
+def test_a_delete_racing_a_link_through_the_async_face_on_mariadb(mariadb_ready: StoreConfig) -> None:
+    with blocking_store(mariadb_ready, "async") as store:
+        runs = explore_delete_and_link(store, True, pin_shard=5)
         print(f"schedules: {runs}")
         assert runs >= 3
 

@@ -26,11 +26,14 @@ import yaml
 from store import NotFound, Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Mover
+from tests.asyncface import blocking_store
 from tests.conftest import base_config, cached_mariadb_config, run_cli
 from tests.servers import MariaDBServer, binlog_pair, free_port
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
+#: The tests of the ``store`` fixture also run through `store.aio.AsyncStore` (`tests.conftest`).
+BOTH_FACES = True
 # Each test below fails on commit b1f43ba (they landed marked xfail, strict, in 0720bce).
 
 
@@ -98,13 +101,16 @@ def test_init_after_a_move_does_not_open_the_moved_shards_again(
 # -- 2. link and unlink of one pair at once ----------------------------------------
 
 
-@pytest.mark.parametrize("where", ["two pools", "one pool"])
+@pytest.mark.parametrize(
+    ("where", "face"), [("two pools", "sync"), ("one pool", "sync"), ("two pools", "async")]
+)
 def test_concurrent_link_and_unlink_of_one_pair_keep_both_sides_in_step(
-    mariadb_ready: StoreConfig, where: str
+    mariadb_ready: StoreConfig, where: str, face: str
 ) -> None:
     # Two pools: a transaction a side. One pool: both sides in one transaction, each side's
     # write sent with the other's in one request (`store.relations.writer`, at once), moves included.
-    with Store(mariadb_ready) as store:
+    # Async: the same calls awaited on one event loop (`store.aio.AsyncStore`) from the threads.
+    with blocking_store(mariadb_ready, face) as store:
         board = store.create("board", {}, shard=0)  # host MySQL001A
         if where == "two pools":
             pins = [store.create("pin", {"i": i}, shard=5) for i in range(1)]  # host MySQL002A
@@ -237,9 +243,12 @@ def test_deleted_objects_leave_their_lists(store: Store) -> None:
     assert store.links("pin_liked_by_user", pins[0]) == []
 
 
-@pytest.mark.parametrize("caches", ["none", "shared", "shared, followed"])
+@pytest.mark.parametrize(
+    ("caches", "face"),
+    [("none", "sync"), ("shared", "sync"), ("shared, followed", "sync"), ("shared", "async")],
+)
 def test_deletes_racing_links_leave_no_deleted_object_in_any_list(
-    mariadb_ready: StoreConfig, request: pytest.FixtureRequest, caches: str
+    mariadb_ready: StoreConfig, request: pytest.FixtureRequest, caches: str, face: str
 ) -> None:
     # Threads link, move, unlink and like pins on two boards (one on each host, so each pin's pair
     # is written on one host or across two) while others delete pins. Whatever the interleaving,
@@ -254,7 +263,8 @@ def test_deletes_racing_links_leave_no_deleted_object_in_any_list(
         config["cache"]["follow"] = caches.endswith("followed")
         if config["cache"]["follow"]:
             init_shards(StoreConfig.from_dict(config))  # makes the invalidation logs
-    with Store.from_config(config) if isinstance(config, dict) else Store(config) as store:
+    checked = config if isinstance(config, StoreConfig) else StoreConfig.from_dict(config)
+    with blocking_store(checked, face) as store:
         boards = [store.create("board", {}, shard=0), store.create("board", {}, shard=5)]
         user = store.create("user", {}, shard=2)
         pins = [store.create("pin", {"i": i}, shard=i % 8) for i in range(24)]

@@ -48,6 +48,20 @@ class PromisedFloor(Floor):
                 self._from_type.setdefault(inv, t)
         self._promised: dict[tuple[str, int, str], str] = {}
 
+    @staticmethod
+    def _shard(id_: int) -> int:
+        """The shard an ID's row is on (a Pinterest ID's top bits)."""
+        return id_ >> 46
+
+    @staticmethod
+    def _row_key(id_: int) -> int:
+        """The object row's key of an ID (a Pinterest ID's local id)."""
+        return id_ & _LOCAL
+
+    def _lock_pair(self, cur: Any, relation: str, from_id: int, to_id: int) -> None:
+        """Lock the pair's key in the primary's transaction: MariaDB's guarded insert (or delete)
+        locks it itself, present or not (the gap where it would go)."""
+
     def _p_sql(self, what: str, shard: int, relation: str) -> str:
         key = (what, shard, relation)
         sql = self._promised.get(key)
@@ -74,13 +88,13 @@ class PromisedFloor(Floor):
     def _side(self, cur: Any, what: str, relation: str, from_id: int, to_id: int, sequence: int) -> bool:
         """Write one side and move its count if a row changed; True if the side holds the pair now
         (False: its object is gone, and the pair was not there)."""
-        shard = from_id >> 46
+        shard = self._shard(from_id)
         if what == "remove":
             cur.execute(self._p_sql("remove", shard, relation), (from_id, to_id))
             if cur.rowcount:
                 cur.execute(self._p_sql("down", shard, relation), (relation, from_id))
             return True
-        cur.execute(self._p_sql(what, shard, relation), (from_id, to_id, sequence, from_id & _LOCAL))
+        cur.execute(self._p_sql(what, shard, relation), (from_id, to_id, sequence, self._row_key(from_id)))
         # Rowcount: 1 inserted; 2 moved (ON DUPLICATE KEY UPDATE); 0 there already, or the object gone.
         if cur.rowcount == 1:
             cur.execute(self._p_sql("up", shard, relation), (relation, from_id))
@@ -93,11 +107,12 @@ class PromisedFloor(Floor):
 
     def _pair(self, what: str, relation: str, from_id: int, to_id: int, sequence: int = 0) -> None:
         inverse = self._inverse[relation]
-        primary = self._cur(from_id >> 46)
-        other = None if inverse is None else self._cur(to_id >> 46)
+        primary = self._cur(self._shard(from_id))
+        other = None if inverse is None else self._cur(self._shard(to_id))
         one = other is None or other is primary
         primary.execute("BEGIN")
         try:
+            self._lock_pair(primary, relation, from_id, to_id)
             ok = self._side(primary, what, relation, from_id, to_id, sequence)
             if ok and inverse is not None and other is not None:
                 if one:
@@ -137,7 +152,7 @@ class PromisedFloor(Floor):
         v = self._redis.get(key)
         if v is not None:
             return int(v)
-        shard = from_id >> 46
+        shard = self._shard(from_id)
         cur = self._cur(shard)
         cur.execute(self._p_sql("count", shard, relation), (relation, from_id))
         row = cur.fetchone()

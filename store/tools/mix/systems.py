@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from store.config import StoreConfig
-from store.exceptions import ConfigError
 from store.store import Store
 from store.tools.mix.options import ASYNC_SYSTEM, MixOptions, system_config
 from store.tools.mix.pg import PgFloor
@@ -30,10 +29,10 @@ def make_system(name: str, config: StoreConfig, schema: MixSchema, options: MixO
         return floor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
     if name == "floor:promised":
         from store.tools.mix.promised import PromisedFloor
+        from store.tools.mix.promised_pg import PgPromisedFloor
 
-        if pg:
-            raise ConfigError("floor:promised is written for MariaDB/MySQL (Pinterest IDs) only so far")
-        return PromisedFloor(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
+        promised = PgPromisedFloor if pg else PromisedFloor
+        return promised(schema, memcached=list(config.cache.memcached), redis_url=config.cache.redis[0])
     if name == "horizontal_shard":
         from store.tools.mix.peer import ShardedPeer
         from store.tools.mix.peer_pg import PgShardedPeer
