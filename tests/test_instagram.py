@@ -240,3 +240,49 @@ def test_mariadb_no_two_objects_of_a_shard_share_an_id(mariadb_instagram: StoreC
         assert errors == []
         assert len(made) == 1200
         assert len(set(made)) == 1200, "two objects of one shard got the same ID"
+
+
+def test_a_hung_postgresql_backend_is_given_up_on_within_the_query_timeout(
+    postgres_ready: StoreConfig,
+) -> None:
+    """The backend process serving the store's one pooled connection is SIGSTOPped: the kernel
+    still acknowledges what is sent, so neither TCP nor the server's statement_timeout ends the
+    wait (before, a read waited for ever). The store's own deadline does: a read returns (on a
+    new connection) and a write returns or fails, each within ``query_timeout_s`` plus the
+    driver's margin plus its retry; the connection given up on is not used again, and the pair
+    the write touched is whole afterwards."""
+    import os
+    import signal
+    from dataclasses import replace
+
+    if os.geteuid() != 0:
+        pytest.skip("signalling PostgreSQL's backend needs root")
+    with Store(replace(postgres_ready, query_timeout_s=1.0, pool_size=1)) as store:
+        board = store.create("board", {})
+        pin = store.create("pin", {"n": 1}, near=board)
+        loc = store.locate(pin, type_name="pin")
+        h = store.admin_context().engines.shard(loc.shard, loc.host)
+        for call in (
+            lambda: store.get(pin, type_name="pin"),
+            lambda: store.link("board_has_pins", board, pin),
+        ):
+            with h.connect() as conn:
+                cur = conn.cursor()
+                cur.execute("SELECT pg_backend_pid()")
+                pid = int(cur.fetchone()[0])
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                began = time.monotonic()
+                try:
+                    got: object = call()
+                except Exception as exc:  # a failure is an answer too: what matters is when
+                    got = exc
+                took = time.monotonic() - began
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            print(f"answered after {took:.2f} s: {got!r}")
+            assert took < 3.0, (took, got)
+        assert store.get(pin, type_name="pin") == {"n": 1}
+        linked = store.has_link("board_has_pins", board, pin)
+        assert (board in store.links("pin_owned_by_board", pin)) == linked
+        assert store.count("board_has_pins", board) == int(linked)

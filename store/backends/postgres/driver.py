@@ -5,6 +5,7 @@ the store's ``%s`` statements as ``$n`` text made once per statement (`dollar_pa
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import re
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from sqlalchemy.engine import URL
 from store.exceptions import BackendError, ConfigError
 from store.tls import postgres_tls
 
-__all__ = ["DOLLAR_CACHE_SIZE", "dollar_params", "postgres_connector"]
+__all__ = ["ANSWER_MARGIN_S", "DOLLAR_CACHE_SIZE", "dollar_params", "postgres_connector"]
 
 
 def postgres_connector(
@@ -29,7 +30,11 @@ def postgres_connector(
     call (about 1 ms for 1,000 parameters).
 
     A statement runs at most ``query_timeout_s`` on the server; data the
-    server does not acknowledge for that long breaks the connection. The
+    server does not acknowledge for that long breaks the connection; and the
+    client waits for any answer at most ``query_timeout_s`` plus
+    `ANSWER_MARGIN_S` (`_deadline_connection`): a server that acknowledges
+    but does not answer (a hung backend) costs that long, and the
+    connection is closed and the call fails as a lost connection. The
     URL's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey`` go to libpq
     (`store.tls.postgres_tls`); `ConfigError` if they are wrong.
     """
@@ -53,9 +58,14 @@ def postgres_connector(
         kwargs["password"] = url.password
     kwargs.update(tls)
 
+    connection = _deadline_connection()
+    answer_s = query_timeout_s + ANSWER_MARGIN_S
+
     def connect() -> Any:
         try:
-            return psycopg.connect(**kwargs)
+            conn = connection.connect(**kwargs)
+            conn.answer_s = answer_s
+            return conn
         except psycopg.OperationalError as exc:
             if f'database "{url.database}" does not exist' in str(exc):
                 raise ConfigError(
@@ -65,6 +75,42 @@ def postgres_connector(
             raise
 
     return connect
+
+
+#: How much longer than ``query_timeout_s`` (the server's statement_timeout, which answers first
+#: when the server is alive) the client waits for an answer before it gives the connection up.
+ANSWER_MARGIN_S = 0.5
+
+
+@functools.cache
+def _deadline_connection() -> type[Any]:
+    """psycopg's `Connection`, every wait for the server bounded by its ``answer_s``."""
+    import psycopg
+    from psycopg import errors
+
+    if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
+        # psycopg before 3.3.9 (below the stated requirement) bounds no wait: the server's
+        # statement_timeout and tcp_user_timeout are all there is.
+        return psycopg.Connection
+
+    class DeadlineConnection(psycopg.Connection):
+        #: Seconds any one wait for the server may take (set by the connector).
+        answer_s: float | None = None
+
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            limit = self.answer_s if timeout is None else timeout
+            try:
+                return super().wait(gen, interval, limit)
+            except errors._WaitTimeout:
+                # A reply may be half read, the server may still run the statement: this
+                # connection cannot be used again.
+                self.close()
+                raise psycopg.OperationalError(
+                    f"PostgreSQL did not answer within {limit:g} s (query_timeout_s plus "
+                    f"{ANSWER_MARGIN_S:g} s): connection closed"
+                ) from None
+
+    return DeadlineConnection
 
 
 #: The most statements whose ``$n`` text is kept; past it the kept ones are dropped and made again.
