@@ -38,6 +38,7 @@ from store.admin.move import Mover
 from store.config import TicketsConfig
 from store.metrics import cache_breakers
 from store.tickets import TicketAllocator, TicketError
+from tests.asyncface import blocking_store
 from tests.conftest import base_config
 from tests.faults.history import History, ScenarioResult
 from tests.faults.proxy import FaultProxy
@@ -157,13 +158,19 @@ def nothing() -> None:
 # -- the scenarios ---------------------------------------------------------------------
 
 
+#: The async face (`store.aio.AsyncStore`, its calls awaited on one event loop from the workload's
+#: threads) under the scenarios that take a server away: the same history check.
+FACES = [pytest.param("sync", id="sync"), pytest.param("async", id="async")]
+
+
+@pytest.mark.parametrize("face", FACES)
 def test_mariadb_killed_during_a_write_burst_and_restarted(
-    mariadb: MariaDBServer, caches: Caches, fault_report: Any
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any, face: str
 ) -> None:
     raw = raw_config({"A": mariadb.url, "B": mariadb.url}, cache=caches.direct())
     init_shards(StoreConfig.from_dict(raw))
     history = History()
-    with Store.from_config(raw) as store:
+    with blocking_store(StoreConfig.from_dict(raw), face) as store:
         owned = prepare(store, 4, shards=range(SHARDS))
         seed_history(history, owned)
 
@@ -171,15 +178,16 @@ def test_mariadb_killed_during_a_write_burst_and_restarted(
             mariadb.start()
 
         run(Workload(store, owned, history), [(2.0, nothing), (1.5, mariadb.kill), (2.5, restart)])
-        # A pair write whose inverse side committed just before the kill is
-        # undone on the primary side by the crash: the repair job puts the
-        # inverse side back in step with the primary (its documented job).
-        fixed = repair_relations(store)
+    # A pair write whose inverse side committed just before the kill is
+    # undone on the primary side by the crash: the repair job puts the
+    # inverse side back in step with the primary (its documented job).
+    with Store.from_config(raw) as fixer:
+        fixed = repair_relations(fixer)
     result = settle(
         raw,
         owned,
         history,
-        "MariaDB SIGKILLed during a write burst, restarted",
+        "MariaDB SIGKILLed during a write burst, restarted" + (" (AsyncStore)" if face == "async" else ""),
         notes=f"repair after restart fixed {fixed.changes} pair(s)",
     )
     record(fault_report, result)
@@ -246,9 +254,11 @@ def test_one_mariadb_host_blackholed(mariadb: MariaDBServer, caches: Caches, fau
     record(fault_report, result)
 
 
-@pytest.mark.parametrize("fault", ["delay", "reset", "blackhole"])
+@pytest.mark.parametrize(
+    ("fault", "face"), [("delay", "sync"), ("reset", "sync"), ("blackhole", "sync"), ("reset", "async")]
+)
 def test_memcached_and_redis_fail_and_come_back(
-    mariadb: MariaDBServer, caches: Caches, fault_report: Any, fault: str
+    mariadb: MariaDBServer, caches: Caches, fault_report: Any, fault: str, face: str
 ) -> None:
     raw = raw_config({"A": mariadb.url}, cache=caches.proxied())
     init_shards(StoreConfig.from_dict(raw))
@@ -262,7 +272,7 @@ def test_memcached_and_redis_fail_and_come_back(
         for proxy in (caches.mc_proxy, caches.redis_proxy):
             proxy.restore()
 
-    with Store.from_config(raw) as store:
+    with blocking_store(StoreConfig.from_dict(raw), face) as store:
         owned = prepare(store, 4, shards=range(SHARDS))
         seed_history(history, owned)
         run(Workload(store, owned, history), [(1.0, nothing), (2.0, inject), (3.0, restore)])
@@ -273,7 +283,7 @@ def test_memcached_and_redis_fail_and_come_back(
         raw,
         owned,
         history,
-        f"memcached and Redis {what}, then restored",
+        f"memcached and Redis {what}, then restored" + (" (AsyncStore)" if face == "async" else ""),
         notes=f"cache errors or skips: {errors}",
     )
     record(fault_report, result)
