@@ -94,7 +94,7 @@ class BulkPairs:
         spec = self._rel.router.relation(relation)
         if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
             raise DataError(f"sequence must be a 64-bit signed int, got {brief(sequence)}")
-        wanted, routed = self._checked(spec, pairs, guarded=True)
+        wanted, routed, routed_by = self._checked(spec, pairs, guarded=True)
         seq = self._rel.clock_us() if sequence is None else sequence
         move = sequence is not None
         refused: list[tuple[str, int, int, NotFound]] = []
@@ -102,7 +102,7 @@ class BulkPairs:
         def write(group: list[Sides]) -> int:
             return self._link_group(group, seq, move, refused)
 
-        n = self._run("link many", spec, wanted, routed, write, guarded=True)
+        n = self._run("link many", spec, wanted, (routed, routed_by), write, guarded=True)
         if refused:
             shown = ", ".join(f"{r} ({f}, {t})" for r, f, t, _e in refused[:5])
             more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
@@ -115,36 +115,45 @@ class BulkPairs:
     def unlink_many(self, relation: str, pairs: Iterable[tuple[int, int]]) -> int:
         """Unlink every pair (and its inverse); how many were there."""
         spec = self._rel.router.relation(relation)
-        wanted, routed = self._checked(spec, pairs, guarded=False)
-        return self._run("unlink many", spec, wanted, routed, self._unlink_group, guarded=False)
+        wanted, routed, routed_by = self._checked(spec, pairs, guarded=False)
+        return self._run("unlink many", spec, wanted, (routed, routed_by), self._unlink_group, guarded=False)
 
     # -- grouping and steps -----------------------------------------------------------------
 
     def _checked(
         self, spec: RelationSpec, pairs: Iterable[tuple[int, int]], *, guarded: bool
-    ) -> tuple[list[tuple[int, int]], list[Sides]]:
-        """Every pair, each once, routed and type-checked before any I/O."""
+    ) -> tuple[list[tuple[int, int]], list[Sides], int]:
+        """Every pair, each once, routed and type-checked before any I/O; and the version of the
+        map they were routed by (read before the routing)."""
         wanted = pair_list(pairs, limit=self._max)
-        return wanted, self._rel.sides_many(spec, wanted, guarded=guarded)
+        version = self._rel.router.shard_map.version
+        return wanted, self._rel.sides_many(spec, wanted, guarded=guarded), version
 
     def _run(
         self,
         name: str,
         spec: RelationSpec,
         wanted: list[tuple[int, int]],
-        routed: list[Sides],
+        routing: tuple[list[Sides], int],
         write: Callable[[list[Sides]], int],
         *,
         guarded: bool,
     ) -> int:
-        """Each group as one step: routed as the map is now when it runs again."""
+        """Each group as one step: routed as the map is now when it runs again (``routing``: the
+        pairs' sides as `_checked` routed them, and the map version it routed by)."""
         total = 0
+        routed, routed_by = routing
+        router = self._rel.router
         for members in _groups(routed):
             first = [[routed[k] for k in members]]
 
             def step(members: list[int] = members, first: list[list[Sides]] = first) -> int:
-                if first:  # (routed as `_groups` grouped them: one group, in order)
+                # The group as `_groups` grouped it, while the map is the one it was routed by: a
+                # newer one (read by another thread, or after a refusal) routes it again here, as
+                # the step's refusals are judged against the map current when the step began.
+                if first and router.shard_map.version == routed_by:
                     return write(first.pop())
+                first.clear()
                 sides = self._rel.sides_many(spec, [wanted[k] for k in members], guarded=guarded)
                 return sum(write([sides[j] for j in part]) for part in _groups(sides))
 

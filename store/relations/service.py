@@ -242,6 +242,7 @@ class RelationService:
         spec = self._router.relation(relation)
         if sequence is not None and (type(sequence) is not int or not _SEQ_MIN <= sequence <= _SEQ_MAX):
             raise DataError(f"sequence must be a 64-bit signed int, got {brief(sequence)}")
+        routed_by = self._router.shard_map.version
         sides = self._sides(spec, from_id, to_id, guarded=True)  # bad input raises before any I/O
         seq = self._clock_us() if sequence is None else sequence
         move = sequence is not None
@@ -249,8 +250,10 @@ class RelationService:
 
         def write() -> bool:
             nonlocal tries
-            # On the masters of the map current now: as routed above the first time.
-            primary, inverse = self._on_masters(sides) if tries else sides
+            # On the masters of the map current now: as routed above the first time, unless the
+            # map changed since (the step judges a refusal against the map it began with).
+            fresh = tries == 0 and self._router.shard_map.version == routed_by
+            primary, inverse = sides if fresh else self._on_masters(sides)
             tries += 1
             return self._written(
                 primary,
@@ -263,12 +266,14 @@ class RelationService:
     def unlink(self, relation: str, from_id: int, to_id: int) -> bool:
         """Remove the pair (and its inverse); True if it was there. One step, as `link`."""
         spec = self._router.relation(relation)
+        routed_by = self._router.shard_map.version
         sides = self._sides(spec, from_id, to_id, guarded=False)
         tries = 0
 
         def write() -> bool:
             nonlocal tries
-            primary, inverse = self._on_masters(sides) if tries else sides
+            fresh = tries == 0 and self._router.shard_map.version == routed_by
+            primary, inverse = sides if fresh else self._on_masters(sides)
             tries += 1
             return self._unlink(primary, inverse)
 
