@@ -283,6 +283,12 @@ def test_batches_during_a_move_leave_exactly_what_was_acknowledged(
     source, target = pair
     config = StoreConfig.from_dict(raw_config(source, target, tmp_path, 0.2))
     init_shards(config)
+    batches_during_moves(config, tmp_path)
+
+
+def batches_during_moves(config: StoreConfig, tmp_path: Path) -> None:
+    """The body of the test above, on any two-host config whose shards 8-15 can move to B and back
+    (MariaDB here, PostgreSQL schemas in `tests.test_exactly_once_postgres`)."""
     with Store(config) as store:
         mine = []
         for w in range(3):

@@ -25,7 +25,17 @@ from store import Store, StoreConfig, decode_instagram
 from store.admin import check_store, init_shards
 from tests.conftest import base_config
 from tests.servers import free_port
-from tests.test_exactly_once import BHP, MOVING, SHARDS, STAYING, UNIQUE, check, move, name_on
+from tests.test_exactly_once import (
+    BHP,
+    MOVING,
+    SHARDS,
+    STAYING,
+    UNIQUE,
+    batches_during_moves,
+    check,
+    move,
+    name_on,
+)
 from tests.test_move_postgres import clusters, sql, url
 
 pytestmark = pytest.mark.moves
@@ -202,3 +212,14 @@ def test_counters_during_moves_count_each_acknowledged_call_once(
         assert store.admin_context().live.reroutes > 0, "no step met a moved shard: the test proved nothing"
         report = check_store(store)
         assert report.ok, [f.line() for f in report.problems]
+
+
+def test_batches_during_a_move_leave_exactly_what_was_acknowledged(
+    ports: tuple[int, int], tmp_path: Path
+) -> None:
+    """`tests.test_exactly_once`'s batches during moves out and back, on PostgreSQL schemas: a
+    batch's new pairs are one statement a side there (`Backend.counted_link_rows`), refused by
+    the tombstone's views as a whole."""
+    config = StoreConfig.from_dict(raw_config(ports, tmp_path, 0.2))
+    init_shards(config)
+    batches_during_moves(config, tmp_path)
