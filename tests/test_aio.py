@@ -341,6 +341,82 @@ def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str
         assert store.get_with_version(counter) == ({"n": applied}, applied + 1)
 
 
+def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_whole(
+    cached_raw: dict[str, Any],
+) -> None:
+    """`link`, `unlink`, `update` and `delete` on MariaDB under two host names, each cancelled
+    at every point it can be: before its worker starts (nothing runs), and while its worker
+    stands at each step of the write (every step of its plan, `Steps.hook`, and of the pair
+    protocol, `PairWriter.step`; the steps are found by a first run). After each, both sides of
+    the pair and the counts agree, and an update function was applied once or not at all."""
+    with Store.from_config(cached_raw) as setup:
+        board = setup.create("board", {}, shard=1)  # MySQL001A
+        counter = setup.create("board", {"n": 0}, shard=6)  # MySQL002A
+    applied = [0]
+
+    def bump(old: dict[str, Any]) -> dict[str, Any]:
+        applied[0] += 1
+        return {"n": old["n"] + 1}
+
+    ops: dict[str, Any] = {
+        "link": lambda s, p: s.link(BHP, board, p),
+        "unlink": lambda s, p: s.unlink(BHP, board, p),
+        "update": lambda s, _p: s.update(counter, bump),
+        "delete": lambda s, p: s.delete(p),
+    }
+
+    def fresh_pin(name: str) -> int:
+        with Store.from_config(cached_raw) as st:
+            pin = st.create("pin", {}, shard=5)  # MySQL002A: the pair spans the hosts
+            if name in ("unlink", "delete"):
+                st.link(BHP, board, pin)
+            return pin
+
+    async def once(name: str, pin: int, stop_at: int | None) -> list[str]:
+        """Run op ``name``; ``stop_at``: cancel it while its worker stands at that step (-1:
+        before it starts; None: never). The steps it passed."""
+        seen: list[str] = []
+        reached, go = threading.Event(), threading.Event()
+        async with AsyncStore.from_config(cached_raw, max_workers=2) as s:
+            ctx = s.admin_context()
+
+            def hook(step: str) -> None:
+                seen.append(step)
+                if stop_at is not None and len(seen) - 1 == stop_at:
+                    reached.set()
+                    go.wait(10)
+
+            ctx.relations.pairs.step = hook
+            assert ctx.steps is not None
+            ctx.steps.hook = hook
+            task = asyncio.create_task(ops[name](s, pin))
+            if stop_at == -1:
+                task.cancel()
+            elif stop_at is not None:
+                assert await asyncio.to_thread(reached.wait, 10), (name, stop_at, seen)
+                task.cancel()
+                await asyncio.sleep(0)
+                go.set()
+            try:
+                await task
+            except asyncio.CancelledError:
+                assert stop_at is not None
+        return seen
+
+    for name in ops:
+        steps = run(once(name, fresh_pin(name), None))
+        assert steps, name
+        for stop_at in range(-1, len(steps)):
+            pin = fresh_pin(name)
+            before = applied[0]
+            run(once(name, pin, stop_at))  # (`async with` waits for a write its worker started)
+            with Store.from_config(_uncached(cached_raw)) as store:
+                _check_pairs(store, board, [pin])
+                assert store.get(counter) == {"n": applied[0]}, (name, stop_at)
+            assert applied[0] - before == (0 if name != "update" or stop_at == -1 else 1), (name, stop_at)
+        print(f"{name}: cancelled before it started and at each of its {len(steps)} steps: {steps}")
+
+
 def test_get_many_of_hundreds_of_ids(cached_raw: dict[str, Any]) -> None:
     async def main() -> None:
         async with AsyncStore.from_config(cached_raw) as s:
