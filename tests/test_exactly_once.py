@@ -297,6 +297,7 @@ def batches_during_moves(config: StoreConfig, tmp_path: Path) -> None:
             mine.append([(b, p) for b in boards for p in pins])
         last: dict[int, str] = {}
         made: list[int] = []
+        users: list[tuple[int, str]] = []
         for run, to in enumerate(("B", "A")):
             errors: list[BaseException] = []
             done = threading.Event()
@@ -321,6 +322,10 @@ def batches_during_moves(config: StoreConfig, tmp_path: Path) -> None:
                         made.extend(
                             store.create_many("pin", [{"made": len(made) + i} for i in range(4)], shard=14)
                         )
+                        # Users with unique names whose key rows land on both sides of the move.
+                        names = [f"b{len(users)}-{i}" for i in range(4)]
+                        ids = store.create_many("user", [{"username": n} for n in names], shard=6)
+                        users.extend(zip(ids, names, strict=True))
                 except BaseException as exc:  # surfaced below
                     errors.append(exc)
 
@@ -347,4 +352,8 @@ def batches_during_moves(config: StoreConfig, tmp_path: Path) -> None:
             assert len(store.get_many(made, type_name="pin")) == len(made)
             host = store.shard_map.master(14)
             assert _rows(store, 14, host, "pins") == len(made), "a batch's rows written twice"
+            for u, name in users:  # each name held once, by the user made with it
+                assert store.lookup("user_by_username", name) == u, (run, name)
+            assert len(store.get_many([u for u, _n in users], type_name="user")) == len(users)
+            assert sorted(key_shard("user_by_username", n.encode(), SHARDS) in MOVING for _u, n in users)[-1]
         assert store.admin_context().live.reroutes > 0, "no batch met a moved shard: the test proved nothing"
