@@ -100,6 +100,11 @@ class _LogRow:
         self.versions: list[tuple[str, str, Sequence[Any]]] = []
 
 
+def _rows(cursor: Any) -> list[Any]:
+    """The rows of the statement ``cursor`` last ran ([] if it returns none)."""
+    return list(cursor.fetchall()) if cursor.description else []
+
+
 def _answer(cursor: Any) -> tuple[int, int]:
     """(rowcount, lastrowid) of the statement ``cursor`` last ran (a PostgreSQL cursor has no lastrowid)."""
     return int(cursor.rowcount), int(getattr(cursor, "lastrowid", 0) or 0)
@@ -150,7 +155,7 @@ class _Txn:
         read in one go where the driver's cursor can (``execute_rows``).
         """
         if self._pipe:
-            return self._pipelined(own)
+            return self._pipelined(own, rows)
         parts: list[str] = []
         args: list[Any] = []
         if self._begin is not None:
@@ -198,14 +203,19 @@ class _Txn:
                     rows.append(list(self._c.fetchall()) if self._c.description else [])
         return results
 
-    def _pipelined(self, own: Sequence[tuple[str, Sequence[Any] | None]]) -> list[tuple[int, int]]:
+    def _pipelined(
+        self, own: Sequence[tuple[str, Sequence[Any] | None]], rows: list[list[Any]] | None = None
+    ) -> list[tuple[int, int]]:
         """`_send` where the driver pipelines: BEGIN (if not yet sent), the deferred statements and
         ``own`` in one pipeline (each of ``own`` but the last on a cursor of its own, which keeps its
-        result); (rowcount, lastrowid) of each of ``own``, the cursor left on the last one's rows.
-        An error of any statement in the pipeline raises when the pipeline ends."""
+        result); (rowcount, lastrowid) of each of ``own``, the cursor left on the last one's rows
+        (``rows``, if given, gets each one's rows). An error of any statement in the pipeline
+        raises when the pipeline ends."""
         first = self._opening()
         if not first and len(own) == 1:
             self._c.execute(*own[0])
+            if rows is not None:
+                rows.append(_rows(self._c))
             return [_answer(self._c)]
         if not own and len(first) == 1:
             self._c.execute(*first[0])
@@ -222,10 +232,14 @@ class _Txn:
                 if own:
                     self._c.execute(*own[-1])
         out = [_answer(cur) for cur in cursors]
+        if rows is not None:
+            rows += [_rows(cur) for cur in cursors]
         for cur in cursors:
             cur.close()
         if own:
             out.append(_answer(self._c))
+            if rows is not None:
+                rows.append(_rows(self._c))
         return out
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
@@ -270,7 +284,7 @@ class _Txn:
 
     def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
         """`batch`, reading each statement's rows: (rowcount, rows) of each ([] if it returns none)."""
-        if self._batch:
+        if self._batch or self._pipe:
             rows: list[list[Any]] = []
             answers = self._send(statements, rows=rows)
             return [(n, r) for (n, _id), r in zip(answers, rows, strict=True)]

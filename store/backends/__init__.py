@@ -351,6 +351,12 @@ class Backend:
         object-key arrays, then the relation's name; a row (from_id, to_id) per pair inserted."""
         raise NotImplementedError(f"{self.name} writes a batch's pairs one statement each")
 
+    def counted_unlink_rows(self, shard: int, relation: str) -> str:
+        """Where `counted_rows`: one statement deleting many pairs of ``relation`` on ``shard`` and
+        counting the lists it shrank; parameters: the from and to arrays, then the relation's
+        name; a row (from_id, to_id) per pair deleted."""
+        raise NotImplementedError(f"{self.name} deletes a batch's pairs one statement each")
+
     def params(self, n: int) -> str:
         """``n`` comma-separated placeholders."""
         return ", ".join([self.param] * n)

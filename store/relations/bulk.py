@@ -329,6 +329,35 @@ class BulkPairs:
         }
         return [(side.relation, side.from_id, side.to_id) in inserted for side, _s in items]
 
+    def _gone(self, cur: Cursor, sides: list[Side]) -> list[bool] | None:
+        """Delete each of ``sides``' pairs with its count, one statement per shard and relation
+        (`Backend.counted_unlink_rows`), all in one request; whether each was there. None where
+        the backend cannot, or for one pair."""
+        if not _rows_counted(sides):
+            return None
+        b = sides[0].h.backend
+        parts: dict[tuple[int, str], list[Side]] = {}
+        for side in sides:
+            parts.setdefault((side.h.shard, side.relation), []).append(side)
+        statements: list[tuple[str, tuple[object, ...]]] = []
+        for (shard, relation), mine in parts.items():
+            made = (b.name, shard, relation, "", "unlink")
+            text = self._row_texts.get(made)
+            if text is None:
+                if len(self._row_texts) >= 4096:
+                    self._row_texts.clear()
+                text = self._row_texts[made] = b.counted_unlink_rows(shard, relation)
+            froms, tos = _array([s.from_id for s in mine]), _array([s.to_id for s in mine])
+            statements.append((text, (froms, tos, relation)))
+        deleted = {
+            (relation, int(f), int(t))
+            for ((_shard, relation), _mine), (_n, rows) in zip(
+                parts.items(), cur.batch_rows(statements), strict=True
+            )
+            for f, t in rows
+        }
+        return [(s.relation, s.from_id, s.to_id) in deleted for s in sides]
+
     def _link_plan(self, side: Side, seq: int, move: bool) -> Plan:
         """`RelationRepository.link_plan`, also for a side with no guard (a relation without an
         inverse: its insert reads no object, as `link` does not)."""
@@ -428,7 +457,10 @@ class BulkPairs:
 
         def remove(cur: Cursor, sides: list[Side], *, commit: bool = False) -> list[bool]:
             cs = [Change(s) for s in sides]
-            if sides and _planned(sides[0]):  # every pair's statements in one request
+            rows = None if commit else self._gone(cur, sides)
+            if rows is not None:  # a statement per shard and relation
+                gone = rows
+            elif sides and _planned(sides[0]):  # every pair's statements in one request
                 kinds = _outcomes(cur, [repo.unlink_plan(s) for s in sides], cs, commit=commit)
                 gone = [k is not None for k in kinds]
             else:
@@ -459,7 +491,7 @@ class BulkPairs:
                 lock(cur)
                 return sum(remove(cur, primaries + inverses)[: len(primaries)])
 
-            if w.log is None or i.h.log_sql() is None:
+            if (w.log is None or i.h.log_sql() is None) and not _rows_counted(inverses):
 
                 def alone(cur: Cursor, _gone: int) -> None:
                     # The inverse side in a transaction of its own, on a host that logs nothing:
@@ -662,6 +694,11 @@ class BulkPairs:
 def cur_conditional(group: list[Sides]) -> bool:
     """Whether the group's statements can be conditional (one request per side)."""
     return bool(group[0][0].h.backend.conditional_writes)
+
+
+def _rows_counted(sides: list[Side]) -> bool:
+    """Whether ``sides`` (two or more, one backend) are written as rows (`Backend.counted_rows`)."""
+    return len(sides) > 1 and bool(sides[0].h.backend.counted_rows)
 
 
 def _array(values: list[int]) -> str:

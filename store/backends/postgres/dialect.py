@@ -88,6 +88,20 @@ class PostgresBackend(Backend):
             "SELECT from_id, to_id FROM w"
         )
 
+    def counted_unlink_rows(self, shard: int, relation: str) -> str:
+        """`Backend.counted_unlink_rows`: the pairs as arrays, deleted where present, each list's
+        count shrunk and its version grown by its deleted pairs, in the same statement."""
+        rel, counts = self.table(shard, relation), self.table(shard, "relation_counts")
+        return (
+            "WITH v AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS v(f, t)), "
+            f"w AS (DELETE FROM {rel} AS r USING v WHERE r.from_id = v.f AND r.to_id = v.t "
+            "RETURNING r.from_id, r.to_id), "
+            f"c AS (UPDATE {counts} AS rc SET n = rc.n - x.k, version = rc.version + x.k "
+            "FROM (SELECT from_id, count(*) AS k FROM w GROUP BY from_id) AS x "
+            "WHERE rc.relation = %s AND rc.from_id = x.from_id) "
+            "SELECT from_id, to_id FROM w"
+        )
+
     def _sa_dialect(self) -> Dialect:
         return pg_psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
 
