@@ -65,12 +65,23 @@ class PoolLoad(Protocol):
 
 
 class _ReusedCursor:
-    """The connection's one cursor; ``close()`` leaves it open for the next user."""
+    """The connection's one cursor; ``close()`` leaves it open for the next user.
 
-    __slots__ = ("_c", "execute_oks", "execute_rows")
+    Where the driver runs statements itself (``run_pipeline``: the store's libpq pipeline on
+    psycopg), every statement goes that way and the cursor holds the last one's rows and count.
+    """
+
+    __slots__ = ("_c", "_count", "_held", "execute_oks", "execute_rows", "run_pipeline")
 
     def __init__(self, cursor: Any) -> None:
         self._c = cursor
+        #: The driver's own runner of statements, one request for all (`run_pipeline`), or None.
+        self.run_pipeline: Callable[[Any], list[tuple[int, list[Any] | None]]] | None = getattr(
+            cursor, "run_pipeline", None
+        )
+        #: The last statement's rows (None: it returned none) and count, where ``run_pipeline`` ran it.
+        self._held: list[Any] | None = None
+        self._count = -1
         #: The driver cursor's one-request reader of rowless statements, where it has one.
         self.execute_oks: Callable[[str, Any], list[tuple[int, int]]] | None = getattr(
             cursor, "execute_oks", None
@@ -81,15 +92,34 @@ class _ReusedCursor:
         )
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
+        run = self.run_pipeline
+        if run is not None:
+            ((self._count, self._held),) = run([(sql, params)])
+            return None
         return self._c.execute(sql) if params is None else self._c.execute(sql, params)
 
+    def hold(self, count: int, rows: list[Any] | None) -> None:
+        """Keep ``rows`` and ``count`` as the last statement's (one a pipeline ran last)."""
+        self._count, self._held = count, rows
+
     def executemany(self, sql: str, params: Any, /) -> Any:
+        self._count, self._held = -1, None
+        if self.run_pipeline is not None:
+            got = self.run_pipeline([(sql, p) for p in params])
+            self._count = sum(max(0, n) for n, _r in got)
+            return None
         return self._c.executemany(sql, params)
 
     def fetchone(self) -> Any:
+        if self.run_pipeline is not None:
+            held = self._held
+            return held.pop(0) if held else None
         return self._c.fetchone()
 
     def fetchall(self) -> Any:
+        if self.run_pipeline is not None:
+            held, self._held = self._held, []
+            return held or []
         return self._c.fetchall()
 
     def nextset(self) -> Any:
@@ -106,14 +136,19 @@ class _ReusedCursor:
 
     @property
     def rowcount(self) -> int:
+        if self.run_pipeline is not None:
+            return self._count
         return int(self._c.rowcount)
 
     @property
     def lastrowid(self) -> Any:
-        return self._c.lastrowid
+        return None if self.run_pipeline is not None else self._c.lastrowid
 
     @property
     def description(self) -> Any:
+        """Truthy if the last statement returns rows."""
+        if self.run_pipeline is not None:
+            return None if self._held is None else True
         return self._c.description
 
     def close(self) -> None:

@@ -220,6 +220,15 @@ class _Txn:
         if not own and len(first) == 1:
             self._c.execute(*first[0])
             return []
+        runner = getattr(self._c, "run_pipeline", None)
+        if runner is not None:  # the driver's own pipeline: the cursor holds the last result
+            got: list[tuple[int, list[Any] | None]] = runner([*first, *own])
+            mine = got[len(first) :]
+            if mine:
+                self._c.hold(*mine[-1])
+            if rows is not None:
+                rows += [[] if r is None else list(r) for _n, r in mine]
+            return [(n, 0) for n, _r in mine]
         cursors: list[Any] = []
         if first or own:
             with self._c.pipeline():
@@ -316,6 +325,11 @@ class _Txn:
         of any statement raises when the pipeline ends (the transaction is then rolled back)."""
         first = self._opening()
         logged = self._log_statement()
+        runner = getattr(self._c, "run_pipeline", None)
+        if runner is not None:  # the driver's own pipeline
+            tail: list[tuple[str, Sequence[Any] | None]] = [] if logged is None else [logged]
+            got: list[tuple[int, list[Any] | None]] = runner([*first, *statements, *tail, ("COMMIT", None)])
+            return [(n, 0) for n, _r in got[len(first) : len(first) + len(statements)]]
         cursors: list[Any] = []
         with self._c.pipeline():
             for text, values in first:

@@ -286,3 +286,32 @@ def test_a_hung_postgresql_backend_is_given_up_on_within_the_query_timeout(
         linked = store.has_link("board_has_pins", board, pin)
         assert (board in store.links("pin_owned_by_board", pin)) == linked
         assert store.count("board_has_pins", board) == int(linked)
+
+
+def test_statements_the_store_prepared_come_back_after_someone_deallocates_them(
+    postgres_ready: StoreConfig,
+) -> None:
+    """The store prepares its statements on each connection itself (its libpq pipeline). A
+    ``DEALLOCATE ALL`` sent on that connection by anyone else (psycopg's own statement cache does
+    it after a ROLLBACK, once it has prepared something) drops them: the next read and the next
+    write prepare them again and run once, not twice."""
+    from dataclasses import replace
+
+    with Store(replace(postgres_ready, pool_size=1)) as store:
+        board = store.create("board", {})
+        pin = store.create("pin", {"n": 1}, near=board)
+        assert store.link("board_has_pins", board, pin) is True
+        loc = store.locate(pin, type_name="pin")
+        h = store.admin_context().engines.shard(loc.shard, loc.host)
+        for call, want in (
+            (lambda: store.get(pin, type_name="pin"), {"n": 1}),
+            (lambda: store.unlink("board_has_pins", board, pin), True),
+            (lambda: store.link("board_has_pins", board, pin), True),
+            (lambda: store.update(pin, {"n": 2}, type_name="pin"), {"n": 2}),
+        ):
+            with h.connect() as conn:
+                conn.raw.execute("DEALLOCATE ALL")
+            assert call() == want
+        assert store.count("board_has_pins", board) == 1
+        assert store.links("pin_owned_by_board", pin) == [board]
+        assert store.get_with_version(pin, type_name="pin") == ({"n": 2}, 2)

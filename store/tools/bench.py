@@ -149,8 +149,14 @@ class _PooledCursor:
         """Borrow the connection and run ``sql``."""
         self.release()
         self._held = self._pool.checkout()
-        self._cur = self._plain_cursor(self._held[0].raw)
-        self._cur.execute(sql, params)
+        raw = self._held[0].raw
+        self._cur = self._plain_cursor(raw)
+        if hasattr(raw, "prepare_threshold"):
+            # psycopg: prepared on the server, as a program on psycopg's defaults has its statements
+            # prepared after their fifth run (the store's connections prepare their own instead).
+            self._cur.execute(sql, params, prepare=True)
+        else:
+            self._cur.execute(sql, params)
 
     def fetchone(self) -> Any:
         """The next row; the connection goes back."""

@@ -278,7 +278,9 @@ def counting_sends() -> Iterator[None]:
     are in C: mysqlclient's ``Connection.query`` (one request, however many
     statements it holds), psycopg's ``Cursor.execute`` and ``executemany``
     (one request each) and its pipelines (one request for all the
-    statements in one) are counted instead.
+    statements in one), and the store's own libpq pipelines
+    (`store.backends.postgres.driver.run_pipeline`: every statement of a
+    store's PostgreSQL connection), are counted instead.
     """
     cls: Any = socket.socket
     orig_sendall, orig_send = cls.sendall, cls.send
@@ -294,6 +296,15 @@ def counting_sends() -> Iterator[None]:
     orig_execute: Any = None if psycopg is None else psycopg.execute
     orig_executemany: Any = None if psycopg is None else psycopg.executemany
     orig_pipeline: Any = None if pg_conn is None else pg_conn.pipeline
+    # The store's own libpq pipeline (`store.backends.postgres.driver.run_pipeline`): one request.
+    pg_driver: Any = None
+    with suppress(ImportError):
+        pg_driver = importlib.import_module("store.backends.postgres.driver")
+    orig_run: Any = None if pg_driver is None else pg_driver.run_pipeline
+
+    def run_pipeline(*args: Any, **kwargs: Any) -> Any:
+        _counts.n = getattr(_counts, "n", 0) + 1
+        return orig_run(*args, **kwargs)
 
     def query(self: Any, sql: Any) -> Any:
         _counts.n = getattr(_counts, "n", 0) + 1
@@ -333,6 +344,8 @@ def counting_sends() -> Iterator[None]:
     if psycopg is not None:
         psycopg.execute, psycopg.executemany = execute, executemany
         pg_conn.pipeline = pipeline
+    if pg_driver is not None:
+        pg_driver.run_pipeline = run_pipeline
     try:
         yield
     finally:
@@ -342,6 +355,8 @@ def counting_sends() -> Iterator[None]:
         if psycopg is not None:
             psycopg.execute, psycopg.executemany = orig_execute, orig_executemany
             pg_conn.pipeline = orig_pipeline
+        if pg_driver is not None:
+            pg_driver.run_pipeline = orig_run
 
 
 def count_round_trips(system: System, data: DataSet, copy: Copy, *, n: int, seed: int) -> dict[str, float]:
