@@ -160,7 +160,8 @@ def run_pipeline(
     cursor: Any, statements: Sequence[tuple[str, Sequence[Any] | None]]
 ) -> list[tuple[int, list[Any] | None]]:
     """`_run_pipeline`; run once more if a statement the connection had prepared is gone (a
-    ``DEALLOCATE ALL`` sent by someone else on it) and the request began outside a transaction:
+    ``DEALLOCATE ALL`` sent by someone else on it) or stale (its table altered since), and the
+    request began outside a transaction:
     everything it did was rolled back (a pipeline up to its sync is one transaction), so nothing
     is done twice."""
     from psycopg import errors, pq
@@ -169,7 +170,11 @@ def run_pipeline(
     idle = conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
     try:
         return _run_pipeline(conn, statements)
-    except errors.InvalidSqlStatementName:
+    except (errors.InvalidSqlStatementName, errors.FeatureNotSupported) as exc:
+        # (FeatureNotSupported: "cached plan must not change result type", a table a statement
+        # was prepared on altered since)
+        if isinstance(exc, errors.FeatureNotSupported) and "cached plan" not in str(exc):
+            raise
         conn.__dict__.get("_store_prepared", {}).clear()
         if not idle:
             raise
