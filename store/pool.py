@@ -125,15 +125,6 @@ class _ReusedCursor:
     def nextset(self) -> Any:
         return self._c.nextset()
 
-    def pipeline(self) -> Any:
-        """psycopg's pipeline of the cursor's connection (statements sent without waiting)."""
-        return self._c.connection.pipeline()
-
-    def cursor(self) -> Any:
-        """A new driver cursor on the same connection (in a pipeline, each cursor keeps the result
-        of its last statement only); the caller closes it."""
-        return self._c.connection.cursor()
-
     @property
     def rowcount(self) -> int:
         if self.run_pipeline is not None:

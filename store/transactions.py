@@ -100,9 +100,8 @@ class _LogRow:
         self.versions: list[tuple[str, str, Sequence[Any]]] = []
 
 
-def _rows(cursor: Any) -> list[Any]:
-    """The rows of the statement ``cursor`` last ran ([] if it returns none)."""
-    return list(cursor.fetchall()) if cursor.description else []
+#: A driver cursor's ``run_pipeline``: statements in one request, (rowcount, rows or None) of each.
+_Runner = Callable[[Sequence[tuple[str, Sequence[Any] | None]]], list[tuple[int, list[Any] | None]]]
 
 
 def _answer(cursor: Any) -> tuple[int, int]:
@@ -126,9 +125,10 @@ class _Txn:
     def __init__(self, cursor: Any, backend: Backend) -> None:
         self._c = cursor
         self._batch = backend.begin_with_first_statement
-        # Where the driver pipelines (`Backend.pipelines`): BEGIN and the deferred statements go out
-        # in one pipeline with the next statement; a statement's result is read before the next.
-        self._pipe = backend.pipelines and not self._batch
+        # Where the driver pipelines (`Backend.pipelines`, the cursor's ``run_pipeline``): BEGIN and
+        # the deferred statements go out in one pipeline with the next statement.
+        pipe: _Runner | None = getattr(cursor, "run_pipeline", None)
+        self._pipe = pipe if backend.pipelines and not self._batch else None
         self._begin: str | None = backend.begin
         self._deferred: list[tuple[str, Sequence[Any]]] = []
         #: (index in ``_deferred``, told the statement's ``lastrowid`` once its result is read).
@@ -207,49 +207,19 @@ class _Txn:
         self, own: Sequence[tuple[str, Sequence[Any] | None]], rows: list[list[Any]] | None = None
     ) -> list[tuple[int, int]]:
         """`_send` where the driver pipelines: BEGIN (if not yet sent), the deferred statements and
-        ``own`` in one pipeline (each of ``own`` but the last on a cursor of its own, which keeps its
-        result); (rowcount, lastrowid) of each of ``own``, the cursor left on the last one's rows
-        (``rows``, if given, gets each one's rows). An error of any statement in the pipeline
-        raises when the pipeline ends."""
+        ``own`` in one pipeline; (rowcount, lastrowid) of each of ``own``, the cursor left holding
+        the last one's rows (``rows``, if given, gets each one's rows). An error of any statement
+        in the pipeline raises once every result is read."""
+        assert self._pipe is not None
         first = self._opening()
-        if not first and len(own) == 1:
-            self._c.execute(*own[0])
-            if rows is not None:
-                rows.append(_rows(self._c))
-            return [_answer(self._c)]
-        if not own and len(first) == 1:
-            self._c.execute(*first[0])
+        if not first and not own:
             return []
-        runner = getattr(self._c, "run_pipeline", None)
-        if runner is not None:  # the driver's own pipeline: the cursor holds the last result
-            got: list[tuple[int, list[Any] | None]] = runner([*first, *own])
-            mine = got[len(first) :]
-            if mine:
-                self._c.hold(*mine[-1])
-            if rows is not None:
-                rows += [[] if r is None else list(r) for _n, r in mine]
-            return [(n, 0) for n, _r in mine]
-        cursors: list[Any] = []
-        if first or own:
-            with self._c.pipeline():
-                for text, values in first:
-                    self._c.execute(text, values)
-                for text, values in own[:-1]:
-                    cur = self._c.cursor()
-                    cur.execute(text, values)
-                    cursors.append(cur)
-                if own:
-                    self._c.execute(*own[-1])
-        out = [_answer(cur) for cur in cursors]
+        mine = self._pipe([*first, *own])[len(first) :]
+        if mine:
+            self._c.hold(*mine[-1])
         if rows is not None:
-            rows += [_rows(cur) for cur in cursors]
-        for cur in cursors:
-            cur.close()
-        if own:
-            out.append(_answer(self._c))
-            if rows is not None:
-                rows.append(_rows(self._c))
-        return out
+            rows += [[] if r is None else list(r) for _n, r in mine]
+        return [(n, 0) for n, _r in mine]
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
         """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
@@ -320,31 +290,15 @@ class _Txn:
 
     def _pipelined_commit(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[int, int]]:
         """`commit_with` where the driver pipelines: BEGIN (if not yet sent), the deferred
-        statements, ``statements`` (each on a cursor of its own, which keeps its result), the log
-        row and COMMIT in one pipeline; (rowcount, lastrowid) of each of ``statements``. An error
-        of any statement raises when the pipeline ends (the transaction is then rolled back)."""
+        statements, ``statements``, the log row and COMMIT in one pipeline; (rowcount, lastrowid)
+        of each of ``statements``. An error of any statement raises once every result is read
+        (the transaction is then rolled back)."""
+        assert self._pipe is not None
         first = self._opening()
         logged = self._log_statement()
-        runner = getattr(self._c, "run_pipeline", None)
-        if runner is not None:  # the driver's own pipeline
-            tail: list[tuple[str, Sequence[Any] | None]] = [] if logged is None else [logged]
-            got: list[tuple[int, list[Any] | None]] = runner([*first, *statements, *tail, ("COMMIT", None)])
-            return [(n, 0) for n, _r in got[len(first) : len(first) + len(statements)]]
-        cursors: list[Any] = []
-        with self._c.pipeline():
-            for text, values in first:
-                self._c.execute(text, values)
-            for text, values in statements:
-                cur = self._c.cursor()
-                cur.execute(text, values)
-                cursors.append(cur)
-            if logged is not None:
-                self._c.execute(*logged)
-            self._c.execute("COMMIT")
-        out = [_answer(cur) for cur in cursors]
-        for cur in cursors:
-            cur.close()
-        return out
+        tail: list[tuple[str, Sequence[Any] | None]] = [] if logged is None else [logged]
+        got = self._pipe([*first, *statements, *tail, ("COMMIT", None)])
+        return [(n, 0) for n, _r in got[len(first) : len(first) + len(statements)]]
 
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run ``sql`` whose rows are not read: with the next request where the backend can, else now.

@@ -87,8 +87,9 @@ class Backend:
     #: True where ``begin`` can go out with the transaction's first statement, in one round trip
     #: (the shards' connections accept several statements in one request).
     begin_with_first_statement: ClassVar[bool] = False
-    #: True where the driver pipelines statements (psycopg's ``Connection.pipeline``): ``begin``
-    #: and deferred statements go out with the next statement, in one round trip.
+    #: True where the driver pipelines statements (its cursor's ``run_pipeline``: the store's libpq
+    #: pipeline on psycopg): ``begin`` and deferred statements go out with the next statement, in
+    #: one round trip.
     pipelines: ClassVar[bool] = False
     #: True where a write transaction locks the whole shard (SQLite's BEGIN IMMEDIATE):
     #: two such shards are locked in shard order, so two writers never wait in a circle.

@@ -73,6 +73,8 @@ __all__ = ["CHUNK", "BulkPairs"]
 
 #: Pairs one group's transactions carry at most (a bigger group is written as several).
 CHUNK = 1000
+#: The most counted-rows statement texts a batch writer keeps (`BulkPairs._row_text`).
+_ROW_TEXTS = 4096
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -82,7 +84,8 @@ class BulkPairs:
     def __init__(self, relations: RelationService, *, max_pairs: int) -> None:
         self._rel = relations
         self._max = max_pairs
-        #: `Backend.counted_link_rows` texts by (backend, shard, relation, object table, key).
+        #: `Backend.counted_link_rows` (and `counted_unlink_rows`) texts, by (backend, shard,
+        #: relation, object table, key; the last two empty for unlinks).
         self._row_texts: dict[tuple[str, int, str, str, str], str] = {}
 
     # -- the calls ------------------------------------------------------------------------
@@ -287,47 +290,27 @@ class BulkPairs:
         its count, one statement per shard and relation (`Backend.counted_link_rows`), all in one
         request; whether each was inserted (False: there already, or its object not live: the
         caller asks which, the slow way). None where the backend cannot, or for one pair."""
-        if len(items) < 2:
+        sides = [side for side, _s in items]
+        if not _rows_counted(sides) or any(side.guard is None for side in sides):
             return None
-        b = items[0][0].h.backend
-        if not b.counted_rows:
-            return None
+        b = sides[0].h.backend
         parts: dict[tuple[int, str, str, str], list[int]] = {}
-        for k, (side, _s) in enumerate(items):
+        for k, side in enumerate(sides):
             g = side.guard
-            if g is None:
-                return None
+            assert g is not None
             parts.setdefault((side.h.shard, side.relation, g.table, g.key), []).append(k)
-        statements: list[tuple[str, tuple[object, ...]]] = []
+        statements: list[tuple[str, str, tuple[object, ...]]] = []
         for (shard, relation, table, key), ks in parts.items():
-            made = (b.name, shard, relation, table, key)
-            text = self._row_texts.get(made)
-            if text is None:
-                if len(self._row_texts) >= 4096:
-                    self._row_texts.clear()  # (a bound on what is kept: shards vary)
-                text = self._row_texts[made] = b.counted_link_rows(shard, relation, table, key)
-            sides = [items[k][0] for k in ks]
-            values = [g.value for side in sides if (g := side.guard) is not None]
-            statements.append(
-                (
-                    text,
-                    (
-                        _array([side.from_id for side in sides]),
-                        _array([side.to_id for side in sides]),
-                        _array([items[k][1] for k in ks]),
-                        _array(values),
-                        relation,
-                    ),
-                )
+            text = self._row_text(
+                (b.name, shard, relation, table, key),
+                lambda: b.counted_link_rows(shard, relation, table, key),  # noqa: B023 - called now
             )
-        inserted = {
-            (relation, int(f), int(t))
-            for ((_shard, relation, _t, _k), _ks), (_n, rows) in zip(
-                parts.items(), cur.batch_rows(statements), strict=True
-            )
-            for f, t in rows
-        }
-        return [(side.relation, side.from_id, side.to_id) in inserted for side, _s in items]
+            mine = [sides[k] for k in ks]
+            values = [g.value for side in mine if (g := side.guard) is not None]
+            arrays = ([s.from_id for s in mine], [s.to_id for s in mine], [items[k][1] for k in ks], values)
+            statements.append((text, relation, (*map(_array, arrays), relation)))
+        inserted = _returned(cur, statements)
+        return [(s.relation, s.from_id, s.to_id) in inserted for s in sides]
 
     def _gone(self, cur: Cursor, sides: list[Side]) -> list[bool] | None:
         """Delete each of ``sides``' pairs with its count, one statement per shard and relation
@@ -339,24 +322,26 @@ class BulkPairs:
         parts: dict[tuple[int, str], list[Side]] = {}
         for side in sides:
             parts.setdefault((side.h.shard, side.relation), []).append(side)
-        statements: list[tuple[str, tuple[object, ...]]] = []
+        statements: list[tuple[str, str, tuple[object, ...]]] = []
         for (shard, relation), mine in parts.items():
-            made = (b.name, shard, relation, "", "unlink")
-            text = self._row_texts.get(made)
-            if text is None:
-                if len(self._row_texts) >= 4096:
-                    self._row_texts.clear()
-                text = self._row_texts[made] = b.counted_unlink_rows(shard, relation)
-            froms, tos = _array([s.from_id for s in mine]), _array([s.to_id for s in mine])
-            statements.append((text, (froms, tos, relation)))
-        deleted = {
-            (relation, int(f), int(t))
-            for ((_shard, relation), _mine), (_n, rows) in zip(
-                parts.items(), cur.batch_rows(statements), strict=True
+            text = self._row_text(
+                (b.name, shard, relation, "", ""),
+                lambda: b.counted_unlink_rows(shard, relation),  # noqa: B023 - called now
             )
-            for f, t in rows
-        }
+            froms, tos = _array([s.from_id for s in mine]), _array([s.to_id for s in mine])
+            statements.append((text, relation, (froms, tos, relation)))
+        deleted = _returned(cur, statements)
         return [(s.relation, s.from_id, s.to_id) in deleted for s in sides]
+
+    def _row_text(self, key: tuple[str, int, str, str, str], make: Callable[[], str]) -> str:
+        """A `Backend.counted_link_rows` or `counted_unlink_rows` text, made once (kept by
+        backend, shard, relation and object table: at most `_ROW_TEXTS`)."""
+        text = self._row_texts.get(key)
+        if text is None:
+            if len(self._row_texts) >= _ROW_TEXTS:
+                self._row_texts.clear()  # (a bound on what is kept: shards vary)
+            text = self._row_texts[key] = make()
+        return text
 
     def _link_plan(self, side: Side, seq: int, move: bool) -> Plan:
         """`RelationRepository.link_plan`, also for a side with no guard (a relation without an
@@ -694,6 +679,19 @@ class BulkPairs:
 def cur_conditional(group: list[Sides]) -> bool:
     """Whether the group's statements can be conditional (one request per side)."""
     return bool(group[0][0].h.backend.conditional_writes)
+
+
+def _returned(
+    cur: Cursor, statements: list[tuple[str, str, tuple[object, ...]]]
+) -> set[tuple[str, int, int]]:
+    """Run counted-rows ``statements`` ((text, relation, parameters) each) in one request; the
+    (relation, from_id, to_id) of every pair they wrote (each returns its pairs' rows)."""
+    answers = cur.batch_rows([(text, params) for text, _r, params in statements])
+    return {
+        (relation, int(f), int(t))
+        for (_text, relation, _p), (_n, rows) in zip(statements, answers, strict=True)
+        for f, t in rows
+    }
 
 
 def _rows_counted(sides: list[Side]) -> bool:

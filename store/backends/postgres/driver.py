@@ -86,6 +86,16 @@ def postgres_connector(
 ANSWER_MARGIN_S = 0.5
 
 
+def _no_answer(limit: float | None) -> Exception:
+    """The lost-connection error of a wait for the server that ran past ``limit`` seconds."""
+    import psycopg
+
+    return psycopg.OperationalError(
+        f"PostgreSQL did not answer within {limit:g} s (query_timeout_s plus "
+        f"{ANSWER_MARGIN_S:g} s): connection closed"
+    )
+
+
 @functools.cache
 def _deadline_connection() -> type[Any]:
     """psycopg's `Connection`, every wait for the server bounded by its ``answer_s``."""
@@ -109,10 +119,7 @@ def _deadline_connection() -> type[Any]:
                 # A reply may be half read, the server may still run the statement: this
                 # connection cannot be used again.
                 self.close()
-                raise psycopg.OperationalError(
-                    f"PostgreSQL did not answer within {limit:g} s (query_timeout_s plus "
-                    f"{ANSWER_MARGIN_S:g} s): connection closed"
-                ) from None
+                raise _no_answer(limit) from None
 
     return DeadlineConnection
 
@@ -202,7 +209,7 @@ def _run_pipeline(
     """
     import select
 
-    from psycopg import OperationalError, errors, pq
+    from psycopg import errors, pq
     from psycopg.adapt import PyFormat, Transformer
 
     pg = conn.pgconn
@@ -271,11 +278,8 @@ def _run_pipeline(
                         failed = errors.error_from_result(res, encoding=conn.info.encoding)
                         out.append((-1, None))
             except TimeoutError:
-                conn.close()
-                raise OperationalError(
-                    f"PostgreSQL did not answer within {answer_s:g} s (query_timeout_s plus "
-                    f"{ANSWER_MARGIN_S:g} s): connection closed"
-                ) from None
+                conn.close()  # (as `_deadline_connection` does)
+                raise _no_answer(answer_s) from None
         finally:
             if not conn.closed and pg.status != pq.ConnStatus.BAD:
                 pg.exit_pipeline_mode()
