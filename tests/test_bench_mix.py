@@ -289,6 +289,44 @@ def test_server_cpu_counts_a_busy_program_and_only_while_it_works() -> None:
     assert since({("mariadbd", 10, 5): 9.0}, {("mariadbd", 10, 8): 0.1}) == {}  # a pid used again
 
 
+def test_server_cpu_counts_the_children_a_server_forks_per_connection() -> None:
+    """A server that forks a process per connection (PostgreSQL): children started between the two
+    samples count, both one still running and one that ended (reaped by its parent)."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("no /proc on this system")
+    import subprocess
+    import sys
+
+    script = "import ctypes, os, sys, time\n"
+    script += "ctypes.CDLL(None).prctl(15, b'python3-forks', 0, 0, 0)\n"
+    script += "def burn(s):\n    end = time.process_time() + s\n    while time.process_time() < end: pass\n"
+    script += "print('up', flush=True); sys.stdin.readline()\n"
+    script += "pid = os.fork()\n"  # a child that works and ends: reaped below
+    script += "if pid == 0:\n    burn(0.3); os._exit(0)\n"
+    script += "os.waitpid(pid, 0)\n"
+    script += "r, w = os.pipe()\npid = os.fork()\n"  # a child that works and stays
+    script += "if pid == 0:\n    burn(0.3); os.write(w, b'x'); time.sleep(60); os._exit(0)\n"
+    script += "os.read(r, 1); print('done', flush=True); sys.stdin.read(); os.kill(pid, 9)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdin is not None
+        assert proc.stdout.readline() == "up\n"
+        first = server_cpu_s(("python3-forks",))
+        assert len(first) == 1
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "done\n"
+        second = server_cpu_s(("python3-forks",))
+        assert set(second) == set(first)  # the children are their parent's
+        used = since(first, second)["python3-forks"]
+        assert 0.5 <= used <= 1.0, used
+    finally:
+        proc.communicate("")
+
+
 @pytest.mark.mariadb
 def test_round_trips_are_counted_on_both_drivers() -> None:
     """PyMySQL's requests are sends on Python sockets; mysqlclient's, in C, are counted at its query."""
