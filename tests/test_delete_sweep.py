@@ -180,3 +180,27 @@ def test_a_sweep_refused_after_a_committed_group_runs_again_for_the_rest_only(
     assert groups[2] == groups[1]  # the refused group again, not the committed one
     assert (store.links(BHP, board), store.count(BHP, board)) == ([], 0)
     assert all((store.links(POB, p), store.count(POB, p)) == ([], 0) for p in pins)
+
+
+def test_an_unlink_that_one_connection_reaches_is_one_request(store: Store, backend: str) -> None:
+    """Both sides on one host: both deletes, their counts and the COMMIT go in one request (nothing
+    waits on what they found)."""
+    near, far = two_hosts(store)
+    board = store.create("board", {}, shard=near)
+    here = store.create("pin", {}, shard=near)
+    there = store.create("pin", {}, shard=far)
+    store.link_many(BHP, [(board, here), (board, there)])
+    gone, n = trips(lambda: store.unlink(BHP, board, here))
+    assert gone is True
+    if counted(backend):
+        assert n == 1, n
+    gone, n = trips(lambda: store.unlink(BHP, board, here))  # again: nothing there, still one
+    assert gone is False
+    if counted(backend):
+        assert n == 1, n
+    assert (store.links(BHP, board), store.count(BHP, board)) == ([there], 1)
+    assert (store.links(POB, here), store.count(POB, here)) == ([], 0)
+    assert (store.links(POB, there), store.count(POB, there)) == ([board], 1)
+    assert store.unlink(BHP, board, there) is True
+    assert (store.links(BHP, board), store.count(BHP, board)) == ([], 0)
+    assert (store.links(POB, there), store.count(POB, there)) == ([], 0)

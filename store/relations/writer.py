@@ -48,6 +48,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from store.backends import Backend
 from store.backends.statements import ObjectStatements, counted_with_log
@@ -97,7 +98,7 @@ class PairWriter:
         self.step: Callable[[str], None] | None = None
         #: The invalidation log entries of a side's write (`store.cache.follower`); None: not logged.
         self.log: Callable[[Side], str] | None = None
-        self._live_sql: dict[tuple[str, int, str], str] = {}
+        self._live_texts: dict[tuple[str, int, str], str] = {}
         self._live_stmts: dict[tuple[str, str, str], ObjectStatements] = {}
         self._logged_sql: dict[str, str] = {}
 
@@ -154,8 +155,10 @@ class PairWriter:
                 self._changed(cur, c, kind, sequence, made)
                 return True, sequence
             # (the pair is at this sequence already, or it exists and is not to move, or it is
-            # absent and its object is not live: the slow way says which)
-            return slow_first(cur, c)
+            # absent and its object is not live: one read says if it is in place, else the slow
+            # way says which)
+            settled = self._in_place(cur, (primary,), sequence if move else None)
+            return (True, settled) if settled is not None else slow_first(cur, c)
 
         def slow_first(cur: Cursor, c: Change) -> State:
             nonlocal new
@@ -174,7 +177,7 @@ class PairWriter:
             insert = new and inverse.guard is not None
             if insert or moved:
                 kind = self.repo.link_in(cur, inverse, settled, move=moved, insert=insert, seen=c.seen)
-            if kind is None:
+            if kind is None and self._in_place(cur, (inverse,), settled) is None:
                 kind = slow_second(cur, state, c)
             if kind is not None:
                 self._changed(cur, c, kind, settled, made)
@@ -194,7 +197,8 @@ class PairWriter:
                 second(cur, state)
                 return
             c = Change(inverse)
-            kind = self._committed(cur, c, self.repo.link_plan(inverse, settled, move=moved, insert=insert))
+            plan = self.repo.link_plan(inverse, settled, move=moved, insert=insert)
+            [kind] = self._committed(cur, [(c, plan)])
             if kind is None:  # it changed nothing: the slow way, in a new transaction
                 kind = slow_second(cur, state, c)
                 if kind is not None:
@@ -223,6 +227,8 @@ class PairWriter:
                 # The primary side takes the slow way; the inverse side must not have moved first.
                 if other is not None:
                     raise _AgainError
+                if self._in_place(cur, (primary, inverse), sequence if move else None) is not None:
+                    return  # a re-link of a whole pair: nothing to write (the slow way's verdict)
                 state = slow_first(cur, cp)
                 second(cur, state)
                 return
@@ -268,24 +274,24 @@ class PairWriter:
             # the COMMIT, in one request.
             assert inverse is not None
             c = Change(inverse)
-            if self._committed(cur, c, self.repo.unlink_plan(inverse)) is not None:
+            if self._committed(cur, [(c, self.repo.unlink_plan(inverse))]) != [None]:
                 self._changed(cur, c, REMOVE, 0, made, logged=True)
 
         def at_once(cur: Cursor) -> None:
-            # Both sides on one connection: both deletes and their counts in one request.
+            # Both sides on one connection: both deletes, their counts (and log rows) and the
+            # COMMIT in one request. Nothing waits on what they did: each side's delete is right
+            # whatever the other found (a torn pair loses its half too).
             nonlocal gone
             assert inverse is not None
             gone = False  # (again after a deadlock)
             made.clear()
             self._lock_key(cur, primary)
-            sides = [(primary, self.repo.unlink_plan(primary)), (inverse, self.repo.unlink_plan(inverse))]
-            results = cur.batch([s for _side, plan in sides for s in plan.statements])
-            for n, (side, plan) in enumerate(sides):
-                c = Change(side)
-                k = len(plan.statements)
-                if plan.outcome(results[n * k : (n + 1) * k], c.seen) is not None:
-                    gone = gone or side is primary
-                    self._changed(cur, c, REMOVE, 0, made)
+            cs = [Change(primary), Change(inverse)]
+            kinds = self._committed(cur, [(c, self.repo.unlink_plan(c.side)) for c in cs])
+            for c, kind in zip(cs, kinds, strict=True):
+                if kind is not None:
+                    gone = gone or c.side is primary
+                    self._changed(cur, c, REMOVE, 0, made, logged=True)
 
         self._run(primary, inverse, first, second, at_once=at_once, alone=second_alone)
         if changes is not None:
@@ -358,26 +364,32 @@ class PairWriter:
             return
         transaction_pair(p, i, first, alone or second, step=step)
 
-    def _committed(self, cur: Cursor, c: Change, plan: Plan) -> str | None:
-        """Run ``plan`` (a `Plan` of one write) on ``c``'s side, its log row (where
-        the host logs: written only if the write changed the row) and COMMIT, in one request; the
-        kind of change it made, or None."""
-        h = c.side.h
-        statements = list(plan.statements)
-        sql = None if self.log is None else h.log_sql()
-        if sql is not None and h.backend.counted_writes:
-            # Each write logs its list in its own statement, if it changed a row (at most one does).
-            assert self.log is not None
-            entry = self.log(c.side)
-            statements = [
-                (self._counted_logged(h.backend, text), (*v, wall_ms(), entry)) for text, v in statements
-            ]
-        elif sql is not None:
-            assert self.log is not None
-            logged = h.backend.change_log_insert_if_changed()
-            statements.append((logged, (wall_ms(), self.log(c.side) + VERSION_MARK)))
+    def _committed(self, cur: Cursor, writes: Sequence[tuple[Change, Plan]]) -> list[str | None]:
+        """Run each of ``writes`` (a `Plan` of one write on its ``Change``'s side) with its log row
+        (where the host logs: written only if the write changed the row), then COMMIT, all in one
+        request; the kind of change each made, or None."""
+        statements: list[tuple[str, Sequence[Any]]] = []
+        spans: list[tuple[int, int]] = []
+        for c, plan in writes:
+            h = c.side.h
+            own = list(plan.statements)
+            sql = None if self.log is None else h.log_sql()
+            if sql is not None and h.backend.counted_writes:
+                # Each write logs its list in its own statement, if it changed a row (at most one does).
+                assert self.log is not None
+                entry = self.log(c.side)
+                own = [(self._counted_logged(h.backend, text), (*v, wall_ms(), entry)) for text, v in own]
+            elif sql is not None:
+                assert self.log is not None
+                logged = h.backend.change_log_insert_if_changed()
+                own.append((logged, (wall_ms(), self.log(c.side) + VERSION_MARK)))
+            spans.append((len(statements), len(plan.statements)))
+            statements += own
         results = cur.commit_with(statements)
-        return plan.outcome(results[: len(plan.statements)], c.seen)
+        return [
+            plan.outcome(results[start : start + n], c.seen)
+            for (c, plan), (start, n) in zip(writes, spans, strict=True)
+        ]
 
     def _changed(
         self, cur: Cursor, c: Change, kind: str, sequence: int, made: list[Change], *, logged: bool = False
@@ -441,21 +453,49 @@ class PairWriter:
             # Its row is not read: where the driver pipelines, it goes out with the write it guards.
             cur.defer(lock, (_key_hash(side.relation, side.from_id, side.to_id),))
 
-    def _check_live(self, cur: Cursor, side: Side) -> None:
+    def _live_sql(self, side: Side) -> str:
+        """The read of ``side``'s guard object in share mode: its ``active`` (no row if it has none)."""
         g = side.guard
-        if g is None:
-            return
+        assert g is not None
         h = side.h
         key = (h.backend.name, h.shard, g.table)
-        sql = self._live_sql.get(key)
+        sql = self._live_texts.get(key)
         if sql is None:
             kind = (h.backend.name, g.table, g.key)
             stmts = self._live_stmts.get(kind)
             if stmts is None:  # compiled once per backend, not per shard
                 ids = "instagram" if g.key == "id" else "pinterest"
                 stmts = self._live_stmts[kind] = ObjectStatements(h.backend, g.table, ids=ids)
-            sql = self._live_sql[key] = stmts.for_shard(h.shard)["live_shared"]
-        cur.execute(sql, (g.value,))
+            sql = self._live_texts[key] = stmts.for_shard(h.shard)["live_shared"]
+        return sql
+
+    def _in_place(self, cur: Cursor, sides: Sequence[Side], sequence: int | None) -> int | None:
+        """The sequence the pair is at on every one of ``sides``, if it is there on each at one
+        sequence (``sequence``, if given) and no side's object is deleted; else None. One
+        request, read under the locks the slow way takes (each row's key, each object in share
+        mode). A sequence: the slow way would change nothing there. None: it must run (it
+        changes something, or refuses the link)."""
+        reads: list[tuple[str, Sequence[Any]]] = []
+        guarded: list[int] = []  # the index of each object's read
+        for side in sides:
+            g = side.guard
+            if g is not None:
+                guarded.append(len(reads))
+                reads.append((self._live_sql(side), (g.value,)))
+            reads.append((self.repo.sql(side.h, side.relation).exists_locked, (side.from_id, side.to_id)))
+        answers = [rows for _n, rows in cur.batch_rows(reads)]
+        if any(answers[k] and not answers[k][0][0] for k in guarded):
+            return None  # an object deleted: the slow way refuses the link
+        seqs = {int(rows[0][0]) if rows else None for k, rows in enumerate(answers) if k not in guarded}
+        if len(seqs) != 1 or None in seqs or sequence not in (None, *seqs):
+            return None
+        return seqs.pop()
+
+    def _check_live(self, cur: Cursor, side: Side) -> None:
+        g = side.guard
+        if g is None:
+            return
+        cur.execute(self._live_sql(side), (g.value,))
         row = cur.fetchone()
         if row is not None and not row[0]:
             raise NotFound(f"{g.what} was deleted: a deleted object cannot be linked")
