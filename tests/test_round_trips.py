@@ -92,7 +92,8 @@ class Trips:
     A database request is one ``COM_QUERY`` of a PyMySQL connection, counted
     against the pool (host) that lent the connection; a Redis request is one
     packed send (a pipeline is one; a new connection's handshake, HELLO, CLIENT
-    SETINFO and SELECT, is not counted); a memcached request is one pipelined batch.
+    SETINFO and SELECT, is not counted); a memcached request is one pipelined batch, its reply
+    waited for or not (a fill's, `MemcachedServer.post`).
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,6 +114,7 @@ class Trips:
         real_redis = redis.connection.Connection.send_packed_command
         real_handshake = redis.connection.Connection.on_connect_check_health
         real_mc = MemcachedServer.pipeline
+        real_post = MemcachedServer.post
 
         def checkout(pool: ConnectionPool) -> tuple[object, float]:
             conn, born = real_checkout(pool)
@@ -147,7 +149,14 @@ class Trips:
         monkeypatch.setattr(pymysql.connections.Connection, "_execute_command", query)
         monkeypatch.setattr(redis.connection.Connection, "send_packed_command", redis_send)
         monkeypatch.setattr(redis.connection.Connection, "on_connect_check_health", handshake)
+
+        def mc_post(server: MemcachedServer, commands: object, reader: object) -> bool:
+            with lock:
+                self.memcached[server.address] = self.memcached.get(server.address, 0) + 1
+            return real_post(server, commands, reader)  # type: ignore[arg-type]
+
         monkeypatch.setattr(MemcachedServer, "pipeline", mc_send)
+        monkeypatch.setattr(MemcachedServer, "post", mc_post)
 
     def reset(self) -> None:
         self.database, self.redis, self.memcached = {}, 0, {}

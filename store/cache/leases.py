@@ -114,8 +114,21 @@ class LeaseStore(Protocol):
         """Each key's entry, or a lease on it (deleting each of ``drop`` first)."""
         ...
 
-    def fill_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
-        """Store each value if its key still holds the lease with that cas token; how many were stored."""
+    def fill_many(
+        self,
+        items: Mapping[str, tuple[bytes, int]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
+        """Store each value if its key still holds the lease with that cas token; how many were
+        stored. With ``later``, a store may return without waiting for the servers' replies:
+        it then returns 0, and tells ``later`` how many were stored once it reads them (before
+        the connection's next reply, or at `read_owed`)."""
+        ...
+
+    def read_owed(self) -> None:
+        """Read the replies still owed to calls that did not wait for them (`fill_many`)."""
         ...
 
     def delete_many(self, keys: Sequence[str]) -> None:
@@ -224,9 +237,13 @@ class ObjectCache:
             self.after_load()
         fills = {k: (entry(read_ms, loaded.get(k, b"")), cas) for k, cas in leased.items()}
         if fills:
-            self.stats.add(fills=self.store.fill_many(fills, self._ttl_s))
+            self.stats.add(fills=self.store.fill_many(fills, self._ttl_s, later=self._filled))
         hits.update(loaded)
         return hits
+
+    def _filled(self, n: int) -> None:
+        """``n`` fills were stored (their replies, read after the call, say so)."""
+        self.stats.add(fills=n)
 
     def invalidate(self, keys: Sequence[str]) -> None:
         """Delete ``keys`` after a committed write."""
@@ -282,8 +299,14 @@ class MemoryLeaseStore:
                     out[key] = Lookup(None, got[1], False)  # someone else's lease
         return out
 
-    def fill_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
-        """Store each value whose key still has the given cas token."""
+    def fill_many(
+        self,
+        items: Mapping[str, tuple[bytes, int]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
+        """Store each value whose key still has the given cas token (at once: ``later`` is never told)."""
         stored = 0
         with self._lock:
             for key, (value, cas) in items.items():
@@ -292,6 +315,9 @@ class MemoryLeaseStore:
                     self._store(key, value, ttl_s)
                     stored += 1
         return stored
+
+    def read_owed(self) -> None:
+        """Nothing is owed here: every call is done when it returns."""
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """Delete the keys."""

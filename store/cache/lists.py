@@ -199,6 +199,7 @@ class ListBackend(Protocol):
         read_ms: int,
         list_version: int = 0,
         newest: bool = False,
+        later: Callable[[int], None] | None = None,
     ) -> bool:
         """Replace the cached list if the version is still ``version``; True if filled.
 
@@ -208,12 +209,26 @@ class ListBackend(Protocol):
         ``list_version`` is the database's version of the list the head was
         read at (0: unknown); a cached list of a later one, or a versioned
         list when this one is unknown, is dropped rather than replaced.
+
+        With ``later``, a backend may return without waiting for the server's reply: it then
+        returns False, and tells ``later`` how many lists were filled (1 or 0) once it reads the
+        reply (before the connection's next one, or at `read_owed`).
         """
         ...
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+    def fill_many(
+        self,
+        items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
         """`fill` of each (key, version, n, packed members, read_ms, newest), in one round trip; how many
-        filled."""
+        filled (with ``later``: 0, and ``later`` told how many, as for `fill`)."""
+        ...
+
+    def read_owed(self) -> None:
+        """Read the replies still owed to calls that did not wait for them (`fill`, `fill_many`)."""
         ...
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
@@ -327,7 +342,9 @@ class ListCache:
         if self.after_load is not None:
             self.after_load()
         members = encode_members(head) if packed is None else packed
-        if self.backend.fill(key, version, n, members, self._ttl_s, read_ms, list_version, newest):
+        if self.backend.fill(
+            key, version, n, members, self._ttl_s, read_ms, list_version, newest, later=self._filled
+        ):
             self.stats.add(fills=1)
 
     def fill_many(self, items: Sequence[FillItem]) -> None:
@@ -337,9 +354,13 @@ class ListCache:
         if self.after_load is not None:
             self.after_load()
         batch = [(k, v, n, encode_members(head), ms, newest) for k, v, n, head, ms, newest in items]
-        filled = self.backend.fill_many(batch, self._ttl_s)
+        filled = self.backend.fill_many(batch, self._ttl_s, later=self._filled)
         if filled:
             self.stats.add(fills=filled)
+
+    def _filled(self, n: int) -> None:
+        """``n`` lists were filled (their replies, read after the call, say so)."""
+        self.stats.add(fills=n)
 
     def invalidate(self, keys: Sequence[str]) -> None:
         """Drop lists after a committed write."""
@@ -409,6 +430,7 @@ class MemoryListBackend:
         read_ms: int,
         list_version: int = 0,
         newest: bool = False,
+        later: Callable[[int], None] | None = None,
     ) -> bool:
         """Replace the list if its version is unchanged (and it holds no later list version)."""
         entries = split_members(members)
@@ -441,9 +463,18 @@ class MemoryListBackend:
         self._versions[key] = self._versions.get(key, 0) + 1
         self._lists.pop(key, None)
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+    def fill_many(
+        self,
+        items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
         """`fill` of each item; how many were filled."""
         return sum(self.fill(k, v, n, m, ttl_s, ms, 0, newest) for k, v, n, m, ms, newest in items)
+
+    def read_owed(self) -> None:
+        """Nothing is owed here: every call is done when it returns."""
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump versions and drop the lists."""

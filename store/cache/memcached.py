@@ -63,9 +63,15 @@ _FAILURES = (OSError, MemcacheError, _ProtocolError, ValueError)
 
 
 class _Client(Client):  # type: ignore[misc]
-    """A pymemcache client that knows the process it was made in (`store.forks`)."""
+    """A pymemcache client that knows the process it was made in (`store.forks`), and the replies
+    its connection owes: one per request sent without waiting (`MemcachedServer.post`), each
+    given to its reader once it is read, before the next request's."""
 
     store_pid: int = 0
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.owed: list[Callable[[bytes], None]] = []
 
 
 class MemcachedServer:
@@ -124,8 +130,8 @@ class MemcachedServer:
             return client
 
     def _give_back(self, client: _Client) -> None:
-        if client.store_pid != self._pid:  # taken before this process was forked
-            client.close()
+        if client.store_pid != self._pid or (client.owed and client.sock is None):
+            client.close()  # (taken before this process was forked; or its socket is gone)
         elif len(self._idle) < POOL_SIZE:
             self._idle.append(client)
         else:
@@ -141,6 +147,7 @@ class MemcachedServer:
         """
         client = self._take()
         try:
+            _settle(client)  # (pymemcache's own reads must start at their reply)
             yield client
         except BaseException:
             client.close()
@@ -164,37 +171,86 @@ class MemcachedServer:
         self.breaker.success()
         return result
 
-    def _exchange(self, request: bytes) -> bytes:
-        """Send ``request`` on an idle connection; every byte of the reply before ``MN``."""
+    def post(self, commands: Sequence[bytes], reader: Callable[[bytes], None]) -> bool:
+        """Send ``commands`` as one request closed by ``mn`` and return without waiting for the
+        reply: the connection reads it (and gives it to ``reader``) before the next request's, so
+        a caller that only hopes the commands work (a lease's fill) does not wait a round trip
+        for them. The server has the request when this returns. False if the server is unusable
+        (down, cooling down, or dirty and not yet flushed) or the send failed."""
+        if not self.breaker.allow():
+            self._stats.add(skipped=1)
+            return False
+        if self.breaker.dirty and not self._flush():
+            return False
+        request = b"\r\n".join([*commands, b"mn"]) + b"\r\n"
+        try:
+            self._exchange(request, later=reader)
+        except _FAILURES as exc:
+            self._failed(exc)
+            return False
+        return True
+
+    def _exchange(self, request: bytes, *, later: Callable[[bytes], None] | None = None) -> bytes:
+        """Send ``request`` on an idle connection; every byte of the reply before ``MN`` (with
+        ``later``: nothing, the reply is read and given to it with the connection's next one)."""
         client = self._take()
         try:
             if client.sock is None:
+                client.owed.clear()  # (a new socket owes nothing)
                 client.version()  # connects, with the client's timeouts, and checks the server
             sock: socket.socket = client.sock
             sock.sendall(request)
-            # The socket's timeout is the client's. Small reads: recv allocates
-            # its whole size up front (64 KiB per call cost 30 us here); 16 KiB holds a
-            # 50-key reply whole.
-            chunk: bytes = sock.recv(_RECV_SIZE)
-            # Replies are lines, and values free of CR LF that never read "MN"
-            # (an entry starts with its tag): the reply ends with a line MN.
-            if chunk == _END or chunk.endswith(_LAST):
-                reply = chunk[:-_END_LEN]
+            if later is not None:
+                client.owed.append(later)
+                reply = b""
+            elif client.owed:
+                reply = _read(sock, client)
             else:
-                buf = bytearray(chunk)
-                while True:
-                    if not chunk:
-                        raise ConnectionError("memcached closed the connection")
-                    chunk = sock.recv(_RECV_SIZE)
-                    buf += chunk
-                    if buf == _END or buf.endswith(_LAST):
-                        reply = bytes(buf[:-_END_LEN])
-                        break
+                # The socket's timeout is the client's. Small reads: recv allocates
+                # its whole size up front (64 KiB per call cost 30 us here); 16 KiB holds a
+                # 50-key reply whole.
+                chunk: bytes = sock.recv(_RECV_SIZE)
+                # Replies are lines, and values free of CR LF that never read "MN"
+                # (an entry starts with its tag): the reply ends with a line MN.
+                if chunk == _END or chunk.endswith(_LAST):
+                    reply = chunk[:-_END_LEN]
+                else:
+                    buf = bytearray(chunk)
+                    while True:
+                        if not chunk:
+                            raise ConnectionError("memcached closed the connection")
+                        chunk = sock.recv(_RECV_SIZE)
+                        buf += chunk
+                        if buf == _END or buf.endswith(_LAST):
+                            reply = bytes(buf[:-_END_LEN])
+                            break
         except BaseException:
             client.close()  # its socket may hold half a reply
             raise
         self._give_back(client)
         return reply
+
+    def read_owed(self) -> None:
+        """Read what this server's idle connections owe (a connection that fails is closed)."""
+        owing: list[_Client] = []
+        for _ in range(len(self._idle)):
+            try:
+                client = self._idle.pop()
+            except IndexError:
+                break
+            owing.append(client)
+        for client in owing:
+            try:
+                _settle(client)
+            except _FAILURES as exc:
+                client.close()
+                self._failed(exc)
+                continue
+            self._give_back(client)
+
+    def note(self, exc: BaseException) -> None:
+        """Count an error a reply read later showed (the exchange it came with went on)."""
+        self._stats.error(self.address, exc)
 
     def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, TimeoutError):
@@ -212,6 +268,7 @@ class MemcachedServer:
                 return True
             client = self._take()
             try:
+                _settle(client)
                 flushed = client.flush_all(noreply=False)
             except _FAILURES as exc:
                 client.close()
@@ -230,6 +287,39 @@ class MemcachedServer:
 
 
 _getpid = os.getpid
+
+
+def _settle(client: _Client) -> None:
+    """Read what ``client``'s connection owes, before pymemcache's own calls use it."""
+    if client.owed and client.sock is not None:
+        _read(client.sock, client, reply=False)
+
+
+def _read(sock: socket.socket, client: _Client, *, reply: bool = True) -> bytes:
+    """Read the replies ``client``'s connection owes, giving each to its reader, then (``reply``)
+    the reply to the request just sent, which this returns (else b""). A reply ends at a line
+    ``MN``, which no value can be."""
+    owed = client.owed
+    want = len(owed) + (1 if reply else 0)
+    ends: list[int] = []  # the offset just past each MN line read
+    buf = bytearray()
+    while len(ends) < want:
+        chunk = sock.recv(_RECV_SIZE)
+        if not chunk:
+            raise ConnectionError("memcached closed the connection")
+        start = max(0, len(buf) - 3)  # (an MN line may begin in the last chunk)
+        buf += chunk
+        at = buf.find(_END, start)
+        while at != -1:
+            if at == 0 or buf[at - 2 : at] == b"\r\n":
+                ends.append(at + _END_LEN)
+            at = buf.find(_END, at + 1)
+    client.owed = []
+    begin = 0
+    for reader, end in zip(owed, ends, strict=False):
+        reader(bytes(buf[begin : end - _END_LEN]))
+        begin = end
+    return bytes(buf[begin : ends[-1] - _END_LEN]) if reply else b""
 
 
 def _replies(raw: bytes) -> list[tuple[bytes, bytes | None]]:
@@ -254,6 +344,24 @@ def _replies(raw: bytes) -> list[tuple[bytes, bytes | None]]:
 
 
 _tuple_new = tuple.__new__
+
+
+class _Stored:
+    """Reads the replies to fills sent without waiting: tells ``later`` how many were stored (an
+    error reply counts as an error of the server, as it would have in the call)."""
+
+    __slots__ = ("later", "n", "server")
+
+    def __init__(self, n: int, later: Callable[[int], None], server: MemcachedServer) -> None:
+        self.n = n
+        self.later = later
+        self.server = server
+
+    def __call__(self, raw: bytes) -> None:
+        lines = raw.split(b"\r\n")[:-1]
+        if any(line.startswith(_ERRORS) for line in lines) or len(lines) != self.n:
+            self.server.note(_ProtocolError(f"{len(lines)} reply lines to {self.n} fills: {raw[:80]!r}"))
+        self.later(sum(1 for line in lines if line.startswith(b"HD")))
 
 
 class _LookupParser:
@@ -314,6 +422,7 @@ class MemcachedLeaseStore:
             for a in addresses
         ]
         self._seeds = [zlib.crc32(a.encode()) for a in addresses]
+        self.stats.before_read = self.read_owed  # (fills counted when their replies are read)
 
     def server_for(self, key: str) -> MemcachedServer:
         """The one server that owns ``key`` (rendezvous hashing over all servers)."""
@@ -347,8 +456,19 @@ class MemcachedLeaseStore:
                 out.update(got)
         return out
 
-    def fill_many(self, items: Mapping[str, tuple[bytes, int]], ttl_s: int) -> int:
-        """``ms key <len> C<cas> T<ttl>`` per item; how many were stored."""
+    def fill_many(
+        self,
+        items: Mapping[str, tuple[bytes, int]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
+        """``ms key <len> C<cas> T<ttl>`` per item; how many were stored.
+
+        With ``later``: the replies are not waited for (`MemcachedServer.post`: a fill only
+        hopes to store, and nothing the caller returns depends on it); 0, and ``later`` is
+        told how many a server stored when its replies are read (before the connection's next
+        reply, or by `read_owed`)."""
         for key, (value, _cas) in items.items():
             if b"\r" in value or b"\n" in value or value == b"MN":
                 raise ValueError(
@@ -361,10 +481,18 @@ class MemcachedLeaseStore:
                 b"ms %s %d C%d T%d\r\n%s" % (k.encode(), len(items[k][0]), items[k][1], ttl_s, items[k][0])
                 for k in group
             ]
+            if later is not None:
+                server.post(commands, _Stored(len(commands), later, server))
+                continue
             got = server.pipeline(commands, _replies)
             if got is not None:
                 stored += sum(1 for line, _v in got if line.startswith(b"HD"))
         return stored
+
+    def read_owed(self) -> None:
+        """Read the replies the idle connections owe (fills not waited for), now."""
+        for server in self.servers:
+            server.read_owed()
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """``md`` each key and wait for the replies; a server that misses one is marked dirty."""

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from hashlib import blake2b
 from typing import Any
 
@@ -254,6 +254,8 @@ class RedisListBackend:
         stats: CacheStats | None = None,
     ) -> None:
         self.stats = stats or CacheStats("redis")
+        if stats is None:  # (shared: its owner reads what every server owes)
+            self.stats.before_read = self.read_owed
         #: ``host:port/db``: the server's name in errors and metrics, and its seed in placement.
         self.address = redis_server_name(url)
         self.breaker = Breaker(failures_to_trip=failures_to_trip, cooldown_s=cooldown_s)
@@ -270,6 +272,9 @@ class RedisListBackend:
         self._invalidate = self.client.register_script(_INVALIDATE)
         self._apply = self.client.register_script(_APPLY)
         self._settle = self.client.register_script(_SETTLE)
+        #: Whether the server is known to hold the fill script: until a fill that waited for
+        #: its reply says so, fills wait (a fill not waited for that finds it gone is lost).
+        self._fill_known = False
         #: Idle connections of the script calls (`_script`): taking and returning one is
         #: one atomic deque operation, no lock.
         self._idle: deque[Any] = deque()
@@ -344,7 +349,13 @@ class RedisListBackend:
         self.breaker.success()
         return [_list_read(r, op) for r, op in zip(replies, ops, strict=True)]
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+    def fill_many(
+        self,
+        items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
         """`fill` of each (key, version, n, members, read_ms, newest): one pipeline; how many were filled."""
         if not items or not self._guard():
             return 0
@@ -352,13 +363,43 @@ class RedisListBackend:
             (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S, int(newest)])
             for key, version, n, members, read_ms, newest in items
         ]
+        if later is not None and self._fill_known:
+            self._posted(calls, later)
+            return 0
         try:
             done = self._pipelined(self._fill, calls)
+            self._fill_known = True
         except redis.RedisError as exc:
             self._failed(exc)
             return 0
         self.breaker.success()
         return sum(1 for d in done if d)
+
+    def _posted(
+        self, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], later: Callable[[int], None]
+    ) -> None:
+        """The fill script's ``calls`` sent without waiting for their replies (`_send` with a
+        reader): a fill only hopes to store, and nothing the caller returns depends on it. The
+        replies are read before the connection's next ones (or at `read_owed`), and ``later`` is
+        told how many lists were filled. Sent only once a fill that waited has found the script
+        on the server; if one of these finds it gone (a restart), it is lost, and the next fill
+        waits again (loading the script)."""
+        n = len(calls)
+
+        def read(replies: list[Any]) -> None:
+            if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+                self._fill_known = False  # (the next fill waits: it loads the script and is sent again)
+            for r in replies:
+                if isinstance(r, Exception) and not isinstance(r, redis.exceptions.NoScriptError):
+                    self.stats.error(f"redis {self.address}", r)
+            later(sum(1 for r in replies if r and not isinstance(r, Exception)))
+
+        try:
+            self._send(b"".join(_evalsha(self._fill.sha, k, a) for k, a in calls), n, later=read)
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return
+        self.breaker.success()
 
     def _pipelined(self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]) -> list[Any]:
         """Each call of ``script`` as ``EVALSHA``, all sent at once on a connection of this
@@ -372,10 +413,21 @@ class RedisListBackend:
         """
         return self._send(b"".join(_evalsha(script.sha, k, a) for k, a in calls), len(calls), script)
 
-    def _send(self, request: bytes, count: int, script: Any = None) -> list[Any]:
+    def _send(
+        self,
+        request: bytes,
+        count: int,
+        script: Any = None,
+        *,
+        later: Callable[[list[Any]], None] | None = None,
+    ) -> list[Any]:
         """Send ``request`` (``count`` commands in RESP) on a connection of this backend's own;
         the replies (see `_pipelined`). If the server does not know ``script``, it is loaded
-        and the request sent again."""
+        and the request sent again.
+
+        With ``later``: nothing is waited for (and [] returned); the connection reads the
+        replies before its next request's and gives them to ``later`` (error replies as
+        exceptions, not raised)."""
         if self._pid != _getpid():  # a fork the hook missed
             self._after_fork()
         try:
@@ -383,19 +435,27 @@ class RedisListBackend:
         except IndexError:
             conn = self.client.connection_pool.make_connection()
         try:
-            for attempt in (1, 2):
+            owed: list[tuple[int, Callable[[list[Any]], None]]] | None = getattr(conn, "store_owed", None)
+            replies: list[Any] = []
+            if later is not None:
                 conn.send_packed_command([request])
-                replies: list[Any] = []
-                for _ in range(count):
-                    try:
-                        replies.append(conn.read_response())
-                    except redis.ResponseError as exc:  # an error reply: the next replies still follow
-                        replies.append(exc)
-                unknown = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
-                if unknown and attempt == 1 and script is not None:
-                    self.client.script_load(script.script)
-                    continue
-                break
+                if owed is None:
+                    owed = conn.store_owed = []
+                owed.append((count, later))
+            else:
+                for attempt in (1, 2):
+                    conn.send_packed_command([request])
+                    if owed:
+                        conn.store_owed = []
+                        for n, reader in owed:  # what earlier requests owe comes first
+                            reader(_responses(conn, n))
+                        owed = None
+                    replies = _responses(conn, count)  # (an error reply: the next ones still follow)
+                    unknown = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
+                    if unknown and attempt == 1 and script is not None:
+                        self.client.script_load(script.script)
+                        continue
+                    break
         except BaseException:
             conn.disconnect()
             raise
@@ -418,6 +478,7 @@ class RedisListBackend:
         read_ms: int,
         list_version: int = 0,
         newest: bool = False,
+        later: Callable[[int], None] | None = None,
     ) -> bool:
         """Replace the list if the version is unchanged and it holds no later list version (one Lua call)."""
         if not self._guard():
@@ -433,12 +494,38 @@ class RedisListBackend:
                 VERSION_TTL_S,
                 int(newest),
             ]
+            if later is not None and self._fill_known:
+                self._posted([(self._keys(key), args)], later)
+                return False
             done = self._script(self._fill, self._keys(key), args)
+            self._fill_known = True
         except redis.RedisError as exc:
             self._failed(exc)
             return False
         self.breaker.success()
         return bool(done)
+
+    def read_owed(self) -> None:
+        """Read the replies this backend's idle connections owe (fills not waited for), now; a
+        connection that fails is closed."""
+        owing: list[Any] = []
+        for _ in range(len(self._idle)):
+            try:
+                owing.append(self._idle.pop())
+            except IndexError:
+                break
+        for conn in owing:
+            owed = getattr(conn, "store_owed", None)
+            try:
+                if owed:
+                    conn.store_owed = []
+                    for n, reader in owed:
+                        reader(_responses(conn, n))
+            except redis.RedisError as exc:
+                conn.disconnect()
+                self._failed(exc)
+                continue
+            self._idle.append(conn)
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump versions and drop lists; on failure, mark the cache dirty."""
@@ -507,6 +594,17 @@ class RedisListBackend:
 
 
 _getpid = os.getpid
+
+
+def _responses(conn: Any, n: int) -> list[Any]:
+    """The next ``n`` replies on ``conn``, an error reply as its exception (not raised)."""
+    out: list[Any] = []
+    for _ in range(n):
+        try:
+            out.append(conn.read_response())
+        except redis.ResponseError as exc:
+            out.append(exc)
+    return out
 
 
 def _evalsha(sha: str, keys: Sequence[str], args: Sequence[Any]) -> bytes:
@@ -680,6 +778,7 @@ class RedisListServers:
             for url in urls
         ]
         self._salts = [s.address.encode() + b"\n" for s in self.servers]
+        self.stats.before_read = self.read_owed  # (fills counted when their replies are read)
 
     def index_for(self, key: str) -> int:
         """The index (in the configured order) of the server that holds the list ``key``.
@@ -725,14 +824,30 @@ class RedisListServers:
         read_ms: int,
         list_version: int = 0,
         newest: bool = False,
+        later: Callable[[int], None] | None = None,
     ) -> bool:
         """`RedisListBackend.fill` on the list's server."""
-        return self.server_for(key).fill(key, version, n, members, ttl_s, read_ms, list_version, newest)
+        return self.server_for(key).fill(
+            key, version, n, members, ttl_s, read_ms, list_version, newest, later=later
+        )
 
-    def fill_many(self, items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]], ttl_s: int) -> int:
+    def fill_many(
+        self,
+        items: Sequence[tuple[str, bytes | None, int, bytes, int, bool]],
+        ttl_s: int,
+        *,
+        later: Callable[[int], None] | None = None,
+    ) -> int:
         """`RedisListBackend.fill_many`, one pipeline per server; how many were filled."""
         groups = self._group([item[0] for item in items])
-        return sum(self.servers[i].fill_many([items[p] for p in ps], ttl_s) for i, ps in groups.items())
+        return sum(
+            self.servers[i].fill_many([items[p] for p in ps], ttl_s, later=later) for i, ps in groups.items()
+        )
+
+    def read_owed(self) -> None:
+        """`RedisListBackend.read_owed` on each server."""
+        for server in self.servers:
+            server.read_owed()
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """`RedisListBackend.invalidate` on each server (a server that misses one is marked dirty)."""

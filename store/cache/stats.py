@@ -41,6 +41,9 @@ class CacheStats:
         self._tables: list[dict[str, int]] = []
         #: The counts of threads that have ended.
         self._ended = dict.fromkeys(COUNTERS, 0)
+        #: Called before the counters are read, if set: the cache reads the replies it still owes
+        #: (fills sent without waiting), so that what a reader sees is settled.
+        self.before_read: Callable[[], None] | None = None
         at_fork(self, _new_lock)
 
     def _mine(self) -> dict[str, int]:
@@ -80,6 +83,8 @@ class CacheStats:
             self.last_error = f"{where}: {type(exc).__name__}: {exc}"[:300]
 
     def _sum(self, name: str) -> int:
+        if self.before_read is not None:
+            self.before_read()
         with self._lock:  # (a thread's counts move to the total under it: none counted twice)
             return self._ended[name] + sum(t[name] for t in self._tables)
 
@@ -120,6 +125,8 @@ class CacheStats:
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
+        if self.before_read is not None:
+            self.before_read()
         with self._lock:
             tables = [self._ended, *self._tables]
             return {name: sum(t[name] for t in tables) for name in COUNTERS}

@@ -1,0 +1,165 @@
+"""Fills sent without waiting for their replies, on real memcached and Redis servers.
+
+A read that missed fills the cache for the next reader; nothing it returns
+depends on whether the fill stored. So a fill is sent and the call goes on:
+the connection reads the fill's reply before the reply of its next request
+(`MemcachedServer.post`, `RedisListBackend._send` with a reader). What must
+hold, whatever the order of fills and reads on one connection: every read's
+reply is its own (never a fill's owed reply taken for it), the fills that
+could store did, and the ones that could not are reported as such, late.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from store.cache.lists import decode_members, encode_members
+from store.cache.memcached import MemcachedLeaseStore
+from store.cache.redis_lists import RedisListBackend
+from tests.conftest import REDIS_TEST_URL
+
+PREFIX = "unwaited:"
+
+
+@pytest.fixture
+def mc(memcached_pair: list[str]) -> Iterator[MemcachedLeaseStore]:
+    store = MemcachedLeaseStore(memcached_pair[:1], timeout_s=2, connect_timeout_s=2)
+    yield store
+    store.close()
+
+
+def test_memcached_fills_not_waited_for_leave_every_later_reply_its_own(mc: MemcachedLeaseStore) -> None:
+    """Random runs of lookups, fills (some with a lease another took meanwhile), deletes and
+    lookups again on one connection: each lookup sees exactly what a waited-for fill would have
+    left, and ``later`` is told of exactly the fills that stored."""
+    rng = random.Random(7)
+    stored: list[int] = []
+    for _round in range(40):
+        keys = [f"t:{uuid.uuid4().hex}" for _ in range(rng.randint(1, 12))]
+        leases = mc.lookup_many(keys, lease_ttl_s=10)
+        lost = {k for k in keys if rng.random() < 0.3}
+        mc.delete_many(sorted(lost))  # a write: the lease of each of these is void
+        values = {k: b"v%d-" % i + k.encode() for i, k in enumerate(keys)}
+        before = sum(stored)
+        assert mc.fill_many({k: (values[k], leases[k].cas) for k in keys}, 60, later=stored.append) == 0
+        # the next request on the connection reads the fills' replies first
+        got = mc.lookup_many(keys, lease_ttl_s=10)
+        assert sum(stored) - before == len(keys) - len(lost)
+        for k in keys:
+            if k in lost:
+                assert got[k].value is None  # a new lease, not the fill
+            else:
+                assert got[k].value == values[k]
+        assert mc.stats.errors == 0
+
+
+def test_memcached_fills_not_waited_for_from_many_threads(mc: MemcachedLeaseStore) -> None:
+    """16 threads, each filling and reading its own keys through the shared idle connections: no
+    reply reaches another thread's call."""
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        for i in range(60):
+            keys = [f"t:{t}:{i}:{j}:{uuid.uuid4().hex}" for j in range(3)]
+            leases = mc.lookup_many(keys, lease_ttl_s=10)
+            mc.fill_many({k: (k.encode(), leases[k].cas) for k in keys}, 60, later=lambda n: None)
+            got = mc.lookup_many(keys, lease_ttl_s=10)
+            if any(got[k].value != k.encode() for k in keys):
+                errors.append(f"thread {t} round {i}: {[got[k].value for k in keys]}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert mc.stats.errors == 0
+
+
+@pytest.fixture
+def lists(redis_ready: str) -> Iterator[RedisListBackend]:
+    backend = RedisListBackend(REDIS_TEST_URL, prefix=PREFIX, timeout_s=2, connect_timeout_s=2)
+    yield backend
+    backend.close()
+
+
+def test_redis_fills_not_waited_for_are_read_before_the_next_reply(lists: RedisListBackend) -> None:
+    """A list filled without waiting is read back whole by the next call on the connection; a fill
+    whose version was bumped meanwhile is reported as not done; a server that lost its scripts
+    loses that fill, says so, and takes the next one."""
+    done: list[int] = []
+    head = [(i, 1000 + i) for i in range(5)]
+    first = PREFIX + uuid.uuid4().hex
+    seen = lists.read(first, ("all",))
+    assert seen is not None
+    # until a fill that waited has found the fill script on the server, fills wait
+    assert lists.fill(first, seen.version, 5, encode_members(head), 3600, 0, later=done.append) is True
+    assert done == []
+    key = PREFIX + uuid.uuid4().hex
+    seen = lists.read(key, ("all",))
+    assert seen is not None
+    assert lists.fill(key, seen.version, 5, encode_members(head), 3600, 0, later=done.append) is False
+    got = lists.read(key, ("all",))
+    assert got is not None
+    assert got.meta == (5, 5)
+    assert decode_members(got.members) == head
+    assert done == [1]
+    # a fill whose version is stale: an invalidation came between its read and it
+    other = PREFIX + uuid.uuid4().hex
+    seen = lists.read(other, ("all",))
+    assert seen is not None
+    lists.invalidate([other], 3600)
+    item = (other, seen.version, 5, encode_members(head), 0, False)
+    assert lists.fill_many([item], 3600, later=done.append) == 0
+    got = lists.read(other, ("all",))
+    assert got is not None
+    assert got.meta is None  # not filled
+    assert done == [1, 0]
+    # the server forgets its scripts (as after a restart): that fill is lost and said so
+    redis.Redis.from_url(REDIS_TEST_URL).script_flush()
+    third = PREFIX + uuid.uuid4().hex
+    seen = lists.read(third, ("all",))
+    assert seen is not None
+    assert lists.fill(third, seen.version, 5, encode_members(head), 3600, 0, later=done.append) is False
+    seen = lists.read(third, ("all",))  # reads the lost fill's reply
+    assert seen is not None
+    assert seen.meta is None
+    assert done == [1, 0, 0]
+    # the next fill waits, loads the script and is sent again; the ones after it do not wait
+    assert lists.fill(third, seen.version, 5, encode_members(head), 3600, 0, later=done.append) is True
+    got = lists.read(third, ("all",))
+    assert got is not None
+    assert got.meta == (5, 5)
+    fourth = PREFIX + uuid.uuid4().hex
+    seen = lists.read(fourth, ("all",))
+    assert seen is not None
+    assert lists.fill(fourth, seen.version, 5, encode_members(head), 3600, 0, later=done.append) is False
+    assert lists.read(fourth, ("all",)) is not None
+    assert done == [1, 0, 0, 1]
+    assert lists.stats.errors == 0
+
+
+def test_counters_read_what_connections_still_owe(mc: MemcachedLeaseStore, lists: RedisListBackend) -> None:
+    """A fill not waited for is counted once its reply is read; reading the counters reads the
+    replies the idle connections owe first, so they count every fill made before them."""
+    key = f"t:{uuid.uuid4().hex}"
+    lease = mc.lookup_many([key], lease_ttl_s=10)[key]
+    fills = mc.stats.fills
+    mc.fill_many({key: (b"v", lease.cas)}, 60, later=lambda n: mc.stats.add(fills=n))
+    assert mc.stats.fills == fills + 1
+    assert mc.peek_many([key]) == {key: b"v"}
+    head = [(1, 2)]
+    warm = PREFIX + uuid.uuid4().hex  # (a fill that waits first: then the script is known)
+    assert lists.fill(warm, None, 1, encode_members(head), 3600, 0, later=lambda n: None) is True
+    lkey = PREFIX + uuid.uuid4().hex
+    seen = lists.read(lkey, ("all",))
+    assert seen is not None
+    before = lists.stats.as_dict()["fills"]
+    lists.fill(lkey, seen.version, 1, encode_members(head), 3600, 0, later=lambda n: lists.stats.add(fills=n))
+    assert lists.stats.as_dict()["fills"] == before + 1
