@@ -163,3 +163,52 @@ def test_counters_read_what_connections_still_owe(mc: MemcachedLeaseStore, lists
     before = lists.stats.as_dict()["fills"]
     lists.fill(lkey, seen.version, 1, encode_members(head), 3600, 0, later=lambda n: lists.stats.add(fills=n))
     assert lists.stats.as_dict()["fills"] == before + 1
+
+
+def test_owed_replies_are_split_at_their_own_mn_lines_however_the_bytes_arrive() -> None:
+    """The framing alone, over a socket pair: replies owed by fills and the reply of the request
+    just sent, arriving in pieces of every size (an MN line cut anywhere, values that end in
+    "MN"), are each handed to their own reader, the last one returned."""
+    import socket
+
+    from store.cache import memcached as mcmod
+
+    rng = random.Random(11)
+    for _trial in range(300):
+        owed = [
+            b"".join(rng.choice([b"HD\r\n", b"NS\r\n", b"EX\r\n"]) for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(0, 3))
+        ]
+        # (a value is never exactly "MN": `MemcachedLeaseStore.fill_many` refuses one)
+        values = [
+            b"x" * rng.randint(0, 30) + rng.choice([b"", b"MN", b"M", b"N"]) for _ in range(rng.randint(0, 5))
+        ]
+        values = [b"yMN" if v == b"MN" else v for v in values]
+        last = b"".join(b"VA %d c1\r\n%s\r\n" % (len(v), v) for v in values)
+        wire = b"".join(r + b"MN\r\n" for r in owed) + last + b"MN\r\n"
+        a, b = socket.socketpair()
+        try:
+            client = mcmod._Client(("127.0.0.1", 1))
+            got: list[bytes] = []
+            client.owed = [got.append for _ in owed]
+            pieces = []
+            i = 0
+            while i < len(wire):
+                n = rng.randint(1, 7)
+                pieces.append(wire[i : i + n])
+                i += n
+
+            def feed(end: socket.socket, pieces: list[bytes]) -> None:
+                for p in pieces:
+                    end.sendall(p)
+
+            t = threading.Thread(target=feed, args=(b, pieces))
+            t.start()
+            reply = mcmod._read(a, client)
+            t.join()
+            assert got == owed
+            assert reply == last
+            assert client.owed == []
+        finally:
+            a.close()
+            b.close()
