@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -212,3 +213,68 @@ def test_owed_replies_are_split_at_their_own_mn_lines_however_the_bytes_arrive()
         finally:
             a.close()
             b.close()
+
+
+def test_a_server_restarted_while_its_connections_owe_replies_costs_misses_only() -> None:
+    """memcached and Redis of the test's own are killed while idle connections owe fill replies,
+    then started again: the calls in between are misses (no error reaches the caller, nothing
+    wrong is returned), and after the restart fills and reads work again on new connections."""
+    from tests.servers import free_ports, start_memcached, start_redis
+
+    mport, rport = free_ports(2)
+    mproc, rproc = start_memcached(mport), start_redis(rport)
+    mc = MemcachedLeaseStore([f"127.0.0.1:{mport}"], timeout_s=2, connect_timeout_s=2, cooldown_s=0.2)
+    lists = RedisListBackend(
+        f"redis://127.0.0.1:{rport}/0", prefix=PREFIX, timeout_s=2, connect_timeout_s=2, cooldown_s=0.2
+    )
+    head = [(1, 2), (3, 4)]
+    try:
+        keys = [f"t:{uuid.uuid4().hex}" for _ in range(5)]
+        leases = mc.lookup_many(keys, lease_ttl_s=10)
+        warm = PREFIX + uuid.uuid4().hex
+        assert lists.fill(warm, None, 2, encode_members(head), 3600, 0, later=lambda n: None) is True
+        lkey = PREFIX + uuid.uuid4().hex
+        seen = lists.read(lkey, ("all",))
+        assert seen is not None
+        # fills sent, not waited for; then both servers die before anyone reads the replies
+        mc.fill_many({k: (b"v", leases[k].cas) for k in keys}, 60, later=lambda n: None)
+        lists.fill(lkey, seen.version, 2, encode_members(head), 3600, 0, later=lambda n: None)
+        mproc.kill()
+        rproc.kill()
+        mproc.wait()
+        rproc.wait()
+        assert mc.lookup_many(keys, lease_ttl_s=10) == {}  # a miss for each: no lease, no value
+        assert lists.read(lkey, ("all",)) is None
+        mproc, rproc = start_memcached(mport), start_redis(rport)
+        time.sleep(0.3)  # (past the breakers' cool-down)
+        deadline = time.monotonic() + 5
+        while not mc.lookup_many(keys, lease_ttl_s=10) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        again = mc.lookup_many(keys, lease_ttl_s=10)
+        assert set(again) == set(keys)
+        assert all(again[k].value is None for k in keys)  # the new server holds nothing from before
+        fresh = mc.lookup_many([k + "x" for k in keys], lease_ttl_s=10)
+        mc.fill_many({k: (b"w", fresh[k].cas) for k in fresh}, 60, later=lambda n: None)
+        assert {k: v.value for k, v in mc.lookup_many(list(fresh), lease_ttl_s=10).items()} == dict.fromkeys(
+            fresh, b"w"
+        )
+        while lists.read(lkey, ("all",)) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen = lists.read(lkey, ("all",))
+        assert seen is not None
+        assert seen.meta is None  # nothing cached from before the restart
+        lists.fill(lkey, seen.version, 2, encode_members(head), 3600, 0, later=lambda n: None)
+        got = lists.read(lkey, ("all",))
+        assert got is not None
+        assert got.meta is None  # that fill met a server without the script: lost, said so
+        assert lists.fill(lkey, got.version, 2, encode_members(head), 3600, 0, later=lambda n: None) is True
+        got = lists.read(lkey, ("all",))  # (that one waited: it loaded the script and went again)
+        assert got is not None
+        assert got.meta == (2, 2)
+        assert decode_members(got.members) == head
+    finally:
+        mc.close()
+        lists.close()
+        for proc in (mproc, rproc):
+            proc.kill()
+            proc.wait()
