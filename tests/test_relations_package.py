@@ -14,6 +14,7 @@ LAYERS = {
     "inputs": 0,
     "repository": 0,
     "writer": 1,
+    "counted_rows": 1,
     "listcache": 2,
     "rows": 2,
     "service": 3,

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable
 
 from store.engines import Cursor, transaction_pair
 from store.exceptions import DataError, NotFound, brief
+from store.relations.counted_rows import CountedRows
 from store.relations.inputs import pair_list
 from store.relations.repository import ADD, MOVE, REMOVE, Plan, Side
 from store.relations.rows import (
@@ -73,8 +74,6 @@ __all__ = ["CHUNK", "BulkPairs"]
 
 #: Pairs one group's transactions carry at most (a bigger group is written as several).
 CHUNK = 1000
-#: The most counted-rows statement texts a batch writer keeps (`BulkPairs._row_text`).
-_ROW_TEXTS = 4096
 _SEQ_MIN, _SEQ_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -86,7 +85,7 @@ class BulkPairs:
         self._max = max_pairs
         #: `Backend.counted_link_rows` (and `counted_unlink_rows`) texts, by (backend, shard,
         #: relation, object table, key; the last two empty for unlinks).
-        self._row_texts: dict[tuple[str, int, str, str, str], str] = {}
+        self._rows = CountedRows()
 
     # -- the calls ------------------------------------------------------------------------
 
@@ -286,62 +285,11 @@ class BulkPairs:
         return n
 
     def _fresh(self, cur: Cursor, items: list[tuple[Side, int]]) -> list[bool] | None:
-        """Insert each of ``items`` (a side and its sequence, every side guarded) as a new pair with
-        its count, one statement per shard and relation (`Backend.counted_link_rows`), all in one
-        request; whether each was inserted (False: there already, or its object not live: the
-        caller asks which, the slow way). None where the backend cannot, or for one pair."""
-        sides = [side for side, _s in items]
-        if not _rows_counted(sides) or any(side.guard is None for side in sides):
-            return None
-        b = sides[0].h.backend
-        parts: dict[tuple[int, str, str, str], list[int]] = {}
-        for k, side in enumerate(sides):
-            g = side.guard
-            assert g is not None
-            parts.setdefault((side.h.shard, side.relation, g.table, g.key), []).append(k)
-        statements: list[tuple[str, str, tuple[object, ...]]] = []
-        for (shard, relation, table, key), ks in parts.items():
-            text = self._row_text(
-                (b.name, shard, relation, table, key),
-                lambda: b.counted_link_rows(shard, relation, table, key),  # noqa: B023 - called now
-            )
-            mine = [sides[k] for k in ks]
-            values = [g.value for side in mine if (g := side.guard) is not None]
-            arrays = ([s.from_id for s in mine], [s.to_id for s in mine], [items[k][1] for k in ks], values)
-            statements.append((text, relation, (*map(_array, arrays), relation)))
-        inserted = _returned(cur, statements)
-        return [(s.relation, s.from_id, s.to_id) in inserted for s in sides]
-
-    def _gone(self, cur: Cursor, sides: list[Side]) -> list[bool] | None:
-        """Delete each of ``sides``' pairs with its count, one statement per shard and relation
-        (`Backend.counted_unlink_rows`), all in one request; whether each was there. None where
-        the backend cannot, or for one pair."""
-        if not _rows_counted(sides):
-            return None
-        b = sides[0].h.backend
-        parts: dict[tuple[int, str], list[Side]] = {}
-        for side in sides:
-            parts.setdefault((side.h.shard, side.relation), []).append(side)
-        statements: list[tuple[str, str, tuple[object, ...]]] = []
-        for (shard, relation), mine in parts.items():
-            text = self._row_text(
-                (b.name, shard, relation, "", ""),
-                lambda: b.counted_unlink_rows(shard, relation),  # noqa: B023 - called now
-            )
-            froms, tos = _array([s.from_id for s in mine]), _array([s.to_id for s in mine])
-            statements.append((text, relation, (froms, tos, relation)))
-        deleted = _returned(cur, statements)
-        return [(s.relation, s.from_id, s.to_id) in deleted for s in sides]
-
-    def _row_text(self, key: tuple[str, int, str, str, str], make: Callable[[], str]) -> str:
-        """A `Backend.counted_link_rows` or `counted_unlink_rows` text, made once (kept by
-        backend, shard, relation and object table: at most `_ROW_TEXTS`)."""
-        text = self._row_texts.get(key)
-        if text is None:
-            if len(self._row_texts) >= _ROW_TEXTS:
-                self._row_texts.clear()  # (a bound on what is kept: shards vary)
-            text = self._row_texts[key] = make()
-        return text
+        """Insert each of ``items`` (a side and its sequence) as a new pair with its count, in one
+        request (`CountedRows.links`); whether each was inserted (False: there already, or its
+        object not live: the caller asks which, the slow way). None where that cannot be."""
+        statements = self._rows.links(items)
+        return None if statements is None else self._rows.run(cur, statements, [s for s, _q in items])
 
     def _link_plan(self, side: Side, seq: int, move: bool) -> Plan:
         """`RelationRepository.link_plan`, also for a side with no guard (a relation without an
@@ -442,7 +390,8 @@ class BulkPairs:
 
         def remove(cur: Cursor, sides: list[Side], *, commit: bool = False) -> list[bool]:
             cs = [Change(s) for s in sides]
-            rows = None if commit else self._gone(cur, sides)
+            statements = None if commit else self._rows.unlinks(sides)
+            rows = None if statements is None else self._rows.run(cur, statements, sides)
             if rows is not None:  # a statement per shard and relation
                 gone = rows
             elif sides and _planned(sides[0]):  # every pair's statements in one request
@@ -476,7 +425,7 @@ class BulkPairs:
                 lock(cur)
                 return sum(remove(cur, primaries + inverses)[: len(primaries)])
 
-            if (w.log is None or i.h.log_sql() is None) and not _rows_counted(inverses):
+            if (w.log is None or i.h.log_sql() is None) and self._rows.unlinks(inverses) is None:
 
                 def alone(cur: Cursor, _gone: int) -> None:
                     # The inverse side in a transaction of its own, on a host that logs nothing:
@@ -679,30 +628,6 @@ class BulkPairs:
 def cur_conditional(group: list[Sides]) -> bool:
     """Whether the group's statements can be conditional (one request per side)."""
     return bool(group[0][0].h.backend.conditional_writes)
-
-
-def _returned(
-    cur: Cursor, statements: list[tuple[str, str, tuple[object, ...]]]
-) -> set[tuple[str, int, int]]:
-    """Run counted-rows ``statements`` ((text, relation, parameters) each) in one request; the
-    (relation, from_id, to_id) of every pair they wrote (each returns its pairs' rows)."""
-    answers = cur.batch_rows([(text, params) for text, _r, params in statements])
-    return {
-        (relation, int(f), int(t))
-        for (_text, relation, _p), (_n, rows) in zip(statements, answers, strict=True)
-        for f, t in rows
-    }
-
-
-def _rows_counted(sides: list[Side]) -> bool:
-    """Whether ``sides`` (two or more, one backend) are written as rows (`Backend.counted_rows`)."""
-    return len(sides) > 1 and bool(sides[0].h.backend.counted_rows)
-
-
-def _array(values: list[int]) -> str:
-    """An array of ints as its text (``{1,2,3}``): bound as one string, where a list would be
-    bound element by element by the driver."""
-    return "{" + ",".join(map(str, values)) + "}"
 
 
 def _link_planned(group: list[Sides]) -> bool:
