@@ -130,8 +130,8 @@ class MemcachedServer:
             return client
 
     def _give_back(self, client: _Client) -> None:
-        if client.store_pid != self._pid or (client.owed and client.sock is None):
-            client.close()  # (taken before this process was forked; or its socket is gone)
+        if client.store_pid != self._pid:  # taken before this process was forked
+            client.close()
         elif len(self._idle) < POOL_SIZE:
             self._idle.append(client)
         else:
@@ -157,14 +157,10 @@ class MemcachedServer:
     def pipeline(self, commands: Sequence[bytes], parse: Callable[[bytes], T]) -> T | None:
         """Send ``commands`` as one request closed by ``mn``; the parsed replies, or None if the server
         is unusable (down, cooling down, or dirty and not yet flushed)."""
-        if not self.breaker.allow():
-            self._stats.add(skipped=1)
+        if not self._ready():
             return None
-        if self.breaker.dirty and not self._flush():
-            return None
-        request = b"\r\n".join([*commands, b"mn"]) + b"\r\n"
         try:
-            result = parse(self._exchange(request))
+            result = parse(self._exchange(_request(commands)))
         except _FAILURES as exc:
             self._failed(exc)
             return None
@@ -177,18 +173,22 @@ class MemcachedServer:
         a caller that only hopes the commands work (a lease's fill) does not wait a round trip
         for them. The server has the request when this returns. False if the server is unusable
         (down, cooling down, or dirty and not yet flushed) or the send failed."""
-        if not self.breaker.allow():
-            self._stats.add(skipped=1)
+        if not self._ready():
             return False
-        if self.breaker.dirty and not self._flush():
-            return False
-        request = b"\r\n".join([*commands, b"mn"]) + b"\r\n"
         try:
-            self._exchange(request, later=reader)
+            self._exchange(_request(commands), later=reader)
         except _FAILURES as exc:
             self._failed(exc)
             return False
+        self.breaker.success()
         return True
+
+    def _ready(self) -> bool:
+        """Whether the server may be asked now: not cooling down, and flushed if it was dirty."""
+        if not self.breaker.allow():
+            self._stats.add(skipped=1)
+            return False
+        return not (self.breaker.dirty and not self._flush())
 
     def _exchange(self, request: bytes, *, later: Callable[[bytes], None] | None = None) -> bytes:
         """Send ``request`` on an idle connection; every byte of the reply before ``MN`` (with
@@ -289,9 +289,19 @@ class MemcachedServer:
 _getpid = os.getpid
 
 
+def _request(commands: Sequence[bytes]) -> bytes:
+    """``commands`` as one request, closed by ``mn`` (its reply ends at the line ``MN``)."""
+    return b"\r\n".join([*commands, b"mn"]) + b"\r\n"
+
+
 def _settle(client: _Client) -> None:
-    """Read what ``client``'s connection owes, before pymemcache's own calls use it."""
-    if client.owed and client.sock is not None:
+    """Read what ``client``'s connection owes, before pymemcache's own calls use it (a connection
+    closed since owes nothing: its replies went with its socket)."""
+    if not client.owed:
+        return
+    if client.sock is None:
+        client.owed.clear()
+    else:
         _read(client.sock, client, reply=False)
 
 

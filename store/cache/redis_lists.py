@@ -363,15 +363,22 @@ class RedisListBackend:
             (self._keys(key), [version or b"", n, ttl_s, read_ms, members, 0, VERSION_TTL_S, int(newest)])
             for key, version, n, members, read_ms, newest in items
         ]
+        return self._fill_calls(calls, later)
+
+    def _fill_calls(
+        self, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], later: Callable[[int], None] | None
+    ) -> int:
+        """The fill script's ``calls`` in one request; how many lists were filled. With ``later``,
+        once the server is known to hold the script: sent without waiting (`_posted`), 0."""
         if later is not None and self._fill_known:
             self._posted(calls, later)
             return 0
         try:
             done = self._pipelined(self._fill, calls)
-            self._fill_known = True
         except redis.RedisError as exc:
             self._failed(exc)
             return 0
+        self._fill_known = True
         self.breaker.success()
         return sum(1 for d in done if d)
 
@@ -445,10 +452,8 @@ class RedisListBackend:
             else:
                 for attempt in (1, 2):
                     conn.send_packed_command([request])
-                    if owed:
-                        conn.store_owed = []
-                        for n, reader in owed:  # what earlier requests owe comes first
-                            reader(_responses(conn, n))
+                    if owed:  # what earlier requests owe comes first
+                        _pay(conn)
                         owed = None
                     replies = _responses(conn, count)  # (an error reply: the next ones still follow)
                     unknown = any(isinstance(r, redis.exceptions.NoScriptError) for r in replies)
@@ -483,27 +488,17 @@ class RedisListBackend:
         """Replace the list if the version is unchanged and it holds no later list version (one Lua call)."""
         if not self._guard():
             return False
-        try:
-            args: list[bytes | int] = [
-                version or b"",
-                n,
-                ttl_s,
-                read_ms,
-                members,
-                list_version,
-                VERSION_TTL_S,
-                int(newest),
-            ]
-            if later is not None and self._fill_known:
-                self._posted([(self._keys(key), args)], later)
-                return False
-            done = self._script(self._fill, self._keys(key), args)
-            self._fill_known = True
-        except redis.RedisError as exc:
-            self._failed(exc)
-            return False
-        self.breaker.success()
-        return bool(done)
+        args: list[bytes | int] = [
+            version or b"",
+            n,
+            ttl_s,
+            read_ms,
+            members,
+            list_version,
+            VERSION_TTL_S,
+            int(newest),
+        ]
+        return self._fill_calls([(self._keys(key), args)], later) == 1
 
     def read_owed(self) -> None:
         """Read the replies this backend's idle connections owe (fills not waited for), now; a
@@ -515,12 +510,8 @@ class RedisListBackend:
             except IndexError:
                 break
         for conn in owing:
-            owed = getattr(conn, "store_owed", None)
             try:
-                if owed:
-                    conn.store_owed = []
-                    for n, reader in owed:
-                        reader(_responses(conn, n))
+                _pay(conn)
             except redis.RedisError as exc:
                 conn.disconnect()
                 self._failed(exc)
@@ -594,6 +585,15 @@ class RedisListBackend:
 
 
 _getpid = os.getpid
+
+
+def _pay(conn: Any) -> None:
+    """Read the replies ``conn`` owes to requests sent without waiting, giving each its reader."""
+    owed = getattr(conn, "store_owed", None)
+    if owed:
+        conn.store_owed = []
+        for n, reader in owed:
+            reader(_responses(conn, n))
 
 
 def _responses(conn: Any, n: int) -> list[Any]:

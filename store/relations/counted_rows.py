@@ -11,12 +11,11 @@ them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from store.engines import Cursor
 from store.relations.repository import Side
 
-__all__ = ["CountedRows", "Statements", "written"]
+__all__ = ["CountedRows", "Statements"]
 
 #: The most statement texts a `CountedRows` keeps.
 _ROW_TEXTS = 4096
@@ -78,9 +77,15 @@ class CountedRows:
         return out
 
     def run(self, cur: Cursor, statements: Statements, sides: Sequence[Side]) -> list[bool]:
-        """Send ``statements`` in one request; whether each of ``sides`` was written."""
+        """Send ``statements`` in one request; whether each of ``sides`` was written (every
+        statement returns the (from_id, to_id) of the pairs it wrote)."""
         answers = cur.batch_rows([(text, params) for text, _r, params in statements])
-        return written(statements, answers, sides)
+        done = {
+            (relation, int(f), int(t))
+            for (_text, relation, _p), (_n, rows) in zip(statements, answers, strict=True)
+            for f, t in rows
+        }
+        return [(s.relation, s.from_id, s.to_id) in done for s in sides]
 
     def _text(self, key: tuple[str, int, str, str, str], make: Callable[[], str]) -> str:
         text = self._texts.get(key)
@@ -89,19 +94,6 @@ class CountedRows:
                 self._texts.clear()  # (a bound on what is kept: shards vary)
             text = self._texts[key] = make()
         return text
-
-
-def written(
-    statements: Statements, answers: Sequence[tuple[int, list[Any]]], sides: Sequence[Side]
-) -> list[bool]:
-    """Whether each of ``sides`` was written, from ``statements``' answers ((rowcount, rows) each:
-    every statement returns the (from_id, to_id) of the pairs it wrote)."""
-    done = {
-        (relation, int(f), int(t))
-        for (_text, relation, _p), (_n, rows) in zip(statements, answers, strict=True)
-        for f, t in rows
-    }
-    return [(s.relation, s.from_id, s.to_id) in done for s in sides]
 
 
 def _counted(sides: Sequence[Side]) -> bool:
