@@ -152,6 +152,49 @@ def test_daemon_deletes_what_writers_lost(servers: dict[str, Any], mode: str) ->
         daemon.stop()
 
 
+def test_the_binlog_reader_decodes_only_the_rows_that_name_keys(
+    servers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of another database, and of a shard database's table that names no key, are skipped
+    by the reader before they are decoded; the store's own rows still reach the keys."""
+    from store.invalidate.sources import BinlogKeys
+
+    seen: list[tuple[str, str]] = []
+    entries = BinlogKeys.entries
+
+    def recording(self: BinlogKeys, changes: list[tuple[str, str, list[Any]]]) -> str:
+        seen.extend((schema, table) for schema, table, _values in changes)
+        return entries(self, changes)
+
+    monkeypatch.setattr(BinlogKeys, "entries", recording)
+    raw = _raw(servers, "binlog")
+    _sql(servers, "CREATE DATABASE IF NOT EXISTS other_app")
+    _sql(servers, "CREATE TABLE IF NOT EXISTS other_app.t (id INT PRIMARY KEY AUTO_INCREMENT, v TEXT)")
+    _sql(servers, "CREATE TABLE IF NOT EXISTS db00000.scratch (id INT PRIMARY KEY AUTO_INCREMENT, v TEXT)")
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
+            _lose_deletes(writer)
+            board = writer.create("board", {"n": 0}, shard=0)
+            pin = writer.create("pin", {"n": 0}, near=board)
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=5)
+            assert reader.get(pin) == {"n": 0}
+            for _ in range(20):
+                _sql(servers, "INSERT INTO other_app.t (v) VALUES (REPEAT('x', 1000))")
+                _sql(servers, "INSERT INTO db00000.scratch (v) VALUES (REPEAT('y', 1000))")
+            writer.update(pin, {"n": 1})
+            _wait_for(lambda: reader.get(pin) == {"n": 1}, within_s=5)
+        tables = {table for _schema, table in seen}
+        assert ("db00000", "pins") in seen
+        assert not tables & {"t", "scratch", "invalidator"}, sorted(set(seen))
+        assert {schema for schema, _table in seen} <= {f"db{n:05d}" for n in range(8)}
+    finally:
+        daemon.stop()
+        _sql(servers, "DROP DATABASE IF EXISTS other_app")
+        _sql(servers, "DROP TABLE IF EXISTS db00000.scratch")
+
+
 def test_heartbeats_extend_trust_and_the_window_comes_back(servers: dict[str, Any]) -> None:
     # A generous cache timeout: on a loaded machine a read that times out is a miss, which says
     # nothing of whether the entry was trusted (the counts below tell the two apart).

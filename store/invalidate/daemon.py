@@ -29,7 +29,7 @@ from store.exceptions import ConfigError, StoreError
 from store.ids import encode_pinterest
 from store.invalidate.leader import Leadership, close_quietly, lock_name
 from store.invalidate.sources import POSITION_TABLE, BinlogKeys, BinlogSource, LogTableSource, Position
-from store.naming import Names
+from store.naming import COUNTS_TABLE, Names
 
 __all__ = ["CacheDeleteError", "Daemon", "HostInvalidator", "position_key"]
 
@@ -200,7 +200,12 @@ class Daemon:
         def list_key(relation: str, from_id: int) -> str | None:
             return ctx.relations.list_key(relation, from_id) if relation in admin.relations else None
 
-        keys = BinlogKeys(object_key=object_key, list_key=list_key, names=admin.names)
+        keys = BinlogKeys(
+            object_key=object_key,
+            list_key=list_key,
+            names=admin.names,
+            tables=[*types, *admin.relations, COUNTS_TABLE],
+        )
         by_server = servers_of(chosen, lambda h: ctx.engines.backend(h).server_identity(admin.hosts[h]))
         #: Who runs this daemon, as operators see it (`store serve`): machine and process.
         self.instance = f"{socket.gethostname()}:{os.getpid()}"

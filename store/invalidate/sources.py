@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +88,24 @@ class LogTableSource:
         self._follower = None
 
 
+class _ShardDatabases:
+    """The names of the config's shard databases, as a container the binlog reader can test."""
+
+    def __init__(self, names: Names) -> None:
+        self._names = names
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._names.database_shard(name) is not None
+
+
 class BinlogKeys:
-    """The cache keys a binlog transaction's row changes invalidate, named as writers log them."""
+    """The cache keys a binlog transaction's row changes invalidate, named as writers log them.
+
+    ``tables`` (the object tables, the relations and ``relation_counts``)
+    and `schemas` (the shard databases) are what the reader parses: the
+    rows of any other table or database (another app's, or a table that
+    names no cache key) are skipped before they are decoded.
+    """
 
     def __init__(
         self,
@@ -97,9 +113,14 @@ class BinlogKeys:
         object_key: Callable[[str, int, int], str | None],
         list_key: Callable[[str, int], str | None],
         names: Names = DEFAULT_NAMES,
+        tables: Collection[str] | None = None,
     ) -> None:
         #: The config's names: a shard database is ``db00042`` (``NAME_db00042`` in a namespace).
         self._names = names
+        #: The only databases whose rows name keys.
+        self.schemas: Container[str] = _ShardDatabases(names)
+        #: The only tables whose rows name keys (None: every table is read).
+        self.tables = None if tables is None else frozenset(tables)
         #: (table, shard, first column) -> the object's cache key (None: not an object table).
         self._object_key = object_key
         #: (relation, from_id) -> the list's cache key (None: not a relation).
@@ -348,6 +369,8 @@ class BinlogSource:
                 is_mariadb=True,
                 auto_position=self.position.gtid,
                 freeze_schema=True,
+                only_schemas=self._keys.schemas,
+                only_tables=self._keys.tables,
                 slave_heartbeat=0.25,
                 # The server's heartbeats carry its position while the binlog is idle: without
                 # them an idle stream never reaches the target and no heartbeat is published.
