@@ -243,24 +243,55 @@ class ObjectRepository:
             cur.close()
         return bool(changed)
 
+    def delete_reading(
+        self, h: ShardHandle, table: str, local_id: int, read: tuple[str, Sequence[Any]], *, logged: str = ""
+    ) -> tuple[bool, list[Any]]:
+        """`delete`, with ``read`` (a query and its parameters) run after the mark, under the mark's
+        row lock, in the same request: (was it live, the query's rows).
+
+        The mark, its log row, the read and the COMMIT are one request where the backend can:
+        a query that must see every write the mark waited for (the lists a deleted object
+        leaves) costs no round trip of its own.
+        """
+        statements: list[tuple[str, Sequence[Any]]] = [(self.sql(h, table)["delete"], (local_id,))]
+        log_sql = h.log_sql() if logged else None
+        if log_sql is not None:
+            statements.append((log_sql, (wall_ms(), logged)))
+        statements.append(read)
+
+        def txn(cur: Cursor) -> tuple[bool, list[Any]]:
+            rows: list[list[Any]] = []
+            done = cur.commit_with(statements, rows=rows)
+            return bool(done[0][0]), rows[-1]
+
+        return h.transaction(txn)
+
     def delete_held(
-        self, h: ShardHandle, table: str, local_id: int, *, logged: str = ""
-    ) -> tuple[bool, dict[str, Any] | None]:
+        self,
+        h: ShardHandle,
+        table: str,
+        local_id: int,
+        *,
+        logged: str = "",
+        read: tuple[str, Sequence[Any]] | None = None,
+    ) -> tuple[bool, dict[str, Any] | None, list[Any] | None]:
         """Mark one object inactive and read what it holds, under its row lock, in one transaction.
 
-        (was it live, its data; None if there is no row). A pending object
-        (a create not finished) is abandoned instead, so it never goes live;
-        a deleted one is left as it is, its data read all the same, so that
-        a delete run again can finish releasing what it held.
+        (was it live, its data; None if there is no row; the rows of ``read``,
+        None without one). A pending object (a create not finished) is
+        abandoned instead, so it never goes live; a deleted one is left as
+        it is, its data read all the same, so that a delete run again can
+        finish releasing what it held. ``read`` (a query and its parameters)
+        runs after the mark, under its row lock, in the COMMIT's request.
         """
         sql = self.sql(h, table)
         log_sql = h.log_sql() if logged else None
 
-        def txn(cur: Cursor) -> tuple[bool, dict[str, Any] | None]:
+        def txn(cur: Cursor) -> tuple[bool, dict[str, Any] | None, list[Any] | None]:
             cur.execute(sql["lock"], (local_id,))
             row = cur.fetchone()
             if row is None:
-                return False, None
+                return False, None, None
             data = self._serde.loads(row[0])
             if row[1]:
                 cur.defer(sql["delete"], (local_id,))
@@ -268,6 +299,10 @@ class ObjectRepository:
                     cur.defer(log_sql, (wall_ms(), logged))
             elif not int(row[2]):
                 cur.defer(sql["abandon"], (local_id,))
-            return bool(row[1]), data
+            if read is None:
+                return bool(row[1]), data, None
+            rows: list[list[Any]] = []
+            cur.commit_with([read], rows=rows)
+            return bool(row[1]), data, rows[0]
 
         return h.transaction(txn)

@@ -13,9 +13,9 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import store.unique as _keys
 from store.cache.follower import log_entries
@@ -43,10 +43,24 @@ from store.specs import TypeSpec
 from store.steps import Steps
 from store.unique import Claim, Claimed, Holder, UniqueKeys
 
-__all__ = ["ObjectRepository", "ObjectService", "Updater", "Versioned"]
+__all__ = ["ObjectRepository", "ObjectService", "Sweep", "Updater", "Versioned"]
 
 #: A create whose pending row is abandoned before it goes live (a repair ran) starts over this often.
 _CREATE_ATTEMPTS = 3
+
+
+class Sweep(Protocol):
+    """What takes a deleted object out of its lists (`store.relations.bulk.BulkPairs`)."""
+
+    def lists_read(self, type_name: str, obj: int, h: ShardHandle) -> tuple[str, list[int]] | None:
+        """The query of the first page of the object's lists on ``h``, to run with the mark; None
+        if its type has none."""
+        ...
+
+    def remove_object(self, type_name: str, obj: int, first: Sequence[Sequence[Any]] | None = None) -> int:
+        """Take the object out of its lists (``first``: the rows `lists_read`'s query read); pairs
+        removed."""
+        ...
 
 
 class _KeysMovedError(Exception):
@@ -75,7 +89,7 @@ class ObjectService:
         prefix: str,
         unique: UniqueKeys | None = None,
         steps: Steps | None = None,
-        sweep: Callable[[str, int], int],
+        sweep: Sweep,
     ) -> None:
         self._config = config
         self._steps = steps or Steps()
@@ -84,7 +98,7 @@ class ObjectService:
         self._engines = engines
         self.repo = repo
         self._relations = relations
-        #: Takes a deleted object (type name, ID) out of its lists (`BulkPairs.remove_object`).
+        #: Takes a deleted object out of its lists (`BulkPairs`).
         self._sweep = sweep
         self._cache = cache
         self._prefix = prefix
@@ -392,28 +406,32 @@ class ObjectService:
         unique = self._unique
         keyed = unique is not None and bool(unique.indexes(spec.name))
         held: list[Claim] = []
-        try:
+        first: list[Any] | None = None  # the first page of its lists, read with the mark
+
+        def mark() -> bool:
+            nonlocal held, first
+            h = self._at(shard)
+            logged = self._logged(id, spec)
+            read = self._sweep.lists_read(spec.name, id, h)
             if keyed:
                 assert unique is not None
-                was_live, data = self._steps(
-                    "delete",
-                    lambda: self.repo.delete_held(
-                        self._at(shard), spec.table, local_id, logged=self._logged(id, spec)
-                    ),
+                was_live, data, first = self.repo.delete_held(
+                    h, spec.table, local_id, logged=logged, read=read
                 )
                 held = [] if data is None else unique.held_by(spec.name, data)
-            else:
-                was_live = self._steps(
-                    "delete",
-                    lambda: self.repo.delete(
-                        self._at(shard), spec.table, local_id, logged=self._logged(id, spec)
-                    ),
-                )
+                return was_live
+            if read is None:
+                return self.repo.delete(h, spec.table, local_id, logged=logged)
+            was_live, first = self.repo.delete_reading(h, spec.table, local_id, read, logged=logged)
+            return was_live
+
+        try:
+            was_live = self._steps("delete", mark)
         finally:
             self._invalidate(id, spec)
         if unique is not None and held:
             unique.release(held, id)  # only rows this object holds: a value another took stays
-        self._sweep(spec.name, id)
+        self._sweep.remove_object(spec.name, id, first)
         self._steps.mark("deleted")
         return was_live
 

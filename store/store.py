@@ -131,7 +131,7 @@ class Store:
             prefix=self._caches.prefix,
             unique=self._unique,
             steps=self._steps,
-            sweep=self._bulk_pairs.remove_object,
+            sweep=self._bulk_pairs,
         )
         self._follower = _start_follower(config, self._engines, self._router, self._caches)
         if metrics is not None:  # store.metrics (and prometheus_client) only load when asked for

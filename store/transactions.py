@@ -51,9 +51,12 @@ class Cursor(Protocol):
     def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
         """`batch`, reading each statement's rows: (rowcount, rows) of each ([] if it returns none)."""
 
-    def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+    def commit_with(
+        self, statements: Sequence[tuple[str, Sequence[Any]]], /, rows: list[list[Any]] | None = None
+    ) -> list[tuple[int, int]]:
         """Run ``statements``, then COMMIT (in one request where the backend can); (rowcount,
-        lastrowid) of each. What the cursor runs next is a new transaction."""
+        lastrowid) of each (``rows``, if given, gets each one's rows). What the cursor runs
+        next is a new transaction."""
 
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run a statement whose rows are not read (in a transaction: possibly with the next request);
@@ -273,32 +276,58 @@ class _Txn:
             out.append((self.rowcount, list(self._c.fetchall()) if self._c.description else []))
         return out
 
-    def commit_with(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
+    def commit_with(
+        self, statements: Sequence[tuple[str, Sequence[Any]]], /, rows: list[list[Any]] | None = None
+    ) -> list[tuple[int, int]]:
         """Run ``statements`` and COMMIT: one request with BEGIN and anything deferred where the
         backend can (and no log row waits: that one goes with a COMMIT of its own); (rowcount,
-        lastrowid) of each. The next statement begins a new transaction, which `commit` ends
+        lastrowid) of each (``rows``, if given, gets each one's rows: [] for a statement that
+        returns none). The next statement begins a new transaction, which `commit` ends
         (nothing is sent if none does)."""
         if self._batch and self._log is None:
-            out = self._send([*statements, ("COMMIT", None)], rowless=True)[: len(statements)]
+            read: list[list[Any]] = []
+            sent = [*statements, ("COMMIT", None)]
+            out = self._send(sent, rowless=rows is None, rows=None if rows is None else read)[
+                : len(statements)
+            ]
+            if rows is not None:
+                rows += read[: len(statements)]
         elif self._pipe:
-            out = self._pipelined_commit(statements)
+            out = self._pipelined_commit(statements, rows)
+        elif rows is not None and self._batch:
+            out = self._send(statements, rows=rows)
+            self.commit()
+        elif rows is not None:
+            self._open()
+            out = []
+            for sql, params in statements:
+                self._c.execute(sql, params)
+                out.append(_answer(self._c))
+                rows.append(list(self._c.fetchall()) if self._c.description else [])
+            self.commit()
         else:
             out = self.batch(statements)
             self.commit()
         self._begin = self._backend.begin  # (one by one: sent before the next statement, `_open`)
         return out
 
-    def _pipelined_commit(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[int, int]]:
+    def _pipelined_commit(
+        self, statements: Sequence[tuple[str, Sequence[Any]]], rows: list[list[Any]] | None = None
+    ) -> list[tuple[int, int]]:
         """`commit_with` where the driver pipelines: BEGIN (if not yet sent), the deferred
         statements, ``statements``, the log row and COMMIT in one pipeline; (rowcount, lastrowid)
-        of each of ``statements``. An error of any statement raises once every result is read
-        (the transaction is then rolled back)."""
+        of each of ``statements`` (``rows``, if given, gets each one's rows). An error of any
+        statement raises once every result is read (the transaction is then rolled back)."""
         assert self._pipe is not None
         first = self._opening()
         logged = self._log_statement()
         tail: list[tuple[str, Sequence[Any] | None]] = [] if logged is None else [logged]
-        got = self._pipe([*first, *statements, *tail, ("COMMIT", None)])
-        return [(n, 0) for n, _r in got[len(first) : len(first) + len(statements)]]
+        got = self._pipe([*first, *statements, *tail, ("COMMIT", None)])[
+            len(first) : len(first) + len(statements)
+        ]
+        if rows is not None:
+            rows += [[] if r is None else list(r) for _n, r in got]
+        return [(n, 0) for n, _r in got]
 
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run ``sql`` whose rows are not read: with the next request where the backend can, else now.

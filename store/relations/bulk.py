@@ -49,13 +49,14 @@ written `NotFound` names the pairs refused.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from store.engines import Cursor, transaction_pair
+from store.engines import Cursor, ShardHandle, transaction_pair
 from store.exceptions import DataError, NotFound, brief
 from store.relations.counted_rows import CountedRows
 from store.relations.inputs import pair_list
-from store.relations.repository import ADD, MOVE, REMOVE, Plan, Side
+from store.relations.repository import ADD, MOVE, REMOVE, Plan, Side, first_pages_rows
 from store.relations.rows import (
     RefusedError,
     RowEntry,
@@ -493,7 +494,25 @@ class BulkPairs:
 
     # -- a deleted object's lists -------------------------------------------------------------
 
-    def remove_object(self, type_name: str, obj: int) -> int:
+    def _swept(self, type_name: str) -> list[RelationSpec]:
+        """The relations from ``type_name`` with an inverse: the lists a deleted object leaves."""
+        rel = self._rel
+        return [
+            s
+            for s in rel.router.config.relations.values()
+            if s.from_type == type_name and s.inverse is not None
+        ]
+
+    def lists_read(self, type_name: str, obj: int, h: ShardHandle) -> tuple[str, list[int]] | None:
+        """The query (and its parameters) of the first page of every list `remove_object` empties,
+        on ``h`` (``obj``'s shard), for a request that carries it after the delete's mark; None
+        where ``type_name`` has no such list. Its rows go to `remove_object` as ``first``."""
+        specs = self._swept(type_name)
+        if not specs:
+            return None
+        return self._rel.repo.first_pages_query(h, [s.name for s in specs], obj, REMOVE_CHUNK)
+
+    def remove_object(self, type_name: str, obj: int, first: Sequence[Sequence[Any]] | None = None) -> int:
         """Take a (deleted) object out of every list that reaches it through an inverse; pairs removed.
 
         For each relation from ``type_name`` that has an inverse, every pair
@@ -507,20 +526,23 @@ class BulkPairs:
         is marked deleted first), or committed before this reads the list
         and removed here. A list is paged by key, after the last pair read,
         so the sweep ends even if a pair could not be removed.
+
+        ``first``: the rows of `lists_read`'s query, read by the delete with
+        its mark (after the mark took the object's row lock); the first
+        step is then not run.
         """
         rel = self._rel
-        specs = [
-            s
-            for s in rel.router.config.relations.values()
-            if s.from_type == type_name and s.inverse is not None
-        ]
+        specs = self._swept(type_name)
         if not specs:
             return 0
         names = [s.name for s in specs]
-        firsts = rel.steps(
-            "read lists",
-            lambda: rel.repo.first_pages(rel.handle(specs[0], obj), names, obj, REMOVE_CHUNK),
-        )
+        if first is not None:
+            firsts = first_pages_rows(first, len(specs))
+        else:
+            firsts = rel.steps(
+                "read lists",
+                lambda: rel.repo.first_pages(rel.handle(specs[0], obj), names, obj, REMOVE_CHUNK),
+            )
         removed = self._sweep(obj, list(zip(specs, firsts, strict=True)))
         for spec, first in zip(specs, firsts, strict=True):
             rows = first

@@ -16,7 +16,7 @@ service and the batched reads are built on it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NamedTuple
@@ -41,6 +41,7 @@ __all__ = [
     "RelationRepository",
     "Seen",
     "Side",
+    "first_pages_rows",
     "make_guard",
     "make_side",
 ]
@@ -131,6 +132,17 @@ class Plan:
                     seen(results[w * i + w - 1][1])
                 return kind
         return None
+
+
+def first_pages_rows(rows: Iterable[Sequence[Any]], n: int) -> list[list[tuple[int, int]]]:
+    """The rows of `RelationRepository.first_pages_query` over ``n`` relations: each relation's
+    (sequence, to_id) rows, in list order."""
+    out: list[list[tuple[int, int]]] = [[] for _r in range(n)]
+    for part, seq, to_id in rows:
+        out[int(part)].append((int(seq), int(to_id)))
+    for page in out:
+        page.sort()  # UNION ALL keeps no order across the parts' rows
+    return out
 
 
 class RelationRepository:
@@ -389,14 +401,16 @@ class RelationRepository:
     ) -> list[list[tuple[int, int]]]:
         """The first ``limit`` (sequence, to_id) rows of ``from_id``'s list in each of ``relations``
         (all on ``h``'s shard), in list order: one query for all of them."""
+        sql, params = self.first_pages_query(h, relations, from_id, limit)
+        return first_pages_rows(h.read(sql, params, one=False), len(relations))
+
+    def first_pages_query(
+        self, h: ShardHandle, relations: Sequence[str], from_id: int, limit: int
+    ) -> tuple[str, list[int]]:
+        """`first_pages`' query and parameters, for a request that carries it with other
+        statements; `first_pages_rows` reads its rows."""
         parts = [with_part(self.sql(h, relation).part_page_asc, i) for i, relation in enumerate(relations)]
-        params = [x for _r in relations for x in (from_id, limit)]
-        out: list[list[tuple[int, int]]] = [[] for _r in relations]
-        for part, seq, to_id in h.read(" UNION ALL ".join(parts), params, one=False):
-            out[int(part)].append((int(seq), int(to_id)))
-        for rows in out:
-            rows.sort()  # UNION ALL keeps no order across the parts' rows
-        return out
+        return " UNION ALL ".join(parts), [x for _r in relations for x in (from_id, limit)]
 
     def page_range(
         self,
