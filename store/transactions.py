@@ -58,6 +58,10 @@ class Cursor(Protocol):
         lastrowid) of each (``rows``, if given, gets each one's rows). What the cursor runs
         next is a new transaction."""
 
+    def again(self) -> None:
+        """Roll the transaction back and begin a new one: with the next request where the
+        backend takes several statements a request, else now."""
+
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run a statement whose rows are not read (in a transaction: possibly with the next request);
         ``seen`` is told its ``lastrowid`` once its result is in."""
@@ -399,6 +403,22 @@ class _Txn:
                 args += [entry, *given]
             return sql, args
         return log.sql, (log.at_ms, plain)
+
+    def again(self) -> None:
+        """Roll the transaction back and begin a new one: ROLLBACK and BEGIN go out with the
+        next request where the backend batches or pipelines, else now. What was deferred is
+        dropped (it was never sent, or went with the rolled-back work)."""
+        self._deferred.clear()
+        self._seen.clear()
+        self._log = None
+        if self._begin is not None:
+            return  # (not begun: nothing to roll back)
+        if self._batch or self._pipe:
+            self._deferred += [("ROLLBACK", ()), (self._backend.begin, ())]
+            return
+        self._c.execute("ROLLBACK")
+        self._begin = self._backend.begin
+        self._open()
 
     def rollback(self) -> None:
         """Drop what is deferred; ROLLBACK if the transaction began."""

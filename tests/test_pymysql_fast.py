@@ -143,9 +143,10 @@ def _cursor_of(store: Store, shard: int) -> Any:
 
 
 def _without_a_class_internal(monkeypatch: pytest.MonkeyPatch) -> str:
-    # The driver itself calls this only for an error packet, so its own path still works.
-    monkeypatch.delattr(pymysql.protocol.MysqlPacket, "raise_for_error")
-    return "pymysql.protocol.MysqlPacket.raise_for_error is missing"
+    # The driver itself calls this only when a connection breaks, so its own path still works
+    # (not an error packet's ``raise_for_error``: a re-link's gate answers with an error packet).
+    monkeypatch.delattr(pymysql.connections.Connection, "_force_close")
+    return "pymysql.connections.Connection._force_close is missing"
 
 
 def _without_a_connection_internal(monkeypatch: pytest.MonkeyPatch) -> str:

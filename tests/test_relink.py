@@ -88,8 +88,11 @@ def test_a_relink_of_a_whole_pair_reads_once_and_changes_nothing(
     assert new is False
     if backend != "sqlite":
         # one host: the speculative request, the read, the COMMIT (8 before); two hosts: each
-        # side's write or read, the inverse side's COMMIT, the primary's (9 before)
-        assert n <= (3 if hosts == "one host" else 5), n
+        # side's write or read, the inverse side's COMMIT, the primary's (9 before). On
+        # PostgreSQL with one host, a gated request first (the primary side's gate fails, and
+        # a transaction in error is begun again): 4.
+        one = 4 if backend == "postgres" else 3
+        assert n <= (one if hosts == "one host" else 5), n
     # at the sequence it has: in place too
     assert store.link(BHP, board, pin, sequence=seq) is False
     assert pair_state(store, board, pin) == before
@@ -134,3 +137,62 @@ def test_a_relink_to_a_deleted_object_is_refused_and_a_torn_pair_repaired(
     with pytest.raises(NotFound, match="deleted"):
         store.link(BHP, board, pin)
     assert store.links(BHP, board).count(pin) == 1  # nothing written, nothing removed
+
+
+@pytest.mark.parametrize("hosts", ["one host", "two hosts"])
+def test_a_new_link_whose_inverse_side_changes_nothing_is_refused_or_repaired(
+    store: Store, backend: str, hosts: str
+) -> None:
+    """The primary side's row is written and the inverse side's is not: on MariaDB with one host,
+    the inverse side's gate ends the request before its COMMIT, and the slow way decides.
+
+    A pin marked deleted with no pair yet: the board's side would take the row (the board is
+    live), the pin's side refuses it; the link is refused and nothing is written. A pair whose
+    primary row was lost (torn by hand) and whose inverse row is still there: the link writes
+    the primary row and moves the inverse row to its sequence.
+    """
+    near, far = (1, 9) if store.config.ids == "instagram" else (1, 5)
+    board = store.create("board", {}, shard=near)
+    shard = near if hosts == "one host" else far
+    dead, torn, plain = (store.create("pin", {"i": i}, shard=shard) for i in range(3))
+    assert store.link(BHP, board, plain) is True
+    key = store.locate(dead, type_name="pin")
+    column = "id" if store.config.ids == "instagram" else "local_id"
+    run_sql(
+        store,
+        dead,
+        "pin",
+        lambda h: f"UPDATE {h.table(key.type.table)} SET active = 0 WHERE {column} = %s",
+        (key.local_id,),
+    )
+    before = pair_state(store, board, dead)
+    with pytest.raises(NotFound, match="deleted"):
+        store.link(BHP, board, dead)
+    assert pair_state(store, board, dead) == before == ([plain], 1, [], 0)
+    assert sequence_of(store, BHP, board, dead) is None
+
+    assert store.link(BHP, board, torn) is True
+    run_sql(
+        store,
+        board,
+        "board",
+        lambda h: f"DELETE FROM {h.table(BHP)} WHERE from_id = %s AND to_id = %s",
+        (board, torn),
+    )
+    assert sequence_of(store, BHP, board, torn) is None
+    assert store.link(BHP, board, torn, sequence=77) is True  # new on the primary side
+    assert sequence_of(store, BHP, board, torn) == 77
+    assert sequence_of(store, POB, torn, board) == 77
+    assert store.links(POB, torn) == [board]
+    # A plain new pair and a move still go as one request (with the COMMIT) where gates are.
+    fresh = store.create("pin", {}, shard=shard)
+    gated = hosts == "one host" and backend != "sqlite"
+    new, n_new = trips(lambda: store.link(BHP, board, fresh))
+    _moved, n_moved = trips(lambda: store.link(BHP, board, fresh, sequence=5))
+    assert new is True
+    if gated:
+        assert (n_new, n_moved) == (1, 1)
+    assert sequence_of(store, POB, fresh, board) == 5
+    # (the board's count is one over its rows: the primary row was deleted by hand, not unlinked)
+    assert store.links(BHP, board).count(fresh) == 1
+    assert pair_state(store, board, fresh)[2:] == ([board], 1)

@@ -122,6 +122,9 @@ class Backend:
     #: and several go in one request: a pair write and its counts travel together
     #: (`store.backends.statements.RelationStatements`: count_up_if, count_down_if, bump_if).
     conditional_writes: ClassVar[bool] = False
+    #: A pair write's statements can carry gates (`gate_plan`): its COMMIT goes in the same
+    #: request, and runs only if each write changed its row.
+    gates: ClassVar[bool] = False
     #: A pair write and its count are one statement (a data-modifying CTE: the count runs only if
     #: the write changed a row), and several statements go in one request (a pipeline): a pair
     #: write travels as where `conditional_writes` (`store.backends.statements.RelationStatements`:
@@ -234,6 +237,22 @@ class Backend:
     def is_driver_error(self, exc: BaseException) -> bool:
         """True if ``exc`` came from this backend's driver (rather than a bug)."""
         raise NotImplementedError
+
+    def gate_plan(
+        self, statements: Sequence[tuple[str, Any]], writes: int, kind: int
+    ) -> tuple[list[tuple[str, Any]], list[int]]:
+        """A side's pair write (``statements``: `store.relations.repository.Plan`'s, of ``writes``
+        writes, each a move or a guarded insert with its count) with gates that end the request
+        with an error unless one of its writes changed its row, where `gates`; and where its
+        own statements are among those returned. ``kind`` (0 or 1): which error, where the
+        backend can tell them apart (`gate`)."""
+        raise NotImplementedError
+
+    def gate(self, exc: BaseException) -> int | None:
+        """What ``exc`` means if a gate of `gate_plan` raised it, or None: not a gate's. 0: the
+        transaction goes on (the statements before the gate stand, none after it ran); 1: it
+        must be begun again (rolled back, or in error)."""
+        return None
 
     def extra_statements(
         self, shard: int, types: Sequence[TypeSpec], *, ids: str, epoch_ms: int

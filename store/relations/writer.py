@@ -133,7 +133,9 @@ class PairWriter:
         connection reaches both sides, both sides' go in that request, the
         inverse's speculatively: if the primary side then needs the slow way
         and the inverse side changed, the transaction is rolled back and the
-        write runs a side at a time. The COMMIT is the second request.
+        write runs a side at a time. Where the backend has gates
+        (`Backend.gates`), the COMMIT goes in that request too, behind them
+        (`_gated`); elsewhere it is the second request.
         Where the inverse side is a transaction of its own (another host), its
         write, count, log row and COMMIT are one request: three in all.
         """
@@ -219,10 +221,17 @@ class PairWriter:
             cp, ci = Change(primary), Change(inverse)
             mine = self.repo.link_plan(primary, sequence, move=move, insert=True)
             theirs = self.repo.link_plan(inverse, sequence, move=move, insert=True)
-            results = cur.batch(mine.statements + theirs.statements)
-            n = len(mine.statements)
-            kind = mine.outcome(results[:n], cp.seen)
-            other = theirs.outcome(results[n:], ci.seen)
+            gated = self._gated(cur, (cp, ci), (mine, theirs), sequence, made)
+            if gated:
+                new, moved = made[0].kind == ADD, made[0].kind == MOVE
+                return
+            if gated is None:  # (the primary side changed nothing; the inverse side was not tried)
+                kind = other = None
+            else:
+                results = cur.batch(mine.statements + theirs.statements)
+                n = len(mine.statements)
+                kind = mine.outcome(results[:n], cp.seen)
+                other = theirs.outcome(results[n:], ci.seen)
             if kind is None:
                 # The primary side takes the slow way; the inverse side must not have moved first.
                 if other is not None:
@@ -363,6 +372,52 @@ class PairWriter:
             p.transaction(both)
             return
         transaction_pair(p, i, first, alone or second, step=step)
+
+    def _gated(
+        self,
+        cur: Cursor,
+        changes: tuple[Change, Change],
+        plans: tuple[Plan, Plan],
+        sequence: int,
+        made: list[Change],
+    ) -> bool | None:
+        """Both sides' writes and the COMMIT in one request, behind gates (`Backend.gates`): the
+        COMMIT runs only if each side's write changed its row, the usual case (a new pair, or
+        a pair moved).
+
+        True if it ran (both changes noted in ``made``). None if the primary side's gate ended
+        the request: its write changed nothing, the inverse side's statements did not run, and
+        the transaction goes on (a pair in place, a deleted object: the slow ways decide).
+        False if the inverse side's gate ended it (a torn pair, a deleted object): the
+        transaction is begun again, as if nothing had been sent. False too, and nothing sent,
+        where the backend has no gates or a host logs its writes (the log row goes with the
+        COMMIT).
+        """
+        backend = changes[0].side.h.backend
+        if not backend.gates or (self.log is not None and any(c.side.h.log_sql() for c in changes)):
+            return False
+        statements: list[tuple[str, Any]] = []
+        places: list[list[int]] = []
+        for n, plan in enumerate(plans):
+            gated, own = plan.gated(backend, n)
+            places.append([len(statements) + k for k in own])
+            statements += gated
+        try:
+            results = cur.commit_with(statements)
+        except Exception as exc:
+            which = backend.gate(exc)
+            if which is None:
+                raise
+            if which == 0:
+                return None
+            cur.again()  # (the ROLLBACK and a new BEGIN go out with the next request)
+            self._lock_key(cur, changes[0].side)  # (rolled back with the rest)
+            return False
+        for c, plan, at in zip(changes, plans, places, strict=True):
+            kind = plan.outcome([results[k] for k in at], c.seen)
+            assert kind is not None  # (its gate let the COMMIT run)
+            self._changed(cur, c, kind, sequence, made)
+        return True
 
     def _committed(self, cur: Cursor, writes: Sequence[tuple[Change, Plan]]) -> list[str | None]:
         """Run each of ``writes`` (a `Plan` of one write on its ``Change``'s side) with its log row

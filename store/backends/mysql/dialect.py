@@ -49,6 +49,24 @@ _DISCONNECT = frozenset({2002, 2003, 2006, 2013, 2055})
 # Transactions rolled back whole, safe to run again: deadlock (1213), lock wait timeout (1205).
 _RETRY = frozenset({1205, 1213})
 _DUPLICATE = frozenset({1062})
+# A gate fails when the pair write before it changed no row (``ROW_COUNT()`` < 1: an UPDATE or
+# INSERT that wrote nothing, or a conditional count that did not run), in one of two ways: one
+# value asked of a subquery that then returns two rows ("Subquery returns more than 1 row"), or
+# such rows selected into a variable ("Result consisted of more than one row"). Plain
+# statements (no compound statement to parse), and errors no other statement of the store's
+# can raise.
+_GATE_ERRORS = {1242: 0, 1172: 1}
+_TWO_ROWS = "SELECT 1 UNION ALL SELECT 2 FROM DUAL WHERE ROW_COUNT() < 1"
+_OR_MARKED = " AND @store_pair < 1"
+_MARK = "SET @store_pair = ROW_COUNT()"
+#: By kind (`MySQLBackend.gate`): (after one write, after two).
+_GATE_TEXTS = (
+    (f"SET @store_gate = ({_TWO_ROWS})", f"SET @store_gate = ({_TWO_ROWS}{_OR_MARKED})"),
+    (
+        f"SELECT 1 FROM ({_TWO_ROWS}) AS g INTO @store_gate",
+        f"SELECT 1 FROM ({_TWO_ROWS}{_OR_MARKED}) AS g INTO @store_gate",
+    ),
+)
 
 
 def _code(exc: BaseException) -> int | None:
@@ -169,6 +187,22 @@ class MySQLBackend(Backend):
             return ErrorKind.DUPLICATE
         return None
 
+    def gate_plan(
+        self, statements: Sequence[tuple[str, Any]], writes: int, kind: int
+    ) -> tuple[list[tuple[str, Any]], list[int]]:
+        """A statement after the plan's last count (each write is followed by its conditional
+        count); with two writes, the first count's ROW_COUNT() kept by a statement after it."""
+        last, either = _GATE_TEXTS[kind]
+        if writes == 1:
+            return [*statements, (last, None)], [0, 1]
+        w1, c1, w2, c2 = statements
+        return [w1, c1, (_MARK, None), w2, c2, (either, None)], [0, 1, 3, 4]
+
+    def gate(self, exc: BaseException) -> int | None:
+        """By MariaDB error number (`_GATE_ERRORS`)."""
+        code = _code(exc)
+        return None if code is None else _GATE_ERRORS.get(code)
+
     def is_driver_error(self, exc: BaseException) -> bool:
         """PyMySQL's or MySQLdb's errors, and socket errors."""
         return isinstance(exc, ConnectionError | TimeoutError) or type(exc).__module__.startswith(
@@ -189,6 +223,7 @@ class MySQLBackend(Backend):
 
     list_versions = True
     conditional_writes = True
+    gates = True
     pair_rows = True
 
     def id_step(self, cur: Any) -> int | None:

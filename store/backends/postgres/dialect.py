@@ -48,6 +48,23 @@ _NO_CONFLICT_KEY = "42P10"
 ROW_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 
 
+#: The tail of a counted write (`store.backends.statements.Statements._add_counted`).
+_COUNTED_TAIL = " SELECT 1 FROM w"
+#: A gate: a branch that returns no row, and divides by the rows the write changed (plus, with two
+#: writes, those the first changed: ``_PLUS_KEPT``) in a one-time filter.
+_DIVIDE_BY = " UNION ALL SELECT 1 WHERE (SELECT 1 / (count(*){}) FROM w) < 0"
+_PLUS_KEPT = " + current_setting('store.pair')::int"
+#: The first of two writes keeps its count for the second's gate (in the transaction only).
+_KEEP_COUNT = " UNION ALL SELECT 1 WHERE set_config('store.pair', (SELECT count(*) FROM w)::text, true) = ''"
+
+
+def _gated_counted(text: str, gate: str) -> str:
+    """A counted write's ``text`` with ``gate`` as another branch of its SELECT."""
+    if not text.endswith(_COUNTED_TAIL):
+        raise AssertionError(f"not a counted statement: {text[:200]}")
+    return text + gate
+
+
 class PostgresBackend(Backend):
     """PostgreSQL, for Instagram IDs."""
 
@@ -65,6 +82,7 @@ class PostgresBackend(Backend):
     pipelines = True
     # A pair write and its count in one statement (a data-modifying CTE).
     counted_writes = True
+    gates = True
     # A batch's new pairs on one shard: one statement (`counted_link_rows`).
     counted_rows = True
 
@@ -269,6 +287,30 @@ class PostgresBackend(Backend):
         if type(exc).__module__.startswith("psycopg") and type(exc).__name__ == "OperationalError":
             return ErrorKind.DISCONNECT if sqlstate is None else None
         return None
+
+    def gate_plan(
+        self, statements: Sequence[tuple[str, Any]], writes: int, kind: int
+    ) -> tuple[list[tuple[str, Any]], list[int]]:
+        """Each counted write (``WITH w AS (... RETURNING 1), c AS (...) SELECT 1 FROM w``) carries
+        its gate: one more branch of its SELECT, which returns no row and divides by the rows
+        the write changed (by zero: the error `gate` names). With two writes, the first keeps
+        its count in a setting of the transaction that the second's gate adds to its own.
+        Either way the statement returns a row per row its write changed, as before."""
+        texts = [text for text, _params in statements]
+        if writes == 1:
+            gated = [_gated_counted(texts[0], _DIVIDE_BY.format(""))]
+        else:
+            gated = [
+                _gated_counted(texts[0], _KEEP_COUNT),
+                _gated_counted(texts[1], _DIVIDE_BY.format(_PLUS_KEPT)),
+            ]
+        return [(t, params) for t, (_old, params) in zip(gated, statements, strict=True)], list(
+            range(len(statements))
+        )
+
+    def gate(self, exc: BaseException) -> int | None:
+        """Division by zero (22012): only a gate divides. The transaction is in error: begun again."""
+        return 1 if getattr(exc, "sqlstate", None) == "22012" else None
 
     def is_driver_error(self, exc: BaseException) -> bool:
         """psycopg's errors, and socket errors."""
