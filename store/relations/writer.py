@@ -386,12 +386,13 @@ class PairWriter:
         a pair moved).
 
         True if it ran (both changes noted in ``made``). None if the primary side's gate ended
-        the request: its write changed nothing, the inverse side's statements did not run, and
-        the transaction goes on (a pair in place, a deleted object: the slow ways decide).
-        False if the inverse side's gate ended it (a torn pair, a deleted object): the
-        transaction is begun again, as if nothing had been sent. False too, and nothing sent,
-        where the backend has no gates or a host logs its writes (the log row goes with the
-        COMMIT).
+        the request and the transaction goes on (`Backend.gate` 0, MariaDB): its write changed
+        nothing, the inverse side's statements did not run (a pair in place, a deleted object:
+        the slow ways decide). False if a gate ended it and the transaction cannot go on (the
+        inverse side's on MariaDB: a torn pair, a deleted object; either on PostgreSQL, whose
+        transaction is then in error): it is begun again, as if nothing had been sent. False
+        too, and nothing sent, where the backend has no gates or a host logs its writes (the
+        log row goes with the COMMIT).
         """
         backend = changes[0].side.h.backend
         if not backend.gates or (self.log is not None and any(c.side.h.log_sql() for c in changes)):
