@@ -48,6 +48,19 @@ def run_sql(
     h.transaction(lambda cur: cur.execute(marked(h, text(h)), params))
 
 
+def mark_deleted(store: Store, pin: int) -> None:
+    """Mark ``pin`` deleted by hand, its lists left as they are (as if its sweep had not run)."""
+    key = store.locate(pin, type_name="pin")
+    column = "id" if store.config.ids == "instagram" else "local_id"
+    run_sql(
+        store,
+        pin,
+        "pin",
+        lambda h: f"UPDATE {h.table(key.type.table)} SET active = 0 WHERE {column} = %s",
+        (key.local_id,),
+    )
+
+
 def marked(h: Any, text: str) -> str:
     """``text`` with the backend's parameter marks."""
     return text.replace("%s", "?") if h.backend.name == "sqlite" else text
@@ -125,15 +138,7 @@ def test_a_relink_to_a_deleted_object_is_refused_and_a_torn_pair_repaired(
     assert store.link(BHP, board, other) is False
     assert sequence_of(store, POB, other, board) == seq
     # The pin marked deleted while its pair is still in place (its sweep not run yet): refused.
-    key = store.locate(pin, type_name="pin")
-    column = "id" if store.config.ids == "instagram" else "local_id"
-    run_sql(
-        store,
-        pin,
-        "pin",
-        lambda h: f"UPDATE {h.table(key.type.table)} SET active = 0 WHERE {column} = %s",
-        (key.local_id,),
-    )
+    mark_deleted(store, pin)
     with pytest.raises(NotFound, match="deleted"):
         store.link(BHP, board, pin)
     assert store.links(BHP, board).count(pin) == 1  # nothing written, nothing removed
@@ -156,15 +161,7 @@ def test_a_new_link_whose_inverse_side_changes_nothing_is_refused_or_repaired(
     shard = near if hosts == "one host" else far
     dead, torn, plain = (store.create("pin", {"i": i}, shard=shard) for i in range(3))
     assert store.link(BHP, board, plain) is True
-    key = store.locate(dead, type_name="pin")
-    column = "id" if store.config.ids == "instagram" else "local_id"
-    run_sql(
-        store,
-        dead,
-        "pin",
-        lambda h: f"UPDATE {h.table(key.type.table)} SET active = 0 WHERE {column} = %s",
-        (key.local_id,),
-    )
+    mark_deleted(store, dead)
     before = pair_state(store, board, dead)
     with pytest.raises(NotFound, match="deleted"):
         store.link(BHP, board, dead)
