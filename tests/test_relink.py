@@ -48,14 +48,15 @@ def run_sql(
     h.transaction(lambda cur: cur.execute(marked(h, text(h)), params))
 
 
-def mark_deleted(store: Store, pin: int) -> None:
-    """Mark ``pin`` deleted by hand, its lists left as they are (as if its sweep had not run)."""
-    key = store.locate(pin, type_name="pin")
+def mark_deleted(store: Store, pin: int, type_name: str = "pin") -> None:
+    """Mark ``pin`` (or another object of ``type_name``) deleted by hand, its lists left as they
+    are (as if its sweep had not run)."""
+    key = store.locate(pin, type_name=type_name)
     column = "id" if store.config.ids == "instagram" else "local_id"
     run_sql(
         store,
         pin,
-        "pin",
+        type_name,
         lambda h: f"UPDATE {h.table(key.type.table)} SET active = 0 WHERE {column} = %s",
         (key.local_id,),
     )
@@ -193,3 +194,74 @@ def test_a_new_link_whose_inverse_side_changes_nothing_is_refused_or_repaired(
     # (the board's count is one over its rows: the primary row was deleted by hand, not unlinked)
     assert store.links(BHP, board).count(fresh) == 1
     assert pair_state(store, board, fresh)[2:] == ([board], 1)
+
+
+#: A side's row before the link: absent, at the link's sequence, or at another one.
+ROW_STATES = ("absent", "at 5", "at 7")
+
+
+def _pair_in_state(store: Store, hosts: str, primary: str, inverse: str, dead: str) -> tuple[int, int]:
+    """A board and a pin whose pair is in the state named (each side's row absent, at 5 or at 7,
+    set by hand: torn pairs too), ``dead`` ("board", "pin" or "") marked deleted by hand."""
+    near, far = (1, 9) if store.config.ids == "instagram" else (1, 5)
+    board = store.create("board", {}, shard=near)
+    pin = store.create("pin", {}, shard=near if hosts == "one host" else far)
+    assert store.link(BHP, board, pin, sequence=5) is True
+    for relation, owner, other, state in ((BHP, board, pin, primary), (POB, pin, board, inverse)):
+        kind = store.config.relations[relation].from_type
+        if state == "absent":
+            text = "DELETE FROM {t} WHERE from_id = %s AND to_id = %s"
+            params: tuple[Any, ...] = (owner, other)
+        else:
+            text = "UPDATE {t} SET sequence = %s WHERE from_id = %s AND to_id = %s"
+            params = (int(state[3:]), owner, other)
+        run_sql(store, owner, kind, lambda h, r=relation, x=text: x.format(t=h.table(r)), params)
+    if dead:
+        mark_deleted(store, board if dead == "board" else pin, dead)
+    return board, pin
+
+
+def _linked(store: Store, board: int, pin: int) -> tuple[Any, ...]:
+    """``link(board, pin, sequence=5)``: what it answered (or raised), and both sides' rows and
+    counts after it, as changes from before it."""
+    counts = (store.count(BHP, board), store.count(POB, pin))
+    try:
+        answer: Any = store.link(BHP, board, pin, sequence=5)
+    except NotFound:
+        answer = NotFound
+    after = (store.count(BHP, board) - counts[0], store.count(POB, pin) - counts[1])
+    return answer, sequence_of(store, BHP, board, pin), sequence_of(store, POB, pin, board), after
+
+
+@pytest.mark.parametrize("hosts", ["one host", "two hosts"])
+def test_gates_change_a_links_requests_never_its_outcome_from_any_state_of_its_pair(
+    store: Store, backend: str, hosts: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every state a pair can be in before ``link(board, pin, sequence=5)`` (each side's row
+    absent, at 5 or at 7, each object live or deleted, 27 in all), once with the backend's
+    gates and once without: the same answer, the same rows, the same count changes.
+
+    On MariaDB and PostgreSQL with one host the states reach every outcome of the gated
+    request: both gates pass, the primary side's fails, the inverse side's fails. Where a
+    new pair is written, the gated request is one request.
+    """
+    outcomes: dict[tuple[str, str, str], tuple[Any, ...]] = {}
+    gated = hosts == "one host" and backend != "sqlite"
+    for primary in ROW_STATES:
+        for inverse in ROW_STATES:
+            for dead in ("", "board", "pin"):
+                board, pin = _pair_in_state(store, hosts, primary, inverse, dead)
+                outcomes[(primary, inverse, dead)] = _linked(store, board, pin)
+    backend_class = type(store.admin_context().engines.backend(next(iter(store.config.hosts))))
+    monkeypatch.setattr(backend_class, "gates", False)
+    for state, want in outcomes.items():
+        board, pin = _pair_in_state(store, hosts, *state)
+        assert _linked(store, board, pin) == want, state
+    monkeypatch.undo()
+    # (the model the outcomes follow, in brief: a pair in place is no news; a live pair ends at 5)
+    assert outcomes[("at 5", "at 5", "")] == (False, 5, 5, (0, 0))
+    assert outcomes[("absent", "absent", "")] == (True, 5, 5, (1, 1))
+    assert outcomes[("absent", "absent", "pin")][0] is NotFound
+    if gated:
+        board, pin = _pair_in_state(store, hosts, "absent", "absent", "")
+        assert trips(lambda: store.link(BHP, board, pin, sequence=5)) == (True, 1)
