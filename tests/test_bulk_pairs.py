@@ -205,11 +205,14 @@ def test_a_group_on_one_host_writes_both_sides_in_one_request_then_commits(maria
 def test_postgres_writes_a_side_of_new_pairs_in_one_request_and_repairs_a_torn_pair(
     postgres_ready: object,
 ) -> None:
-    """PostgreSQL, board and pins on one host: each side's new pairs are one statement, so new pairs
-    take three requests (the primary side, the inverse side, the COMMIT). Where some pairs are there
-    already, or an inverse row is there without its primary row, more; both sides and counts
-    exact. (Sending the inverse side with the primary side, behind a savepoint, saved the round
-    trip and cost more than it saved: PostgreSQL's subtransaction made the call slower.)"""
+    """PostgreSQL, board and pins on one host: each side's new pairs are one statement, and both
+    go with the COMMIT behind gates (each statement fails the request unless it wrote every pair
+    it was given), so new pairs take one request. Where some pairs are there already, or an
+    inverse row is there without its primary row, a gate fails, and the sides go one at a time
+    (the primary side, the inverse side, the COMMIT) after the failed request; both sides and
+    counts exact. (Sending the inverse side with the primary side behind a savepoint, before
+    the gates, saved the round trip and cost more than it saved: PostgreSQL's subtransaction
+    made the call slower.)"""
     from store import StoreConfig
 
     assert isinstance(postgres_ready, StoreConfig)
@@ -221,7 +224,7 @@ def test_postgres_writes_a_side_of_new_pairs_in_one_request_and_repairs_a_torn_p
         with counting_sends():
             reset_sends()
             assert store.link_many(BHP, [(board, p) for p in pins[:20]]) == 20
-            assert sends() == 3
+            assert sends() == 1
             reset_sends()
             assert store.link_many(BHP, [(board, p) for p in pins]) == 10  # 20 of 30 are there
             assert sends() > 3

@@ -248,6 +248,12 @@ class Backend:
         backend can tell them apart (`gate`)."""
         raise NotImplementedError
 
+    def gate_rows(self, text: str) -> str:
+        """A `counted_link_rows` (or `counted_unlink_rows`) text with a gate (`gate_plan`) that
+        ends the request unless it wrote every pair it was given, where `gates` and
+        `counted_rows`."""
+        raise NotImplementedError
+
     def gate(self, exc: BaseException) -> int | None:
         """What ``exc`` means if a gate of `gate_plan` raised it, or None: not a gate's. 0: the
         transaction goes on (the statements before the gate stand, none after it ran); 1: it

@@ -281,9 +281,54 @@ class BulkPairs:
                 if got is not None:
                     w._changed(cur, c, got, s, made)
 
-        n = self._protocol(group, first, second)
+        def together(cur: Cursor) -> int:
+            # One connection reaches both sides: every pair as new on both, and the COMMIT, in
+            # one request behind gates (each side's statements wrote every pair, or the request
+            # ends there); else the two sides as `first` and `second` write them.
+            gated = self._fresh_together(cur, group, seq, made)
+            if gated is not None:
+                return gated
+            n = first(cur)
+            (self._rel.pairs.step or _no_step)("primary written")
+            second(cur, n)
+            return n
+
+        gates = group[0][0].h.backend.gates and not move
+        n = self._protocol(group, first, second, together=together if gates else None)
         changes += made
         return n
+
+    def _fresh_together(self, cur: Cursor, group: list[Sides], seq: int, made: list[Change]) -> int | None:
+        """Both sides of ``group`` (one connection reaches both) inserted as new pairs with their
+        counts, and the COMMIT, in one request behind gates (`Backend.gates`, `CountedRows.gated`):
+        the number of pairs, every change noted in ``made``. None, and the transaction begun
+        again, if a gate ended the request (a pair there already, a deleted object); None, and
+        nothing sent, where the backend has no gates, a host logs its writes (its log row goes
+        with the COMMIT), or a side cannot be written so (`CountedRows.links`)."""
+        w = self._rel.pairs
+        primaries = [p for p, _i in group]
+        inverses = [i for _p, i in group if i is not None]
+        backend = group[0][0].h.backend
+        logged = w.log is not None and any(s.h.log_sql() for s in (primaries[0], *inverses[:1]))
+        if not backend.gates or logged or len(inverses) != len(primaries):
+            return None
+        mine = self._rows.links([(p, seq) for p in primaries])
+        theirs = self._rows.links([(i, seq) for i in inverses])
+        if mine is None or theirs is None:
+            return None
+        made.clear()
+        w.lock_keys(cur, primaries)
+        statements = self._rows.gated(backend, mine + theirs)
+        try:
+            cur.commit_with([(text, params) for text, _r, params in statements])
+        except Exception as exc:
+            if backend.gate(exc) is None:
+                raise
+            cur.again()  # (rolled back: the two sides go as `first` and `second` write them)
+            return None
+        for side in (*primaries, *inverses):
+            w._changed(cur, Change(side), ADD, seq, made)
+        return len(group)
 
     def _fresh(self, cur: Cursor, items: list[tuple[Side, int]]) -> list[bool] | None:
         """Insert each of ``items`` (a side and its sequence) as a new pair with its count, in one

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from store.backends import Backend
 from store.engines import Cursor
 from store.relations.repository import Side
 
@@ -31,6 +32,8 @@ class CountedRows:
     def __init__(self) -> None:
         #: Texts by (backend, shard, relation, object table, key; the last two empty for unlinks).
         self._texts: dict[tuple[str, int, str, str, str], str] = {}
+        #: Gated texts (`gated`) by the text they gate.
+        self._gates: dict[str, str] = {}
 
     def links(self, items: Sequence[tuple[Side, int]]) -> Statements | None:
         """The statements that insert each of ``items`` (a side and its sequence, every side
@@ -74,6 +77,19 @@ class CountedRows:
             )
             froms, tos = _array([s.from_id for s in mine]), _array([s.to_id for s in mine])
             out.append((text, relation, (froms, tos, relation)))
+        return out
+
+    def gated(self, backend: Backend, statements: Statements) -> Statements:
+        """``statements`` (of ``backend``), each with a gate that ends the request unless it wrote
+        every pair it was given (`Backend.gate_rows`)."""
+        out: Statements = []
+        for text, relation, params in statements:
+            gated = self._gates.get(text)
+            if gated is None:
+                if len(self._gates) >= _ROW_TEXTS:
+                    self._gates.clear()  # (a bound on what is kept, as for the texts)
+                gated = self._gates[text] = backend.gate_rows(text)
+            out.append((gated, relation, params))
         return out
 
     def run(self, cur: Cursor, statements: Statements, sides: Sequence[Side]) -> list[bool]:

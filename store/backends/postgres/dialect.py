@@ -58,6 +58,13 @@ _PLUS_KEPT = " + current_setting('store.pair')::int"
 _KEEP_COUNT = " UNION ALL SELECT 1 WHERE set_config('store.pair', (SELECT count(*) FROM w)::text, true) = ''"
 
 
+#: The tail of a counted-rows statement (`PostgresBackend.counted_link_rows`), and its gate.
+_ROWS_TAIL = " SELECT from_id, to_id FROM w"
+_EVERY_PAIR = (
+    " UNION ALL SELECT 0, 0 WHERE (SELECT 1 / ((SELECT count(*) FROM w) = (SELECT count(*) FROM v))::int) < 0"
+)
+
+
 def _gated_counted(text: str, gate: str) -> str:
     """A counted write's ``text`` with ``gate`` as another branch of its SELECT."""
     if not text.endswith(_COUNTED_TAIL):
@@ -307,6 +314,13 @@ class PostgresBackend(Backend):
         return [(t, params) for t, (_old, params) in zip(gated, statements, strict=True)], list(
             range(len(statements))
         )
+
+    def gate_rows(self, text: str) -> str:
+        """One more branch of the statement's SELECT, which returns no row and divides by whether
+        it wrote as many pairs as its arrays hold (by zero if not)."""
+        if not text.endswith(_ROWS_TAIL):
+            raise AssertionError(f"not a counted-rows statement: {text[:200]}")
+        return text + _EVERY_PAIR
 
     def gate(self, exc: BaseException) -> int | None:
         """Division by zero (22012): only a gate divides. The transaction is in error: begun again."""
