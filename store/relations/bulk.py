@@ -34,7 +34,12 @@ is two requests in all (both sides, then the COMMIT). The changes are noted
 (and the lists' versions read) only where a list cache or the log takes them.
 Where statements can be conditional only (`Backend.conditional_writes`),
 each side's per-pair writes and counts go in one request; elsewhere the
-statements run one by one inside the same two transactions.
+statements run one by one inside the same two transactions. Where a side of
+new pairs is one counted-rows statement (`Backend.counted_rows`: PostgreSQL)
+and one pool reaches both sides, both statements and the COMMIT go in one
+request behind gates (`Backend.gates`: each fails the request unless it
+wrote every pair it was given); a failed gate begins the transaction again,
+and the sides go one after the other.
 
 Each group is one step (`store.steps`): a group refused because a shard
 moved wrote nothing (both transactions rolled back); it is routed again and
