@@ -259,13 +259,21 @@ class _Txn:
     def batch(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, int]]:
         """Run ``statements`` in one request where the backend can (with BEGIN and anything
         deferred before them), else one by one; (rowcount, lastrowid) of each, in order."""
+        return self._run(statements, None)
+
+    def _run(
+        self, statements: Sequence[tuple[str, Sequence[Any]]], rows: list[list[Any]] | None
+    ) -> list[tuple[int, int]]:
+        """`batch`; ``rows``, if given, gets each statement's rows ([] for one that returns none)."""
         if self._batch or self._pipe:
-            return self._send(statements, rowless=True)
+            return self._send(statements, rowless=rows is None, rows=rows)
         self._open()
         out: list[tuple[int, int]] = []
         for sql, params in statements:
             self._c.execute(sql, params)
             out.append(_answer(self._c))
+            if rows is not None:
+                rows.append(list(self._c.fetchall()) if self._c.description else [])
         return out
 
     def batch_rows(self, statements: Sequence[tuple[str, Sequence[Any]]], /) -> list[tuple[int, list[Any]]]:
@@ -298,19 +306,8 @@ class _Txn:
                 rows += read[: len(statements)]
         elif self._pipe:
             out = self._pipelined_commit(statements, rows)
-        elif rows is not None and self._batch:
-            out = self._send(statements, rows=rows)
-            self.commit()
-        elif rows is not None:
-            self._open()
-            out = []
-            for sql, params in statements:
-                self._c.execute(sql, params)
-                out.append(_answer(self._c))
-                rows.append(list(self._c.fetchall()) if self._c.description else [])
-            self.commit()
         else:
-            out = self.batch(statements)
+            out = self._run(statements, rows)
             self.commit()
         self._begin = self._backend.begin  # (one by one: sent before the next statement, `_open`)
         return out

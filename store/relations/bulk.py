@@ -313,10 +313,9 @@ class BulkPairs:
         w = self._rel.pairs
         primaries = [p for p, _i in group]
         inverses = [i for _p, i in group if i is not None]
-        backend = group[0][0].h.backend
-        logged = w.log is not None and any(s.h.log_sql() for s in (primaries[0], *inverses[:1]))
-        if not backend.gates or logged or len(inverses) != len(primaries):
+        if len(inverses) != len(primaries) or not w.gates([primaries[0], inverses[0]]):
             return None
+        backend = primaries[0].h.backend
         mine = self._rows.links([(p, seq) for p in primaries])
         theirs = self._rows.links([(i, seq) for i in inverses])
         if mine is None or theirs is None:
@@ -594,8 +593,8 @@ class BulkPairs:
                 lambda: rel.repo.first_pages(rel.handle(specs[0], obj), names, obj, REMOVE_CHUNK),
             )
         removed = self._sweep(obj, list(zip(specs, firsts, strict=True)))
-        for spec, first in zip(specs, firsts, strict=True):
-            rows = first
+        for spec, page in zip(specs, firsts, strict=True):
+            rows = page
             while len(rows) >= REMOVE_CHUNK:
                 after = rows[-1]
                 rows = rel.steps(

@@ -394,9 +394,9 @@ class PairWriter:
         too, and nothing sent, where the backend has no gates or a host logs its writes (the
         log row goes with the COMMIT).
         """
-        backend = changes[0].side.h.backend
-        if not backend.gates or (self.log is not None and any(c.side.h.log_sql() for c in changes)):
+        if not self.gates([c.side for c in changes]):
             return False
+        backend = changes[0].side.h.backend
         statements: list[tuple[str, Any]] = []
         places: list[list[int]] = []
         for n, plan in enumerate(plans):
@@ -419,6 +419,14 @@ class PairWriter:
             assert kind is not None  # (its gate let the COMMIT run)
             self._changed(cur, c, kind, sequence, made)
         return True
+
+    def gates(self, sides: Sequence[Side]) -> bool:
+        """Whether writes of ``sides`` (on one host) may send their COMMIT with them, behind gates:
+        the backend has gates (`Backend.gates`), and no host of theirs logs its writes (the log
+        row goes with the COMMIT, in a request of its own)."""
+        if not sides[0].h.backend.gates:
+            return False
+        return self.log is None or not any(s.h.log_sql() for s in sides)
 
     def _committed(self, cur: Cursor, writes: Sequence[tuple[Change, Plan]]) -> list[str | None]:
         """Run each of ``writes`` (a `Plan` of one write on its ``Change``'s side) with its log row
