@@ -98,7 +98,11 @@ def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) ->
         assert p["server_cpu_us_per_call"]["mariadbd"] > 0, p
     for check in doc["checks"]:
         assert check["checked"] > 100
+        # The floor's fills race its writes (no leases): answers it gave stale from its caches
+        # are reported apart, and its rows are checked with its caches empty. The others promise.
         assert check["mismatches"] == [], check
+        if check["system"] != "floor":
+            assert check["stale"] == [], check
     for name in ("floor", "store"):
         assert set(doc["round_trips"][name]) <= set(MIX)
         assert doc["round_trips"][name]["get_node"] >= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ from store.tools.mix.pg import (
 )
 from store.tools.mix.procs import Workers
 from store.tools.mix.report import as_json, charts, machine, markdown, tables
-from store.tools.mix.runner import Check, Phase, check_system, count_round_trips, merge, run_phase
+from store.tools.mix.runner import Check, Phase, check_holding, count_round_trips, merge, run_phase
 from store.tools.mix.servers_cpu import server_cpu_s, since
 from store.tools.mix.store_system import StoreSystem
 from store.tools.mix.system import MixSchema, System
@@ -46,6 +47,12 @@ from store.tools.mix.systems import make_system
 from store.tools.mix.workload import DataSet, make_data_set
 
 __all__ = ["ASYNC_SYSTEM", "DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
+
+
+def _empty(system: System, memcached: tuple[str, ...]) -> None:
+    """Empty ``system``'s caches: its Redis keys and memcached."""
+    system.flush()
+    _flush_memcached(memcached)
 
 
 def _flush_memcached(servers: tuple[str, ...]) -> None:
@@ -300,7 +307,17 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         try:
             for n in names:
                 say(f"check: {n}'s answers against the databases")
-                checks.append(check_system(systems[n], t, data, copies[n], seed=options.seed))
+                check = check_holding(
+                    systems[n],
+                    t,
+                    data,
+                    copies[n],
+                    seed=options.seed,
+                    empty=functools.partial(_empty, systems[n], config.cache.memcached),
+                )
+                if check.stale:
+                    say(f"check: {n} answered {len(check.stale)} stale from its caches; checked again empty")
+                checks.append(check)
         finally:
             t.close()
         for n in names:

@@ -35,6 +35,9 @@ class Floor:
     name = "floor"
     #: A page is the first ``limit`` rows with the gone pins left out (it is not filled up).
     fills_pages = False
+    #: A fill can race a write and cache what the write replaced (no leases): the check
+    #: reports such answers as stale, and holds the floor to its rows after a flush.
+    fills_race_writes = True
     #: Opens a connection to a host's URL (the driver's own, outside the store).
     _connect = staticmethod(raw_connection)
 

@@ -225,8 +225,14 @@ def tables(
     lines.append("")
     for c in checks:
         verdict = "all answers match the database" if not c.mismatches else f"{len(c.mismatches)} MISMATCHES"
+        if c.stale:
+            verdict = (
+                f"{len(c.stale)} stale from its caches (a fill without a lease raced a write); "
+                f"with its caches emptied, {verdict}"
+            )
         lines.append(f"check {c.system}: {c.checked} answers compared, {verdict}")
         lines += [f"  {m}" for m in c.mismatches[:10]]
+        lines += [f"  stale: {m}" for m in c.stale[:10]]
     errs = [(p, op, bad) for p in phases for op, bad in p.ops.items() if bad.errors]
     for p, op, bad in errs[:10]:
         lines.append(
@@ -246,7 +252,10 @@ def as_json(
         **meta,
         "phases": [{**summary(p), "operations": {op: per_op(s) for op, s in p.ops.items()}} for p in phases],
         "round_trips": trips,
-        "checks": [{"system": c.system, "checked": c.checked, "mismatches": c.mismatches} for c in checks],
+        "checks": [
+            {"system": c.system, "checked": c.checked, "mismatches": c.mismatches, "stale": c.stale}
+            for c in checks
+        ],
     }
 
 
@@ -397,5 +406,8 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
     out.append("")
     for c in doc.get("checks", []):
         verdict = "all match the database" if not c["mismatches"] else f"{len(c['mismatches'])} mismatches"
+        if c.get("stale"):
+            stale = len(c["stale"])
+            verdict = f"{stale} stale from its caches (fills without leases); with them emptied, {verdict}"
         out.append(f"- check {c['system']}: {c['checked']} answers compared, {verdict}")
     return "\n".join(out) + "\n"
