@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -73,14 +74,43 @@ def test_zipf_ranks_fall_off() -> None:
 
 
 @pytest.mark.mariadb
-def test_quick_mix_runs_every_system_and_checks_their_answers(tmp_path: Path) -> None:
+def test_quick_mix_runs_every_system_and_checks_their_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
         require_port(name, port)
+    from store.tools.mix import bench
+
+    # What ran, in order: each slice, and each emptying of a system's caches.
+    events: list[tuple[str, ...]] = []
+    timed, empty = bench._timed, bench._empty
+
+    def slice_(config: Any, system: Any, *args: Any, **kwargs: Any) -> Any:
+        events.append(("slice", system.name, str(args[4]), str(args[3])))  # temperature, threads
+        return timed(config, system, *args, **kwargs)
+
+    def emptied(system: Any, memcached: Any) -> None:
+        events.append(("empty", system.name))
+        empty(system, memcached)
+
+    monkeypatch.setattr(bench, "_timed", slice_)
+    monkeypatch.setattr(bench, "_empty", emptied)
     out = tmp_path / "mix"
     result = CliRunner().invoke(
         main, ["bench", "mix", "--quick", "--requests", "200", "--out", str(out), "--json"]
     )
     assert result.exit_code == 0, result.output
+    # Both phases run in slices (3 by default), the systems taking turns; a cold slice starts
+    # from its system's caches emptied, so no system is always first on a fresh server.
+    for threads in ("1", "2"):
+        for temperature in ("cold", "warm"):
+            order = [e[1] for e in events if e[0] == "slice" and e[2:] == (temperature, threads)]
+            assert len(order) == 3 * 4, order
+            firsts = {order[r * 4] for r in range(3)}
+            assert len(firsts) == 3, order
+    for i, e in enumerate(events):
+        if e[0] == "slice" and e[2] == "cold":
+            assert events[i - 1] == ("empty", e[1]), events[i - 1 : i + 1]
     doc = json.loads((out / "mix.json").read_text())
     systems = {p["system"] for p in doc["phases"]}
     assert systems == {"floor", "horizontal_shard", "store", "store:follow=true"}

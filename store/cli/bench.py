@@ -137,7 +137,8 @@ def _task_counts(text: str) -> list[int]:
     "--rounds",
     default=3,
     show_default=True,
-    help="Slices of each warm phase, the systems taking turns (noise lands on all alike).",
+    help="Slices of each phase, the systems taking turns (noise lands on all alike); a cold slice "
+    "starts from empty caches.",
 )
 @click.option("--shards", default=64, show_default=True, help="Shards the data set spreads over.")
 @click.option("--users", default=2000, show_default=True, help="Users (2 boards each; 20 pins per user).")

@@ -49,6 +49,10 @@ from store.tools.mix.workload import DataSet, make_data_set
 __all__ = ["ASYNC_SYSTEM", "DEFAULT_SYSTEMS", "MixOptions", "QUICK_SHAPE", "run_mix"]
 
 
+#: The first stream part of a cold slice (the warm slices' are 1, 2, ...): its own requests.
+COLD_PARTS = 50
+
+
 def _empty(system: System, memcached: tuple[str, ...]) -> None:
     """Empty ``system``'s caches: its Redis keys and memcached."""
     system.flush()
@@ -148,6 +152,7 @@ def _timed(
     seconds: float,
     part: int,
     workers: Workers | None = None,
+    slices: int = 1,
 ) -> Phase:
     """One slice of a phase, with a progress bar; every system replays the same streams for it.
 
@@ -167,11 +172,13 @@ def _timed(
                 done[0] += step
 
         seed = options.seed * 100_000 + threads * 100 + part
+        # --requests is per phase: its slices share it.
+        per_caller = None if options.requests is None else max(1, options.requests // slices)
         common: dict[str, Any] = {
             "threads": threads,
             "temperature": temperature,
             "seconds": seconds,
-            "requests_per_thread": options.requests,
+            "requests_per_thread": per_caller,
             "seed": seed,
             "tick": tick,
         }
@@ -190,9 +197,7 @@ def _timed(
 
             assert isinstance(system, AsyncStoreSystem)
             del common["threads"], common["requests_per_thread"]
-            phase = run_async_phase(
-                system, data, copy, tasks=threads, requests_per_task=options.requests, **common
-            )
+            phase = run_async_phase(system, data, copy, tasks=threads, requests_per_task=per_caller, **common)
         else:
             phase = run_phase(system, data, copy, **common)
         phase.server_cpu_s = since(before, server_cpu_s())
@@ -265,12 +270,14 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         if ASYNC_SYSTEM in names:
             callers += [(c, [ASYNC_SYSTEM]) for c in options.concurrency or options.threads]
         for threads, group in callers:
-            # Cold: each system from empty caches, one after the other.
-            for n in group:
-                systems[n].flush()
-                _flush_memcached(config.cache.memcached)
-                phases.append(
-                    _timed(
+            # Cold: in slices too, each from empty caches, the systems taking turns, so that
+            # the machine's drift over the phase (the first system ran on a fresher server)
+            # lands on all of them alike.
+            cold: dict[str, list[Phase]] = {n: [] for n in group}
+            for r in range(rounds):
+                for n in group[r % len(group) :] + group[: r % len(group)]:
+                    _empty(systems[n], config.cache.memcached)
+                    part = _timed(
                         config,
                         systems[n],
                         data,
@@ -278,11 +285,13 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                         options,
                         threads,
                         "cold",
-                        options.seconds,
-                        0,
+                        options.seconds / rounds,
+                        COLD_PARTS + r,
                         pools.get(n),
+                        rounds,
                     )
-                )
+                    cold[n].append(part)
+            phases += [merge(cold[n]) for n in group]
             # Warm: in slices, the systems taking turns (each starts the round in turn).
             slices: dict[str, list[Phase]] = {n: [] for n in group}
             for r in range(rounds):
@@ -298,6 +307,7 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
                         options.seconds / rounds,
                         r + 1,
                         pools.get(n),
+                        rounds,
                     )
                     slices[n].append(part)
             phases += [merge(slices[n]) for n in group]

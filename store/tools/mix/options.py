@@ -68,8 +68,9 @@ class MixOptions:
     #: A ``mysql+mysqldb://`` URL: the store also runs on mysqlclient, on the same server(s).
     mysqldb_url: str | None = None
     seed: int = 7
-    #: The warm phase runs in this many slices, the systems taking turns, so that
-    #: a burst of machine noise lands on all of them alike.
+    #: Each phase runs in this many slices, the systems taking turns, so that a burst
+    #: of machine noise (or its drift) lands on all of them alike; a cold slice starts
+    #: from empty caches.
     rounds: int = 3
     trips: int = 400
     out: Path = Path("mix-results")
