@@ -420,13 +420,20 @@ class BulkCreates:
     # -- helpers ----------------------------------------------------------------------------
 
     def _created(self, spec: TypeSpec, ids: Sequence[int]) -> None:
-        """A create is a write: drop whatever the caches hold under the new IDs (one call per cache)."""
-        if self._cache is not None:
-            self._cache.invalidate([self._objects.key(i, spec) for i in ids])
-        if self._relations.lists is None:
-            return  # (no list cache: nothing to drop)
-        names = [r.name for r in self._config.relations.values() if r.from_type == spec.name]
-        self._relations.invalidate([(r, i) for i in ids for r in names])
+        """A create is a write: drop whatever the caches hold under the new IDs (one call per cache,
+        the two at once: memcached's reply is read after the lists')."""
+        finish = (
+            None
+            if self._cache is None
+            else self._cache.invalidate_begin([self._objects.key(i, spec) for i in ids])
+        )
+        try:
+            if self._relations.lists is not None:
+                names = [r.name for r in self._config.relations.values() if r.from_type == spec.name]
+                self._relations.invalidate([(r, i) for i in ids for r in names])
+        finally:
+            if finish is not None:
+                finish()
 
     def _remove(self, spec: TypeSpec, shard: int, key: int) -> None:
         self._objects.repo.remove(self._at(shard), spec.table, key)

@@ -207,11 +207,20 @@ class ObjectService:
         return encode_pinterest(target, spec.id, key), key
 
     def _created(self, new: int, spec: TypeSpec) -> None:
-        """A create is a write: drop whatever the caches hold under the new ID."""
-        self._invalidate(new, spec)
-        self._relations.invalidate(
-            [(r.name, new) for r in self._config.relations.values() if r.from_type == spec.name]
-        )
+        """A create is a write: drop whatever the caches hold under the new ID.
+
+        The object's entry and its lists are in two caches: the memcached delete is sent first
+        and its reply read after the lists' (one round trip for both, where each took one).
+        """
+        lists = [(r.name, new) for r in self._config.relations.values() if r.from_type == spec.name]
+        if self._cache is None:
+            self._relations.invalidate(lists)
+            return
+        finish = self._cache.invalidate_begin([self.key(new, spec)])
+        try:
+            self._relations.invalidate(lists)
+        finally:
+            finish()
 
     # -- the objects that unique-key rows name (`store.unique.Holders`) ----------------
 

@@ -376,6 +376,27 @@ def test_a_miss_is_cached_too_and_a_create_invalidates_it(config: StoreConfig) -
         assert store.get(gone) is None
 
 
+def test_a_create_drops_a_cached_absence_of_its_own_new_id(config: StoreConfig) -> None:
+    """A create's two invalidations (the object's entry, its lists) go out at once; when it returns
+    both are done: a miss cached for the ID it made (read before it existed) is gone."""
+    with Store(config) as store:
+        name = store.admin_context().caches.objects.stats.name  # type: ignore[union-attr]
+        for _attempt in range(20):
+            before = store.create("pin", {"n": 0}, shard=5)
+            ghost = before + 1  # the next row of that shard's pins, most likely
+            if store.get(ghost) is not None:
+                continue  # another test's pin: try again
+            hits = store.stats()[name]["hits"]
+            assert store.get(ghost) is None
+            assert store.stats()[name]["hits"] == hits + 1  # the absence is cached
+            made = store.create("pin", {"n": 1}, shard=5)
+            if made != ghost:
+                continue  # another writer took that ID meanwhile: try again
+            assert store.get(made) == {"n": 1}
+            return
+        pytest.fail("20 creates in a row did not make the ID after the one before")
+
+
 def test_a_list_older_than_max_stale_s_is_read_again() -> None:
     from store.cache.lists import ListCache, MemoryListBackend
 

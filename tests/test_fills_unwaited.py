@@ -12,6 +12,7 @@ could store did, and the ones that could not are reported as such, late.
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 import uuid
@@ -81,6 +82,71 @@ def test_memcached_fills_not_waited_for_from_many_threads(mc: MemcachedLeaseStor
         th.join()
     assert errors == []
     assert mc.stats.errors == 0
+
+
+def test_memcached_deletes_begun_are_done_when_finished_whatever_the_connection_owes(
+    mc: MemcachedLeaseStore,
+) -> None:
+    """``delete_many_begin`` sends the deletes and holds the connection; its finish reads the
+    reply, after any fill replies that connection owed. Random rounds: entries filled without
+    waiting, some deleted begun-then-finished with other calls between; after each finish the
+    deleted keys are leases to win again, the others still hold their values."""
+    rng = random.Random(11)
+    for _round in range(40):
+        keys = [f"t:{uuid.uuid4().hex}" for _ in range(rng.randint(1, 10))]
+        leases = mc.lookup_many(keys, lease_ttl_s=10)
+        mc.fill_many({k: (k.encode(), leases[k].cas) for k in keys}, 60, later=lambda n: None)
+        gone = sorted(k for k in keys if rng.random() < 0.5)
+        finish = mc.delete_many_begin(gone)
+        if rng.random() < 0.5:  # another call meanwhile, on another connection
+            other = f"t:{uuid.uuid4().hex}"
+            assert mc.lookup_many([other], lease_ttl_s=10)[other].won
+        finish()
+        got = mc.lookup_many(keys, lease_ttl_s=10)
+        for k in keys:
+            assert got[k].value == (None if k in gone else k.encode()), k
+        assert mc.stats.errors == 0
+        assert not mc.servers[0].breaker.dirty
+
+
+def test_memcached_deletes_begun_from_many_threads(mc: MemcachedLeaseStore) -> None:
+    """16 threads, each deleting its own keys begun-then-finished around a lookup of its own: every
+    delete is done at its finish, and no reply reaches another thread's call."""
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        for i in range(40):
+            keys = [f"t:{t}:{i}:{j}:{uuid.uuid4().hex}" for j in range(3)]
+            mc.set_many({k: b"x" for k in keys}, 60)
+            finish = mc.delete_many_begin(keys[:2])
+            mine = mc.peek_many(keys[2:])
+            finish()
+            left = mc.peek_many(keys)
+            if mine != {keys[2]: b"x"} or left != {keys[2]: b"x"}:
+                errors.append(f"thread {t} round {i}: {mine} {left}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert mc.stats.errors == 0
+
+
+def test_memcached_deletes_begun_on_a_server_that_is_not_there_mark_it_dirty() -> None:
+    """A delete that may not have arrived leaves the server to be emptied before it is trusted
+    again, as a waited-for delete does."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # (closed again: nothing listens there)
+    down = MemcachedLeaseStore([f"127.0.0.1:{port}"], timeout_s=0.2, connect_timeout_s=0.2)
+    try:
+        finish = down.delete_many_begin(["t:a", "t:b"])
+        finish()
+        assert down.servers[0].breaker.dirty
+    finally:
+        down.close()
 
 
 @pytest.fixture

@@ -135,6 +135,10 @@ class LeaseStore(Protocol):
         """Delete the keys, waiting for each server's reply."""
         ...
 
+    def delete_many_begin(self, keys: Sequence[str]) -> Callable[[], None]:
+        """`delete_many` begun: the deletes are sent, and the returned function waits for them."""
+        ...
+
     def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """What the cache holds under each key (for tools and tests; no lease is taken)."""
         ...
@@ -250,6 +254,17 @@ class ObjectCache:
         self.store.delete_many(keys)
         self.stats.add(invalidations=len(keys))
 
+    def invalidate_begin(self, keys: Sequence[str]) -> Callable[[], None]:
+        """`invalidate`, sent now; the returned function waits for it. The caller overlaps its next
+        round trip (another cache's invalidation) with this one, and calls the function, in a
+        ``finally``, before it returns: the keys are gone by then, as with `invalidate`."""
+        self.stats.add(invalidations=len(keys))
+        return self.store.delete_many_begin(keys)
+
+
+def _done() -> None:
+    """Nothing left to wait for."""
+
 
 class MemoryLeaseStore:
     """An in-process `LeaseStore` with memcached's meta semantics (one process only)."""
@@ -324,6 +339,11 @@ class MemoryLeaseStore:
         with self._lock:
             for key in keys:
                 self._data.pop(key, None)
+
+    def delete_many_begin(self, keys: Sequence[str]) -> Callable[[], None]:
+        """`delete_many` now (nothing to wait for in memory)."""
+        self.delete_many(keys)
+        return _done
 
     def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """The value under each key that holds one."""

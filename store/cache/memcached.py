@@ -190,40 +190,63 @@ class MemcachedServer:
             return False
         return not (self.breaker.dirty and not self._flush())
 
+    def begin(self, commands: Sequence[bytes]) -> Callable[[], bool] | None:
+        """Send ``commands`` as one request closed by ``mn`` now, and hold the connection until the
+        returned function is called: it reads the reply (True if the server answered) and gives
+        the connection back. So a caller can do other work while the server answers (another
+        cache's round trip) and still know the commands ran before it returns. It must call the
+        function, in a ``finally``. None if the server is unusable or the send failed."""
+        if not self._ready():
+            return None
+        client = self._take()
+        try:
+            sock = self._connected(client)
+            sock.sendall(_request(commands))
+        except _FAILURES as exc:
+            client.close()
+            self._failed(exc)
+            return None
+        except BaseException:
+            client.close()
+            raise
+
+        def finish() -> bool:
+            try:
+                _reply(sock, client)
+            except _FAILURES as exc:
+                client.close()
+                self._failed(exc)
+                return False
+            except BaseException:
+                client.close()  # its socket may hold half a reply
+                raise
+            self._give_back(client)
+            self.breaker.success()
+            return True
+
+        return finish
+
+    @staticmethod
+    def _connected(client: _Client) -> socket.socket:
+        """``client``'s socket, connected first if it has none."""
+        if client.sock is None:
+            client.owed.clear()  # (a new socket owes nothing)
+            client.version()  # connects, with the client's timeouts, and checks the server
+        sock: socket.socket = client.sock
+        return sock
+
     def _exchange(self, request: bytes, *, later: Callable[[bytes], None] | None = None) -> bytes:
         """Send ``request`` on an idle connection; every byte of the reply before ``MN`` (with
         ``later``: nothing, the reply is read and given to it with the connection's next one)."""
         client = self._take()
         try:
-            if client.sock is None:
-                client.owed.clear()  # (a new socket owes nothing)
-                client.version()  # connects, with the client's timeouts, and checks the server
-            sock: socket.socket = client.sock
+            sock = self._connected(client)
             sock.sendall(request)
             if later is not None:
                 client.owed.append(later)
                 reply = b""
-            elif client.owed:
-                reply = _read(sock, client)
             else:
-                # The socket's timeout is the client's. Small reads: recv allocates
-                # its whole size up front (64 KiB per call cost 30 us here); 16 KiB holds a
-                # 50-key reply whole.
-                chunk: bytes = sock.recv(_RECV_SIZE)
-                # Replies are lines, and values free of CR LF that never read "MN"
-                # (an entry starts with its tag): the reply ends with a line MN.
-                if chunk == _END or chunk.endswith(_LAST):
-                    reply = chunk[:-_END_LEN]
-                else:
-                    buf = bytearray(chunk)
-                    while True:
-                        if not chunk:
-                            raise ConnectionError("memcached closed the connection")
-                        chunk = sock.recv(_RECV_SIZE)
-                        buf += chunk
-                        if buf == _END or buf.endswith(_LAST):
-                            reply = bytes(buf[:-_END_LEN])
-                            break
+                reply = _reply(sock, client)
         except BaseException:
             client.close()  # its socket may hold half a reply
             raise
@@ -303,6 +326,29 @@ def _settle(client: _Client) -> None:
         client.owed.clear()
     else:
         _read(client.sock, client, reply=False)
+
+
+def _reply(sock: socket.socket, client: _Client) -> bytes:
+    """Read the reply to the request just sent on ``client``'s connection (after the replies it
+    owes, each given to its reader): every byte before its ``MN`` line."""
+    if client.owed:
+        return _read(sock, client)
+    # The socket's timeout is the client's. Small reads: recv allocates
+    # its whole size up front (64 KiB per call cost 30 us here); 16 KiB holds a
+    # 50-key reply whole.
+    chunk: bytes = sock.recv(_RECV_SIZE)
+    # Replies are lines, and values free of CR LF that never read "MN"
+    # (an entry starts with its tag): the reply ends with a line MN.
+    if chunk == _END or chunk.endswith(_LAST):
+        return chunk[:-_END_LEN]
+    buf = bytearray(chunk)
+    while True:
+        if not chunk:
+            raise ConnectionError("memcached closed the connection")
+        chunk = sock.recv(_RECV_SIZE)
+        buf += chunk
+        if buf == _END or buf.endswith(_LAST):
+            return bytes(buf[:-_END_LEN])
 
 
 def _read(sock: socket.socket, client: _Client, *, reply: bool = True) -> bytes:
@@ -512,6 +558,21 @@ class MemcachedLeaseStore:
                 # The delete may not have arrived: this server may now hold a
                 # stale value. Empty it before it is trusted again.
                 server.breaker.dirty = True
+
+    def delete_many_begin(self, keys: Sequence[str]) -> Callable[[], None]:
+        """`delete_many`, sent now: the returned function waits for the replies (call it in a
+        ``finally``), so the caller's next round trip overlaps this one."""
+        held: list[tuple[MemcachedServer, Callable[[], bool] | None]] = [
+            (server, server.begin([b"md " + k.encode() for k in group]))
+            for server, group in self._group(keys).items()
+        ]
+
+        def finish() -> None:
+            for server, reply in held:
+                if reply is None or not reply():
+                    server.breaker.dirty = True  # (as in delete_many)
+
+        return finish
 
     def set_many(self, items: Mapping[str, bytes], ttl_s: int) -> bool:
         """``ms key <len> T<ttl>`` per item, unconditionally (heartbeats); True if every server took
