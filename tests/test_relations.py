@@ -20,6 +20,7 @@ from store import (
     encode_pinterest,
 )
 from store.backends.mysql import pymysql_fast
+from store.cache.lists import encode_members
 
 BHP = "board_has_pins"
 POB = "pin_owned_by_board"
@@ -370,6 +371,33 @@ def test_deleting_a_pin_takes_it_out_of_every_list_of_every_relation(store: Stor
     assert [store.links("users_likes_pins", u) for u in users] == [[other]] + [[]] * (len(users) - 1)
     assert store.links(POB, other) == [boards[0]]
     assert store.links("pin_liked_by_user", other) == [users[0]]
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_fills_packed_head_on_postgresql_is_the_head_the_rows_give(store: Store, board: int) -> None:
+    """PostgreSQL packs a fill's head too (int8send of the sequence with its sign bit flipped, then
+    of to_id, joined by string_agg): the same entries, in the same order, as the rows, at both
+    ends of BIGINT, below zero and with ties; newest first, the last entries in list order."""
+    ps = pins(store, 12)
+    sequences = [-(1 << 63), -5, -5, 0, 1, 1 << 40, (1 << 63) - 1, 7, 7, 7, -1, 3]
+    for p, s in zip(ps, sequences, strict=True):
+        store.link(BHP, board, p, sequence=s)
+    relations = store.admin_context().relations
+    h = relations.handle(store.config.relations[BHP], board)
+    rows = relations.repo.page(h, BHP, board, 100, None, False)
+    assert rows == sorted((s, p) for p, s in zip(ps, sequences, strict=True))
+    assert relations.repo.sql(h, BHP).head_packed is not None
+    for limit in (1, 5, 12, 100):
+        n, head, packed, version = relations.repo.head_and_count(h, BHP, board, limit)
+        assert (n, head, version) == (12, rows[:limit], 0)  # (no list versions on PostgreSQL)
+        assert packed == encode_members(rows[:limit])
+        n, newest, packed, _v = relations.repo.head_and_count(h, BHP, board, limit, newest=True)
+        assert (n, newest) == (12, rows[-limit:])
+        assert packed == encode_members(rows[-limit:])
+    empty = store.create("board", {"name": "empty"})
+    assert relations.repo.head_and_count(relations.handle(store.config.relations[BHP], empty), BHP, empty, 5)[
+        :3
+    ] == (0, [], b"")
 
 
 @pytest.mark.parametrize("backend", ["mariadb"], indirect=True)

@@ -215,9 +215,9 @@ class RelationStatements(Statements):
       (relation, from), part_head_fits (from, relation, from, fits, limit: the head, only if the
       list's count is <= fits), part_linked (from, tos...): rows labelled with a part number
       (`with_part`), for one UNION ALL query over many lists (`store.relations.reads`);
-    - head_packed (relation, from, from, limit), MariaDB/MySQL only: "count:version" and the
-      first entries packed in one value (a list fill's read); head_packed_desc: the same with
-      the last entries (still packed in list order);
+    - head_packed (relation, from, from, limit), MariaDB/MySQL and PostgreSQL: "count:version"
+      (PostgreSQL: the count) and the first entries packed in one value (a list fill's read);
+      head_packed_desc: the same with the last entries (still packed in list order);
     - linked (from, tos...): which to_ids are linked from one from_id; the IN list is made
       for n to_ids by `in_list`.
     """
@@ -366,15 +366,31 @@ class RelationStatements(Statements):
                 .where(c.c.relation == rel, c.c.from_id == cf)
                 .scalar_subquery()
             )
-            # head_packed_desc: the newest entries (a newest-first read's fill), packed in list order.
-            for name, order in (("head_packed", asc), ("head_packed_desc", desc)):
-                top = select(seq, to, packed).where(f == pf).order_by(*order).limit(lim).offset(_ZERO)
-                q = top.subquery("q")
-                self._add(name, select(counted, joined).select_from(q), ["r", "cf", "f", "lim"])
+            self._add_head_packed(counted, packed, joined, select(seq, to, packed).where(f == pf), asc, desc)
+        elif backend.name == "postgresql":
+            # The same on PostgreSQL: int8send gives 8 big-endian bytes; the sign bit flipped
+            # (XOR) is sequence + 2^63. string_agg over bytea joins them in list order. The
+            # count alone (no list versions here, `Backend.list_versions`): version 0.
+            packed = literal_column(
+                "int8send(sequence # '-9223372036854775808'::int8) || int8send(to_id)"
+            ).label("m")
+            joined = literal_column("string_agg(q.m, ''::bytea ORDER BY q.sequence, q.to_id)")
+            counted = select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf).scalar_subquery()
+            self._add_head_packed(counted, packed, joined, select(seq, to, packed).where(f == pf), asc, desc)
         # Membership: which of the to_ids in `_IN` (n placeholders, see `in_list`) are linked.
         some = to.in_([literal_column(_IN)])
         self._add("linked", select(to).where(f == pf, some), ["f"])
         self._add("part_linked", select(label, seq, to).where(f == pf, some), ["f"])
+
+    def _add_head_packed(
+        self, counted: Any, packed: Label[Any], joined: ColumnClause[Any], list_rows: Any, asc: Any, desc: Any
+    ) -> None:
+        """head_packed (and head_packed_desc: the newest entries, a newest-first read's fill, packed in
+        list order): the kept count and the first entries of ``list_rows`` (sequence, to_id and the
+        member ``packed``, of one list) joined by ``joined``, in one row."""
+        for name, order in (("head_packed", asc), ("head_packed_desc", desc)):
+            q = list_rows.order_by(*order).limit(_p("lim")).offset(_ZERO).subquery("q")
+            self._add(name, select(counted, joined).select_from(q), ["r", "cf", "f", "lim"])
 
     def in_list(self, text: str, n: int) -> str:
         """``text`` (``linked``, ``part_linked``) with its IN list of ``n`` placeholders."""

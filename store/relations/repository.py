@@ -447,9 +447,10 @@ class RelationRepository:
         list order either way) and the list's version, in one statement.
 
         One round trip, and one snapshot: the count, the rows and the version
-        agree. On MariaDB/MySQL the rows come packed in one value
-        (``head_packed``), returned too (the list cache's members as they
-        are), else None; elsewhere the version is 0 (not known).
+        agree. On MariaDB/MySQL and PostgreSQL the rows come packed in one
+        value (``head_packed``), returned too (the list cache's members as
+        they are), else None. The version is 0 (not known) where the backend
+        returns none (`Backend.list_versions`).
         """
         sql = self.sql(h, relation)
         packed_sql = getattr(sql, "head_packed_desc" if newest else "head_packed", None)
