@@ -213,10 +213,7 @@ class ObjectService:
         and its reply read after the lists' (one round trip for both, where each took one).
         """
         lists = [(r.name, new) for r in self._config.relations.values() if r.from_type == spec.name]
-        if self._cache is None:
-            self._relations.invalidate(lists)
-            return
-        finish = self._cache.invalidate_begin([self.key(new, spec)])
+        finish = self._invalidate_begin(new, spec)
         try:
             self._relations.invalidate(lists)
         finally:
@@ -436,11 +433,18 @@ class ObjectService:
 
         try:
             was_live = self._steps("delete", mark)
+        except BaseException:
+            self._invalidate(id, spec)  # (the mark may have committed before the error)
+            raise
+        # The object's entry goes while its lists are swept: the memcached delete is sent now
+        # and its reply read when the sweep is done (one round trip less).
+        finish = self._invalidate_begin(id, spec)
+        try:
+            if unique is not None and held:
+                unique.release(held, id)  # only rows this object holds: a value another took stays
+            self._sweep.remove_object(spec.name, id, first)
         finally:
-            self._invalidate(id, spec)
-        if unique is not None and held:
-            unique.release(held, id)  # only rows this object holds: a value another took stays
-        self._sweep.remove_object(spec.name, id, first)
+            finish()
         self._steps.mark("deleted")
         return was_live
 
@@ -637,6 +641,16 @@ class ObjectService:
     def _invalidate(self, id: int, spec: TypeSpec) -> None:  # noqa: A002
         if self._cache is not None:
             self._cache.invalidate([self.key(id, spec)])
+
+    def _invalidate_begin(self, id: int, spec: TypeSpec) -> Callable[[], None]:  # noqa: A002
+        """`_invalidate`, sent now; the returned function waits for it (call it in a ``finally``)."""
+        if self._cache is None:
+            return _nothing
+        return self._cache.invalidate_begin([self.key(id, spec)])
+
+
+def _nothing() -> None:
+    """No cache: nothing to wait for."""
 
 
 def _pieces(parts: list[tuple[int, str, list[int]]], cap: int) -> list[list[tuple[int, str, list[int]]]]:
