@@ -137,6 +137,69 @@ def test_a_logged_delete_is_one_request_and_commits_all_or_nothing(raw: dict[str
         assert repo.delete(h, "pins", other, logged="o:test") is True
 
 
+def _log_since(after: int) -> tuple[int, list[str]]:
+    """The log rows' entries after row ``after``, and the last row's id."""
+    import psycopg
+
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={DB}", autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id, entries FROM store_log.cache_log WHERE id > %s ORDER BY id", (after,)
+        ).fetchall()
+    return (rows[-1][0] if rows else after), [str(e) for _id, e in rows]
+
+
+def test_gates_with_logged_hosts_change_a_links_requests_never_its_outcome_or_its_log(
+    raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hosts that log their writes take gates too on PostgreSQL: each side's write logs its own list
+    if it changed its row, and the COMMIT follows behind the gates. From every state a pair can
+    be in (`tests.test_gates`), a link with gates and without answers the same, leaves the same
+    rows and counts, and logs the same lists; a new same-host pair is one request, log rows and
+    all."""
+    from store.backends.postgres import driver
+    from store.backends.postgres.dialect import PostgresBackend
+    from tests.test_gates import ROW_STATES, _linked, _pair_in_state
+
+    def run() -> dict[tuple[str, str, str], tuple[Any, ...]]:
+        out = {}
+        for primary in ROW_STATES:
+            for inverse in ROW_STATES:
+                for dead in ("", "board", "pin"):
+                    board, pin = _pair_in_state(store, "one host", primary, inverse, dead)
+                    last, _entries = _log_since(0)
+                    linked = _linked(store, board, pin)
+                    _last, entries = _log_since(last)
+                    # The lists logged (one row for both sides, or a row each: the same keys).
+                    keys = (k for e in entries for k in e.split())
+                    named = sorted(k.replace(str(board), "BOARD").replace(str(pin), "PIN") for k in keys)
+                    out[(primary, inverse, dead)] = (*linked, named)
+        return out
+
+    with Store.from_config(raw) as store:
+        gated = run()
+        monkeypatch.setattr(PostgresBackend, "gates", False)
+        assert run() == gated
+        monkeypatch.undo()
+        assert gated[("absent", "absent", "")][:4] == (True, 5, 5, (1, 1))
+        assert gated[("absent", "absent", "")][4], "a new pair's lists were not logged"
+        assert gated[("at 5", "at 5", "")][4] == []  # a pair in place: no news, nothing logged
+        board, pin = _pair_in_state(store, "one host", "absent", "absent", "")
+        last, _entries = _log_since(0)
+        requests: list[int] = []  # (the database's only: the caches' updates go to Redis)
+        real = driver.run_pipeline
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            requests.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(driver, "run_pipeline", counted)
+        assert store.link("board_has_pins", board, pin, sequence=5) is True
+        monkeypatch.undo()
+        assert len(requests) == 1
+        _last, entries = _log_since(last)
+        assert entries, "the gated link logged nothing"
+
+
 def test_a_standby_takes_over_the_advisory_lock_within_2s(raw: dict[str, Any], tmp_path: Path) -> None:
     config = _config_file(tmp_path, raw)
     first = _daemon_process(config)

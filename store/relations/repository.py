@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from store.backends import Backend
 from store.backends.statements import (
     GuardedInsertStatements,
     PairRowsStatements,
@@ -122,12 +121,6 @@ class Plan:
         """A write of ``kind`` that counts itself (a ``*_counted`` statement: rowcount is the write's)."""
         self.kinds.append(kind)
         self.statements.append(write)
-
-    def gated(self, backend: Backend, kind: int) -> tuple[list[tuple[str, Any]], list[int]]:
-        """The plan's statements with gates (`Backend.gate_plan`: ``kind``, 0 or 1) that end the
-        request unless one of its writes changed its row; and where its own statements are
-        among them, for `outcome`."""
-        return backend.gate_plan(self.statements, len(self.kinds), kind)
 
     def outcome(self, results: Sequence[tuple[int, int]], seen: Seen = None) -> str | None:
         """The kind of the first write that changed its row, or None; from the statements'

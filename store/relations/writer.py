@@ -391,17 +391,26 @@ class PairWriter:
         the slow ways decide). False if a gate ended it and the transaction cannot go on (the
         inverse side's on MariaDB: a torn pair, a deleted object; either on PostgreSQL, whose
         transaction is then in error): it is begun again, as if nothing had been sent. False
-        too, and nothing sent, where the backend has no gates or a host logs its writes (the
-        log row goes with the COMMIT).
+        too, and nothing sent, where the backend has no gates, or a host logs its writes and
+        the backend's writes cannot log themselves (MariaDB: the log row goes with the COMMIT).
+        Where they can (PostgreSQL: `Backend.counted_writes`), each side's write logs its own
+        list if it changed its row, as `_committed` has it, and the gates go after.
         """
-        if not self.gates([c.side for c in changes]):
+        if not self.gates([c.side for c in changes], logs=True):
             return False
         backend = changes[0].side.h.backend
         statements: list[tuple[str, Any]] = []
         places: list[list[int]] = []
-        for n, plan in enumerate(plans):
-            gated, own = plan.gated(backend, n)
-            places.append([len(statements) + k for k in own])
+        logged = False
+        for n, (c, plan) in enumerate(zip(changes, plans, strict=True)):
+            own = plan.statements
+            if self.log is not None and c.side.h.log_sql() is not None:
+                entry = self.log(c.side)
+                at_ms = wall_ms()
+                own = [(self._counted_logged(backend, text), (*v, at_ms, entry)) for text, v in own]
+                logged = True
+            gated, mine = backend.gate_plan(own, len(plan.kinds), n)
+            places.append([len(statements) + k for k in mine])
             statements += gated
         try:
             results = cur.commit_with(statements)
@@ -417,16 +426,21 @@ class PairWriter:
         for c, plan, at in zip(changes, plans, places, strict=True):
             kind = plan.outcome([results[k] for k in at], c.seen)
             assert kind is not None  # (its gate let the COMMIT run)
-            self._changed(cur, c, kind, sequence, made)
+            self._changed(cur, c, kind, sequence, made, logged=logged)
         return True
 
-    def gates(self, sides: Sequence[Side]) -> bool:
+    def gates(self, sides: Sequence[Side], *, logs: bool = False) -> bool:
         """Whether writes of ``sides`` (on one host) may send their COMMIT with them, behind gates:
         the backend has gates (`Backend.gates`), and no host of theirs logs its writes (the log
-        row goes with the COMMIT, in a request of its own)."""
-        if not sides[0].h.backend.gates:
+        row goes with the COMMIT, in a request of its own). ``logs``: the caller's statements
+        log their own lists (`_gated`), which a backend whose writes count themselves allows
+        (`Backend.counted_writes`): hosts that log may take gates then too."""
+        backend = sides[0].h.backend
+        if not backend.gates:
             return False
-        return self.log is None or not any(s.h.log_sql() for s in sides)
+        if self.log is None or not any(s.h.log_sql() for s in sides):
+            return True
+        return logs and backend.counted_writes
 
     def _committed(self, cur: Cursor, writes: Sequence[tuple[Change, Plan]]) -> list[str | None]:
         """Run each of ``writes`` (a `Plan` of one write on its ``Change``'s side) with its log row
