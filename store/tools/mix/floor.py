@@ -66,15 +66,21 @@ class Floor:
         """This thread's connections: a set of its own, adopted from a thread that has ended if any."""
         mine: dict[str, Any] | None = getattr(self._local, "mine", None)
         if mine is None:
+            me = threading.get_ident()
             with self._all_lock:
-                alive = {t.ident for t in threading.enumerate()}
-                for ident in list(self._owned):
-                    if ident not in alive:
-                        mine = self._owned.pop(ident)
-                        break
-                else:
-                    mine = {}
-                self._owned[threading.get_ident()] = mine
+                # A set under this thread's own ident is an ended thread's (idents are reused,
+                # and this thread has none yet): its first. Left there, it would be replaced
+                # below and its connections left open, unused, until the run's end.
+                mine = self._owned.pop(me, None)
+                if mine is None:
+                    alive = {t.ident for t in threading.enumerate()}
+                    for ident in list(self._owned):
+                        if ident not in alive:
+                            mine = self._owned.pop(ident)
+                            break
+                    else:
+                        mine = {}
+                self._owned[me] = mine
             self._local.mine = mine
         return mine
 
