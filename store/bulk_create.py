@@ -35,7 +35,7 @@ from sqlalchemy.sql.elements import BindParameter, ColumnClause
 
 from store.backends.statements import ObjectStatements
 from store.backends.tables import SHARD
-from store.cache.leases import ObjectCache
+from store.cache.leases import ObjectCache, nothing_owed
 from store.config import StoreConfig
 from store.engines import Engines, ShardHandle
 from store.exceptions import (
@@ -422,18 +422,18 @@ class BulkCreates:
     def _created(self, spec: TypeSpec, ids: Sequence[int]) -> None:
         """A create is a write: drop whatever the caches hold under the new IDs (one call per cache,
         the two at once: memcached's reply is read after the lists')."""
+        cache = self._cache
         finish = (
-            None
-            if self._cache is None
-            else self._cache.invalidate_begin([self._objects.key(i, spec) for i in ids])
+            nothing_owed
+            if cache is None
+            else cache.invalidate_begin([self._objects.key(i, spec) for i in ids])
         )
         try:
             if self._relations.lists is not None:
                 names = [r.name for r in self._config.relations.values() if r.from_type == spec.name]
                 self._relations.invalidate([(r, i) for i in ids for r in names])
         finally:
-            if finish is not None:
-                finish()
+            finish()
 
     def _remove(self, spec: TypeSpec, shard: int, key: int) -> None:
         self._objects.repo.remove(self._at(shard), spec.table, key)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import store.unique as _keys
 from store.cache.follower import log_entries
-from store.cache.leases import ObjectCache
+from store.cache.leases import ObjectCache, nothing_owed
 from store.config import StoreConfig
 from store.engines import Engines, ShardHandle
 from store.exceptions import (
@@ -645,12 +645,8 @@ class ObjectService:
     def _invalidate_begin(self, id: int, spec: TypeSpec) -> Callable[[], None]:  # noqa: A002
         """`_invalidate`, sent now; the returned function waits for it (call it in a ``finally``)."""
         if self._cache is None:
-            return _nothing
+            return nothing_owed
         return self._cache.invalidate_begin([self.key(id, spec)])
-
-
-def _nothing() -> None:
-    """No cache: nothing to wait for."""
 
 
 def _pieces(parts: list[tuple[int, str, list[int]]], cap: int) -> list[list[tuple[int, str, list[int]]]]:

@@ -366,7 +366,6 @@ class RelationStatements(Statements):
                 .where(c.c.relation == rel, c.c.from_id == cf)
                 .scalar_subquery()
             )
-            self._add_head_packed(counted, packed, joined, select(seq, to, packed).where(f == pf), asc, desc)
         elif backend.name == "postgresql":
             # The same on PostgreSQL: int8send gives 8 big-endian bytes; the sign bit flipped
             # (XOR) is sequence + 2^63. string_agg over bytea joins them in list order. The
@@ -376,21 +375,16 @@ class RelationStatements(Statements):
             ).label("m")
             joined = literal_column("string_agg(q.m, ''::bytea ORDER BY q.sequence, q.to_id)")
             counted = select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf).scalar_subquery()
-            self._add_head_packed(counted, packed, joined, select(seq, to, packed).where(f == pf), asc, desc)
+        if backend.name in ("mysql", "postgresql"):
+            # head_packed_desc: the newest entries (a newest-first read's fill), packed in list order.
+            for name, order in (("head_packed", asc), ("head_packed_desc", desc)):
+                top = select(seq, to, packed).where(f == pf).order_by(*order).limit(lim).offset(_ZERO)
+                q = top.subquery("q")
+                self._add(name, select(counted, joined).select_from(q), ["r", "cf", "f", "lim"])
         # Membership: which of the to_ids in `_IN` (n placeholders, see `in_list`) are linked.
         some = to.in_([literal_column(_IN)])
         self._add("linked", select(to).where(f == pf, some), ["f"])
         self._add("part_linked", select(label, seq, to).where(f == pf, some), ["f"])
-
-    def _add_head_packed(
-        self, counted: Any, packed: Label[Any], joined: ColumnClause[Any], list_rows: Any, asc: Any, desc: Any
-    ) -> None:
-        """head_packed (and head_packed_desc: the newest entries, a newest-first read's fill, packed in
-        list order): the kept count and the first entries of ``list_rows`` (sequence, to_id and the
-        member ``packed``, of one list) joined by ``joined``, in one row."""
-        for name, order in (("head_packed", asc), ("head_packed_desc", desc)):
-            q = list_rows.order_by(*order).limit(_p("lim")).offset(_ZERO).subquery("q")
-            self._add(name, select(counted, joined).select_from(q), ["r", "cf", "f", "lim"])
 
     def in_list(self, text: str, n: int) -> str:
         """``text`` (``linked``, ``part_linked``) with its IN list of ``n`` placeholders."""

@@ -53,6 +53,7 @@ __all__ = [
     "ObjectCache",
     "TrustSource",
     "entry",
+    "nothing_owed",
     "wall_ms",
 ]
 
@@ -262,8 +263,8 @@ class ObjectCache:
         return self.store.delete_many_begin(keys)
 
 
-def _done() -> None:
-    """Nothing left to wait for."""
+def nothing_owed() -> None:
+    """A begun invalidation's wait where nothing was sent: nothing to wait for."""
 
 
 class MemoryLeaseStore:
@@ -343,7 +344,7 @@ class MemoryLeaseStore:
     def delete_many_begin(self, keys: Sequence[str]) -> Callable[[], None]:
         """`delete_many` now (nothing to wait for in memory)."""
         self.delete_many(keys)
-        return _done
+        return nothing_owed
 
     def peek_many(self, keys: Sequence[str]) -> dict[str, bytes]:
         """The value under each key that holds one."""

@@ -398,17 +398,16 @@ class PairWriter:
         """
         if not self.gates([c.side for c in changes], logs=True):
             return False
-        backend = changes[0].side.h.backend
+        h = changes[0].side.h
+        backend = h.backend
+        log = None if self.log is None or h.log_sql() is None else self.log  # (one host: both sides')
         statements: list[tuple[str, Any]] = []
         places: list[list[int]] = []
-        logged = False
         for n, (c, plan) in enumerate(zip(changes, plans, strict=True)):
             own = plan.statements
-            if self.log is not None and c.side.h.log_sql() is not None:
-                entry = self.log(c.side)
-                at_ms = wall_ms()
+            if log is not None:
+                entry, at_ms = log(c.side), wall_ms()
                 own = [(self._counted_logged(backend, text), (*v, at_ms, entry)) for text, v in own]
-                logged = True
             gated, mine = backend.gate_plan(own, len(plan.kinds), n)
             places.append([len(statements) + k for k in mine])
             statements += gated
@@ -426,7 +425,7 @@ class PairWriter:
         for c, plan, at in zip(changes, plans, places, strict=True):
             kind = plan.outcome([results[k] for k in at], c.seen)
             assert kind is not None  # (its gate let the COMMIT run)
-            self._changed(cur, c, kind, sequence, made, logged=logged)
+            self._changed(cur, c, kind, sequence, made, logged=log is not None)
         return True
 
     def gates(self, sides: Sequence[Side], *, logs: bool = False) -> bool:

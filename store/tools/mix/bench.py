@@ -270,47 +270,30 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         if ASYNC_SYSTEM in names:
             callers += [(c, [ASYNC_SYSTEM]) for c in options.concurrency or options.threads]
         for threads, group in callers:
-            # Cold: in slices too, each from empty caches, the systems taking turns, so that
-            # the machine's drift over the phase (the first system ran on a fresher server)
-            # lands on all of them alike.
-            cold: dict[str, list[Phase]] = {n: [] for n in group}
-            for r in range(rounds):
-                for n in group[r % len(group) :] + group[: r % len(group)]:
-                    _empty(systems[n], config.cache.memcached)
-                    part = _timed(
-                        config,
-                        systems[n],
-                        data,
-                        copies[n],
-                        options,
-                        threads,
-                        "cold",
-                        options.seconds / rounds,
-                        COLD_PARTS + r,
-                        pools.get(n),
-                        rounds,
-                    )
-                    cold[n].append(part)
-            phases += [merge(cold[n]) for n in group]
-            # Warm: in slices, the systems taking turns (each starts the round in turn).
-            slices: dict[str, list[Phase]] = {n: [] for n in group}
-            for r in range(rounds):
-                for n in group[r % len(group) :] + group[: r % len(group)]:
-                    part = _timed(
-                        config,
-                        systems[n],
-                        data,
-                        copies[n],
-                        options,
-                        threads,
-                        "warm",
-                        options.seconds / rounds,
-                        r + 1,
-                        pools.get(n),
-                        rounds,
-                    )
-                    slices[n].append(part)
-            phases += [merge(slices[n]) for n in group]
+            # Each phase in slices, the systems taking turns at being first (noise, and the
+            # servers' drift over a run, land on all alike): cold, each slice from the system's
+            # caches emptied, then warm.
+            for temperature, first_part in (("cold", COLD_PARTS), ("warm", 1)):
+                sliced: dict[str, list[Phase]] = {n: [] for n in group}
+                for r in range(rounds):
+                    for n in group[r % len(group) :] + group[: r % len(group)]:
+                        if temperature == "cold":
+                            _empty(systems[n], config.cache.memcached)
+                        part = _timed(
+                            config,
+                            systems[n],
+                            data,
+                            copies[n],
+                            options,
+                            threads,
+                            temperature,
+                            options.seconds / rounds,
+                            first_part + r,
+                            pools.get(n),
+                            rounds,
+                        )
+                        sliced[n].append(part)
+                phases += [merge(sliced[n]) for n in group]
         for pool in pools.values():
             pool.close()
         t = read_truth(schema)
