@@ -185,6 +185,22 @@ class ShardHandle:
                     raise
         raise AssertionError("unreachable")
 
+    def read_pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
+        """Run reads in one request where the driver pipelines them (`Backend.pipelines`): the
+        rows of each, in order. A lost connection is retried once on a new one, as by `read`."""
+        for attempt in (1, 2):
+            conn: DBAPIConnection | None = None
+            try:
+                with self.connect() as conn:
+                    cur: Any = conn.cursor()  # (a pipelining driver's cursor: `run_pipeline`)
+                    answers = cur.run_pipeline(statements)
+                    cur.close()
+                return [rows or [] for _n, rows in answers]
+            except ConnectionLostError:
+                if conn is None or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
     def transaction(self, body: Callable[[Cursor], T]) -> T:
         """Run ``body`` in one transaction on this shard; again after a deadlock or lock timeout.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from store.backends.statements import ObjectStatements
+from store.backends.statements import ObjectStatements, int_array
 from store.cache.leases import wall_ms
 from store.engines import Cursor, ShardHandle
 from store.exceptions import (
@@ -160,6 +160,16 @@ class ObjectRepository:
     def get_many_rows(self, h: ShardHandle, parts: Sequence[tuple[int, str, Sequence[int]]]) -> list[Any]:
         """`get_many`'s rows as the database gives them: (part, local_id, JSON text), ``part`` the
         index in ``parts`` of the row's (shard, table)."""
+        if h.backend.pipelines:
+            # One prepared statement per shard, its keys one array (`ObjectStatements` select_any),
+            # all in one request: a text that never changes, where a UNION ALL of IN lists would
+            # be a new text (prepared, and planned, again) at nearly every call.
+            statements = [
+                (self.statements(h, table).for_shard(shard)["select_any"], (int_array(local_ids),))
+                for shard, table, local_ids in parts
+            ]
+            answers = h.read_pipelined(statements)
+            return [(part, key, text) for part, rows in enumerate(answers) for key, text in rows]
         selects: list[str] = []
         params: list[int] = []
         for i, (shard, table, local_ids) in enumerate(parts):

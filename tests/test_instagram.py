@@ -315,3 +315,71 @@ def test_statements_the_store_prepared_come_back_after_someone_deallocates_them(
         assert store.count("board_has_pins", board) == 1
         assert store.links("pin_owned_by_board", pin) == [board]
         assert store.get_with_version(pin, type_name="pin") == ({"n": 2}, 2)
+
+
+def test_a_store_session_plans_what_it_prepared_once(postgres_ready: StoreConfig) -> None:
+    """Each statement a store connection prepared is planned on its first run only (a generic
+    plan), not on each of its first five: run ten times, one statement text is planned once,
+    and its answers are the same."""
+    from dataclasses import replace
+
+    with Store(replace(postgres_ready, pool_size=1)) as store:
+        board = store.create("board", {})
+        pins = [store.create("pin", {"n": i}, near=board) for i in range(10)]
+        loc = store.locate(pins[0], type_name="pin")
+        h = store.admin_context().engines.shard(loc.shard, loc.host)
+        with h.connect() as conn:
+            [(mode,)] = conn.raw.execute("SHOW plan_cache_mode").fetchall()
+        assert mode == "force_generic_plan"
+        for i, pin in enumerate(pins):
+            assert store.get(pin, type_name="pin") == {"n": i}
+        with h.connect() as conn:
+            rows = conn.raw.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+                ("%pins.data%FROM%pins%WHERE%",),
+            ).fetchall()
+        assert rows, "the store prepared no read of a pin"
+        assert all(custom == 0 for _generic, custom in rows)
+        assert sum(generic for generic, _custom in rows) >= 10
+
+
+def test_get_many_over_many_schemas_of_a_host_prepares_one_statement_per_schema(
+    postgres_ready: StoreConfig,
+) -> None:
+    """`get_many` over many schema shards of one host is one request of one prepared statement per
+    schema, its keys one array: every call, whatever its keys and their number, runs the same
+    texts, so a connection prepares one read per schema and table and no more. Every answer is
+    the database's: live objects only, absent and deleted IDs left out."""
+    from dataclasses import replace
+
+    with Store(replace(postgres_ready, pool_size=1)) as store:
+        boards = [store.create("board", {"b": b}) for b in range(12)]
+        pins = {store.create("pin", {"i": i}, near=boards[i % 12]): i for i in range(60)}
+        gone = list(pins)[::7]
+        for p in gone:
+            assert store.delete(p, type_name="pin") is True
+        live = {p: {"i": i} for p, i in pins.items() if p not in gone}
+        by_host: dict[str, set[int]] = {}
+        for p in pins:
+            loc = store.locate(p, type_name="pin")
+            by_host.setdefault(loc.host, set()).add(loc.shard)
+        assert max(len(s) for s in by_host.values()) > 1, "the pins should span schemas of a host"
+        ids = list(pins)
+        for k in range(1, 60, 7):  # (different numbers of keys a schema each time)
+            asked = ids[:k] + gone
+            assert store.get_many(asked, type_name="pin") == {p: live[p] for p in asked if p in live}
+        absent = max(ids) + (1 << 10)  # (the next schema's: its ID bits 10-22 are the shard)
+        assert store.get_many([absent, *ids], type_name="pin") == live
+        loc = store.locate(ids[0], type_name="pin")
+        h = store.admin_context().engines.shard(loc.shard, loc.host)
+        with h.connect() as conn:
+            texts = [
+                t
+                for (t,) in conn.raw.execute(
+                    "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+                    ("%.pins.data%FROM%pins%",),
+                ).fetchall()
+            ]
+        assert texts
+        assert all("ANY" in t and " IN (" not in t for t in texts), texts
+        assert len(texts) == len(set(texts)) <= len(by_host[loc.host]) + 1  # (+1: the absent one's)

@@ -19,9 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
+    BigInteger,
     MetaData,
     and_,
+    any_,
     bindparam,
+    cast,
     delete,
     exists,
     func,
@@ -45,6 +49,7 @@ __all__ = [
     "Statements",
     "counted_with_log",
     "expand_rows",
+    "int_array",
     "with_part",
 ]
 
@@ -63,6 +68,12 @@ _RELATION_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 
 def _p(name: str) -> BindParameter[Any]:
     return bindparam(name)
+
+
+def int_array(values: Sequence[int]) -> str:
+    """An array of ints as its text (``{1,2,3}``), for a ``bigint[]`` parameter: bound as one
+    string, where a list would be bound element by element by the driver."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 class Statements:
@@ -137,7 +148,8 @@ class ObjectStatements(Statements):
     - activate (key): a pending row goes live at version 1 (rowcount 0: it was abandoned);
     - abandon (key): a pending row can never go live (it reads as deleted, version 1);
     - state (key): active, version, data of the row whatever its state;
-    - `select_many` (key, ...) for n keys, labelled with a part number.
+    - `select_many` (key, ...) for n keys, labelled with a part number;
+    - select_any (keys as one array text), where the driver pipelines: key, data of each live one.
     """
 
     def __init__(self, backend: Backend, table: str, *, ids: str) -> None:
@@ -167,6 +179,13 @@ class ObjectStatements(Statements):
         self._add("remove", delete(t).where(key == k), ["k"])
         # For a link: is the object live? Read in share mode, so a delete waits for the link.
         self._add("live_shared", select(t.c.active).where(key == k).with_for_update(read=True), ["k"])
+        if backend.pipelines:
+            # Many keys of one shard as one array parameter (``{1,2,3}``): one text per shard,
+            # whatever the number of keys, so it is prepared once (`ObjectRows.get_many_rows`).
+            keys = cast(_p("ks"), ARRAY(BigInteger))
+            self._add(
+                "select_any", select(key, t.c.data).where(t.c.active == _ONE, key == any_(keys)), ["ks"]
+            )
         self._many: dict[int, str] = {}
 
     def select_many(self, n: int) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from store.backends import Backend
+from store.backends.statements import int_array
 from store.engines import Cursor
 from store.relations.repository import Side
 
@@ -57,7 +58,7 @@ class CountedRows:
             mine = [sides[k] for k in ks]
             values = [g.value for side in mine if (g := side.guard) is not None]
             arrays = ([s.from_id for s in mine], [s.to_id for s in mine], [items[k][1] for k in ks], values)
-            out.append((text, relation, (*map(_array, arrays), relation)))
+            out.append((text, relation, (*map(int_array, arrays), relation)))
         return out
 
     def unlinks(self, sides: Sequence[Side]) -> Statements | None:
@@ -75,7 +76,7 @@ class CountedRows:
                 (b.name, shard, relation, "", ""),
                 lambda: b.counted_unlink_rows(shard, relation),  # noqa: B023 - called now
             )
-            froms, tos = _array([s.from_id for s in mine]), _array([s.to_id for s in mine])
+            froms, tos = int_array([s.from_id for s in mine]), int_array([s.to_id for s in mine])
             out.append((text, relation, (froms, tos, relation)))
         return out
 
@@ -115,9 +116,3 @@ class CountedRows:
 def _counted(sides: Sequence[Side]) -> bool:
     """Whether ``sides`` (two or more, one backend) are written as rows (`Backend.counted_rows`)."""
     return len(sides) > 1 and bool(sides[0].h.backend.counted_rows)
-
-
-def _array(values: list[int]) -> str:
-    """An array of ints as its text (``{1,2,3}``): bound as one string, where a list would be
-    bound element by element by the driver."""
-    return "{" + ",".join(map(str, values)) + "}"

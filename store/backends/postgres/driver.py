@@ -17,7 +17,14 @@ from sqlalchemy.engine import URL
 from store.exceptions import BackendError, ConfigError
 from store.tls import postgres_tls
 
-__all__ = ["ANSWER_MARGIN_S", "DOLLAR_CACHE_SIZE", "dollar_params", "postgres_connector", "run_pipeline"]
+__all__ = [
+    "ANSWER_MARGIN_S",
+    "DOLLAR_CACHE_SIZE",
+    "GENERIC_PLANS",
+    "dollar_params",
+    "postgres_connector",
+    "run_pipeline",
+]
 
 
 def postgres_connector(
@@ -38,6 +45,9 @@ def postgres_connector(
     connection is closed and the call fails as a lost connection. The
     URL's ``sslmode``, ``sslrootcert``, ``sslcert`` and ``sslkey`` go to libpq
     (`store.tls.postgres_tls`); `ConfigError` if they are wrong.
+
+    The session plans each statement it has prepared once (`GENERIC_PLANS`): the store's
+    statements are key lookups whose best plan does not depend on the values.
     """
     import psycopg
 
@@ -50,7 +60,7 @@ def postgres_connector(
         "user": url.username or "postgres",
         "dbname": url.database,
         "connect_timeout": max(2, math.ceil(connect_timeout_s)),  # libpq: whole seconds, at least 2
-        "options": f"-c statement_timeout={ms}",
+        "options": f"-c statement_timeout={ms} {GENERIC_PLANS}",
         "tcp_user_timeout": ms,
         "autocommit": True,
         # The store prepares its statements itself (`run_pipeline`); psycopg preparing its own
@@ -158,6 +168,14 @@ def dollar_params(sql: str) -> str:
     _dollar_texts[sql] = out
     return out
 
+
+#: The session setting that plans a prepared statement once, for any parameters, where PostgreSQL
+#: would plan each of its first five runs for their values and keep the generic plan only after.
+#: A store connection serves every schema shard of its host, so it prepares each statement text
+#: of each shard: most of them run a few times on one connection, and each run planned anew cost
+#: half the server's time on the mix's statements (BENCHMARKS.md). Every statement the store
+#: prepares reads or writes rows by key, the same plan whatever the key.
+GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 
 #: Statements a connection keeps prepared for `run_pipeline` (past it, the rest go unprepared).
 PREPARED_PER_CONNECTION = 512
