@@ -383,3 +383,44 @@ def test_get_many_over_many_schemas_of_a_host_prepares_one_statement_per_schema(
         assert texts
         assert all("ANY" in t and " IN (" not in t for t in texts), texts
         assert len(texts) == len(set(texts)) <= len(by_host[loc.host]) + 1  # (+1: the absent one's)
+
+
+def test_reads_of_many_lists_run_the_same_prepared_texts_whatever_they_ask(
+    postgres_ready: StoreConfig,
+) -> None:
+    """`pages_many`, `has_links_many` and `has_links` over boards in many schemas of a host: each
+    host's statements go in one request, one text per schema and kind whatever the lists and
+    IDs asked (no UNION ALL, no IN list), so a connection prepares each once. Every answer is
+    the database's, read one list at a time."""
+    from dataclasses import replace
+
+    with Store(replace(postgres_ready, pool_size=1)) as store:
+        boards = [store.create("board", {"b": b}) for b in range(10)]
+        pins: dict[int, list[int]] = {b: [] for b in boards}
+        for i in range(40):
+            b = boards[i % 10]
+            p = store.create("pin", {"i": i}, near=b)
+            store.link(BHP, b, p)
+            pins[b].append(p)
+        everyone = [p for ps in pins.values() for p in ps]
+        for k in (1, 3, 7, 10):
+            asked = boards[:k]
+            got = store.pages_many(BHP, asked, limit=3, newest_first=k % 2 == 1)
+            assert {b: page.ids for b, page in got.items()} == {
+                b: store.page(BHP, b, limit=3, newest_first=k % 2 == 1).ids for b in asked
+            }
+            pairs = [(b, p) for b in asked for p in everyone[: 5 * k]]
+            want = {(b, p) for b, p in pairs if p in pins[b]}
+            assert store.has_links_many(BHP, pairs) == want
+            assert store.has_links(BHP, asked[0], everyone[: 9 * k]) == set(pins[asked[0]]) & set(
+                everyone[: 9 * k]
+            )
+        loc = store.locate(boards[0], type_name="board")
+        h = store.admin_context().engines.shard(loc.shard, loc.host)
+        with h.connect() as conn:
+            texts = [
+                t for (t,) in conn.raw.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+            ]
+        reads = [t for t in texts if "board_has_pins" in t and t.lstrip().upper().startswith("SELECT")]
+        assert reads
+        assert not [t for t in reads if "UNION ALL" in t or " IN (" in t]

@@ -404,6 +404,11 @@ class RelationStatements(Statements):
         some = to.in_([literal_column(_IN)])
         self._add("linked", select(to).where(f == pf, some), ["f"])
         self._add("part_linked", select(label, seq, to).where(f == pf, some), ["f"])
+        if backend.pipelines:
+            # The same with the to_ids as one array (``{1,2,3}``): one text, whatever their number.
+            every = to == any_(cast(_p("ts"), ARRAY(BigInteger)))
+            self._add("linked_any", select(to).where(f == pf, every), ["f", "ts"])
+            self._add("part_linked_any", select(label, seq, to).where(f == pf, every), ["f", "ts"])
 
     def in_list(self, text: str, n: int) -> str:
         """``text`` (``linked``, ``part_linked``) with its IN list of ``n`` placeholders."""

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from store.backends.statements import with_part
+from store.backends.statements import int_array, with_part
 from store.cache.lists import FillItem, decode_members, decode_to_ids, encode_member
 from store.engines import Engines, ShardHandle
 from store.ids import MAX_ID
@@ -239,6 +239,9 @@ class RelationReads:
                 if read.meta is None:  # not cached: fill it (if whole) from the same query
                     want = _Want(h, from_id, head=lists.entries, fits=True, linked=wanted)
                     return self._answer_and_fill(relation, [want], [read.version])[0].linked
+        if h.backend.pipelines:  # (the to_ids as one array: one prepared text)
+            sql = self._rel.repo.sql(h, relation).linked_any
+            return {int(t) for (t,) in h.read(sql, [from_id, int_array(wanted)], one=False)}
         stmts = self._rel.repo.statements(h, relation)
         linked = self._rel.repo.sql(h, relation).linked
         chunk = max(1, self._router.config.id_chunk - 1)  # to_ids beside the from_id
@@ -422,7 +425,7 @@ class RelationReads:
         Part labels: 4 * want for its page, + 1 for its head, + 2 for its count, + 3 for membership.
         """
         repo = self._rel.repo
-        parts: list[tuple[ShardHandle, str, list[Any]]] = []
+        parts: list[_Part] = []
         for i, w in enumerate(wants):
             h, f = w.h, w.from_id
             sql = repo.sql(h, relation)
@@ -434,24 +437,24 @@ class RelationReads:
             if w.page is not None:
                 after, n = w.page
                 if after is None:
-                    parts.append((h, with_part(first, 4 * i), [f, n]))
+                    parts.append((h, first, 4 * i, [f, n]))
                 else:
                     seq, to_id = after
-                    parts.append((h, with_part(further, 4 * i), [f, seq, seq, to_id, n]))
+                    parts.append((h, further, 4 * i, [f, seq, seq, to_id, n]))
             if w.head:
                 if w.fits:
-                    head = with_part(sql.part_head_fits, 4 * i + 1)
-                    parts.append((h, head, [f, relation, f, w.head, w.head]))
+                    parts.append((h, sql.part_head_fits, 4 * i + 1, [f, relation, f, w.head, w.head]))
                 else:
-                    parts.append((h, with_part(first, 4 * i + 1), [f, w.head]))
-                parts.append((h, with_part(sql.part_count, 4 * i + 2), [relation, f]))
-            if w.linked:
+                    parts.append((h, first, 4 * i + 1, [f, w.head]))
+                parts.append((h, sql.part_count, 4 * i + 2, [relation, f]))
+            if w.linked and h.backend.pipelines:  # (the to_ids as one array: one prepared text)
+                parts.append((h, sql.part_linked_any, 4 * i + 3, [f, int_array(w.linked)]))
+            elif w.linked:
                 stmts = repo.statements(h, relation)
-                member = with_part(sql.part_linked, 4 * i + 3)
                 step = max(1, min(IN_CHUNK, self._router.config.id_chunk - 1))  # (+ the from_id)
                 for k in range(0, len(w.linked), step):
                     chunk = w.linked[k : k + step]
-                    parts.append((h, stmts.in_list(member, len(chunk)), [f, *chunk]))
+                    parts.append((h, stmts.in_list(sql.part_linked, len(chunk)), 4 * i + 3, [f, *chunk]))
         got = [_Got() for _ in wants]
         for label, a, b in self._run(parts):
             i, kind = divmod(int(label), 4)
@@ -471,30 +474,55 @@ class RelationReads:
 
     # -- running the parts ---------------------------------------------------------
 
-    def _run(self, parts: list[tuple[ShardHandle, str, list[Any]]]) -> list[Any]:
-        """Every row of ``parts``: UNION ALL per host (per shard file), the hosts at once.
+    def _run(self, parts: list[_Part]) -> list[Any]:
+        """Every row of ``parts`` (a statement's text with its rows' label to put in, and its
+        parameters), each row led by its part's label: one request per host (per shard file),
+        the hosts at once.
 
-        A query carries at most ``limits.id_chunk`` parameters (and `MAX_PARAMS`):
-        a host given more gets several queries.
+        Where the driver pipelines (`Backend.pipelines`), a host's parts are its statements in
+        one pipeline, each text as it always is (its label 0, put back on its rows here): every
+        one is prepared once per connection. Elsewhere they are one UNION ALL, labelled in the
+        text; a query carries at most ``limits.id_chunk`` parameters (and `MAX_PARAMS`): a host
+        given more gets several queries.
         """
         cap = min(MAX_PARAMS, self._router.config.id_chunk)
         batches: dict[tuple[str, int], list[_Batch]] = {}
-        for h, text, params in parts:
+        pipelined: dict[str, list[_Part]] = {}
+        for part in parts:
+            h, text, label, params = part
+            if h.backend.pipelines:
+                pipelined.setdefault(h.host, []).append(part)
+                continue
             key = (h.host, h.shard if h.backend.pool_per_shard else -1)
             queue = batches.setdefault(key, [])
             if not queue or len(queue[-1].params) + len(params) > cap:
                 queue.append(_Batch(h))
-            queue[-1].texts.append(text)
+            queue[-1].texts.append(with_part(text, label))
             queue[-1].params.extend(params)
-        jobs = [
+        jobs: list[Callable[[], list[Any]]] = [
             partial(b.h.read, " UNION ALL ".join(b.texts), b.params, one=False)
             for queue in batches.values()
             for b in queue
         ]
+        jobs += [partial(_pipelined, mine) for mine in pipelined.values()]
         rows: list[Any] = []
         for got in self._engines.run_all(jobs):
             rows.extend(got)
         return rows
+
+
+#: One statement of a multi-list read: its shard, its text (with a label to put in,
+#: `with_part`), the label, its parameters.
+_Part = tuple[ShardHandle, str, int, list[Any]]
+
+
+def _pipelined(parts: list[_Part]) -> list[Any]:
+    """The rows of one host's ``parts`` in one request (`ShardHandle.read_pipelined`), each led
+    by its part's label."""
+    answers = parts[0][0].read_pipelined([(with_part(text, 0), params) for _h, text, _l, params in parts])
+    return [
+        (label, *row[1:]) for (_h, _t, label, _p), rows in zip(parts, answers, strict=True) for row in rows
+    ]
 
 
 # -- pages with their objects ----------------------------------------------------------
