@@ -424,3 +424,42 @@ def test_reads_of_many_lists_run_the_same_prepared_texts_whatever_they_ask(
         reads = [t for t in texts if "board_has_pins" in t and t.lstrip().upper().startswith("SELECT")]
         assert reads
         assert not [t for t in reads if "UNION ALL" in t or " IN (" in t]
+
+
+def test_membership_checks_probe_each_pin_however_long_the_board(postgres_ready: StoreConfig) -> None:
+    """A store session plans its statements once for any values, so a membership check must not
+    be planned as a read of the whole list: on a board of 3,000 pins, `has_links` of ten pins
+    reads ten keys (its plan run with EXPLAIN ANALYZE on the store's own connection), and
+    answers as the rows say."""
+    from dataclasses import replace
+
+    with Store(replace(postgres_ready, pool_size=1)) as store:
+        big = store.create("board", {})
+        small = store.create("board", {}, near=big)
+        pins = store.create_many("pin", [{"i": i} for i in range(3000)], near=big)
+        store.link_many(BHP, [(big, p) for p in pins])
+        store.link_many(BHP, [(small, p) for p in pins[:3]])
+        asked = [*pins[::300], max(pins) + 1]
+        assert store.has_links(BHP, big, asked) == set(pins[::300])
+        assert store.has_links(BHP, small, asked) == {pins[0]}
+        assert store.has_links_many(BHP, [(big, p) for p in asked]) == {(big, p) for p in pins[::300]}
+        loc = store.locate(big, type_name="board")
+        h = store.admin_context().engines.shard(loc.shard, loc.host)
+        with h.connect() as conn:
+            named = conn.raw.execute(
+                "SELECT name, statement FROM pg_prepared_statements WHERE statement LIKE %s",
+                ("%JOIN LATERAL%board_has_pins%",),
+            ).fetchall()
+            assert len(named) == 2  # (has_links's, and has_links_many's labelled one)
+            array = "{" + ",".join(map(str, asked)) + "}"
+            for name, _text in named:
+                explain = f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}('{array}', {big})"  # (ints only)
+                [(plan,)] = conn.raw.execute(explain).fetchall()
+                read = _rows_read(plan[0]["Plan"])
+                assert read <= 2 * len(asked), (read, plan)
+
+
+def _rows_read(node: dict[str, Any]) -> float:
+    """Rows every scan under ``node`` returned, over all its loops."""
+    mine = node["Actual Rows"] * node["Actual Loops"] if "Scan" in node["Node Type"] else 0
+    return mine + sum(_rows_read(child) for child in node.get("Plans", []))

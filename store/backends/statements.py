@@ -55,6 +55,7 @@ __all__ = [
 
 _ONE: ColumnClause[Any] = literal_column("1")
 _ZERO: ColumnClause[Any] = literal_column("0")
+_TRUE: ColumnClause[Any] = literal_column("true")
 _PART = "__part__"
 _IN = "__in__"
 _ROWS = "__rows__"
@@ -406,9 +407,16 @@ class RelationStatements(Statements):
         self._add("part_linked", select(label, seq, to).where(f == pf, some), ["f"])
         if backend.pipelines:
             # The same with the to_ids as one array (``{1,2,3}``): one text, whatever their number.
-            every = to == any_(cast(_p("ts"), ARRAY(BigInteger)))
-            self._add("linked_any", select(to).where(f == pf, every), ["f", "ts"])
-            self._add("part_linked_any", select(label, seq, to).where(f == pf, every), ["f", "ts"])
+            # Each to_id is one probe of the primary key (a LATERAL subquery with LIMIT 1): the
+            # plan is made once for any list (`store.backends.postgres.driver.GENERIC_PLANS`), and
+            # a plan that read the list's rows and kept the ones asked for would read all of a
+            # 100,000-pin board to check ten pins.
+            asked = func.unnest(cast(_p("ts"), ARRAY(BigInteger))).table_valued("t").render_derived(name="u")
+            probe = select(seq, to).where(f == pf, to == asked.c.t).limit(_ONE).lateral("p")
+            found = select(probe.c.to_id).select_from(asked).join(probe, _TRUE)
+            self._add("linked_any", found, ["ts", "f"])
+            found_part = select(label, probe.c.sequence, probe.c.to_id).select_from(asked).join(probe, _TRUE)
+            self._add("part_linked_any", found_part, ["ts", "f"])
 
     def in_list(self, text: str, n: int) -> str:
         """``text`` (``linked``, ``part_linked``) with its IN list of ``n`` placeholders."""

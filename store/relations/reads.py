@@ -241,7 +241,7 @@ class RelationReads:
                     return self._answer_and_fill(relation, [want], [read.version])[0].linked
         if h.backend.pipelines:  # (the to_ids as one array: one prepared text)
             sql = self._rel.repo.sql(h, relation).linked_any
-            return {int(t) for (t,) in h.read(sql, [from_id, int_array(wanted)], one=False)}
+            return {int(t) for (t,) in h.read(sql, [int_array(wanted), from_id], one=False)}
         stmts = self._rel.repo.statements(h, relation)
         linked = self._rel.repo.sql(h, relation).linked
         chunk = max(1, self._router.config.id_chunk - 1)  # to_ids beside the from_id
@@ -448,7 +448,7 @@ class RelationReads:
                     parts.append((h, first, 4 * i + 1, [f, w.head]))
                 parts.append((h, sql.part_count, 4 * i + 2, [relation, f]))
             if w.linked and h.backend.pipelines:  # (the to_ids as one array: one prepared text)
-                parts.append((h, sql.part_linked_any, 4 * i + 3, [f, int_array(w.linked)]))
+                parts.append((h, sql.part_linked_any, 4 * i + 3, [int_array(w.linked), f]))
             elif w.linked:
                 stmts = repo.statements(h, relation)
                 step = max(1, min(IN_CHUNK, self._router.config.id_chunk - 1))  # (+ the from_id)
