@@ -463,3 +463,44 @@ def _rows_read(node: dict[str, Any]) -> float:
     """Rows every scan under ``node`` returned, over all its loops."""
     mine = node["Actual Rows"] * node["Actual Loops"] if "Scan" in node["Node Type"] else 0
     return mine + sum(_rows_read(child) for child in node.get("Plans", []))
+
+
+def test_a_connection_keeps_the_statements_it_runs_most_recently_prepared(
+    postgres_ready: StoreConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection keeps at most `PREPARED_PER_CONNECTION` statements prepared; past it, the one
+    least recently run is closed to make room (in the same request), so the statements the
+    traffic runs stay prepared, however many schemas the host has. Reads of 8 schemas with room
+    for 3: the server holds at most 3 of the store's statements, the last 3 run among them, and
+    every answer is right, the first schemas' again after they were closed."""
+    from dataclasses import replace
+
+    from store.backends.postgres import driver
+
+    if not driver._can_close():
+        pytest.skip("this libpq closes no prepared statement (libpq 17 and later do)")
+    monkeypatch.setattr(driver, "PREPARED_PER_CONNECTION", 3)
+    with Store(replace(postgres_ready, pool_size=1)) as store:
+        boards = [store.create("board", {"b": b}) for b in range(60)]
+        h_of = {}
+        for b in boards:
+            loc = store.locate(b, type_name="board")
+            h_of.setdefault(loc.host, {}).setdefault(loc.shard, b)
+        host, firsts = max(h_of.items(), key=lambda kv: len(kv[1]))
+        mine = list(firsts.values())[:8]
+        assert len(mine) >= 5, "the boards should span schemas of one host"
+        h = store.admin_context().engines.shard(store.locate(mine[0], type_name="board").shard, host)
+        for _round in range(2):
+            for b in mine:
+                assert store.get(b, type_name="board") == {"b": boards.index(b)}
+                with h.connect() as conn:
+                    texts = [
+                        t
+                        for (t,) in conn.raw.execute(
+                            "SELECT statement FROM pg_prepared_statements WHERE name LIKE %s",
+                            ("\\_store\\_%",),
+                        ).fetchall()
+                    ]
+                assert len(texts) <= 3
+                shard = store.locate(b, type_name="board").shard
+                assert any(f"shard{shard:04d}" in t for t in texts), (shard, texts)

@@ -177,7 +177,11 @@ def dollar_params(sql: str) -> str:
 #: prepares reads or writes rows by key, the same plan whatever the key.
 GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
 
-#: Statements a connection keeps prepared for `run_pipeline` (past it, the rest go unprepared).
+#: Statements a connection keeps prepared for `run_pipeline` (about 40 KB of the server's memory
+#: each). Past it, the one least recently run is closed to make room (where libpq can close a
+#: prepared statement, version 17 and later: psycopg's binary package has it); else the rest go
+#: unprepared. A host of a thousand schemas has tens of thousands of statement texts: the ones
+#: its traffic runs stay prepared.
 PREPARED_PER_CONNECTION = 512
 
 
@@ -206,6 +210,14 @@ def run_pipeline(
         if conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
             _run_pipeline(conn, [("ROLLBACK", None)])
         return _run_pipeline(conn, statements)
+
+
+@functools.cache
+def _can_close() -> bool:
+    """Whether this libpq closes a prepared statement in a pipeline (`send_close_prepared`, 17+)."""
+    from psycopg import pq
+
+    return pq.version() >= 170000
 
 
 def _run_pipeline(
@@ -248,12 +260,20 @@ def _run_pipeline(
                 values = tx.dump_sequence(params, [PyFormat.TEXT] * len(params))
                 types = tuple(tx.types or ())
                 text = dollar_params(sql)
-                name = prepared.get((text, types))
-                if name is None and len(prepared) < PREPARED_PER_CONNECTION:
-                    number = state["_store_prepares"] = state.get("_store_prepares", 0) + 1
-                    name = prepared[(text, types)] = b"_store_%d" % number
-                    made.append((text, types))
-                    pg.send_prepare(name, text.encode(), param_types=types)
+                key = (text, types)
+                name = prepared.pop(key, None)
+                if name is not None:
+                    prepared[key] = name  # (the most recently run last: a dict keeps its order)
+                else:
+                    if len(prepared) >= PREPARED_PER_CONNECTION and _can_close():
+                        # The least recently run goes (its Close answers as a Prepare does: no
+                        # result of its own is read below).
+                        pg.send_close_prepared(prepared.pop(next(iter(prepared))))
+                    if len(prepared) < PREPARED_PER_CONNECTION:
+                        number = state["_store_prepares"] = state.get("_store_prepares", 0) + 1
+                        name = prepared[key] = b"_store_%d" % number
+                        made.append(key)
+                        pg.send_prepare(name, text.encode(), param_types=types)
                 if name is None:
                     pg.send_query_params(text.encode(), values, param_types=types)
                 else:
