@@ -377,7 +377,8 @@ def test_deleting_a_pin_takes_it_out_of_every_list_of_every_relation(store: Stor
 def test_a_fills_packed_head_on_postgresql_is_the_head_the_rows_give(store: Store, board: int) -> None:
     """PostgreSQL packs a fill's head too (int8send of the sequence with its sign bit flipped, then
     of to_id, joined by string_agg): the same entries, in the same order, as the rows, at both
-    ends of BIGINT, below zero and with ties; newest first, the last entries in list order."""
+    ends of BIGINT, below zero and with ties; newest first, the last entries in list order; and
+    the list's version, read in the same statement."""
     ps = pins(store, 12)
     sequences = [-(1 << 63), -5, -5, 0, 1, 1 << 40, (1 << 63) - 1, 7, 7, 7, -1, 3]
     for p, s in zip(ps, sequences, strict=True):
@@ -387,9 +388,13 @@ def test_a_fills_packed_head_on_postgresql_is_the_head_the_rows_give(store: Stor
     rows = relations.repo.page(h, BHP, board, 100, None, False)
     assert rows == sorted((s, p) for p, s in zip(ps, sequences, strict=True))
     assert relations.repo.sql(h, BHP).head_packed is not None
+    # The list's version with them: bumped by each of the 12 links, as the counts row keeps it.
+    kept = h.read(relations.repo.sql(h, BHP).version_of, (BHP, board), one=True)
+    assert kept is not None
+    assert int(kept[0]) == 12
     for limit in (1, 5, 12, 100):
         n, head, packed, version = relations.repo.head_and_count(h, BHP, board, limit)
-        assert (n, head, version) == (12, rows[:limit], 0)  # (no list versions on PostgreSQL)
+        assert (n, head, version) == (12, rows[:limit], 12)
         assert packed == encode_members(rows[:limit])
         n, newest, packed, _v = relations.repo.head_and_count(h, BHP, board, limit, newest=True)
         assert (n, newest) == (12, rows[-limit:])

@@ -389,12 +389,18 @@ class RelationStatements(Statements):
         elif backend.name == "postgresql":
             # The same on PostgreSQL: int8send gives 8 big-endian bytes; the sign bit flipped
             # (XOR) is sequence + 2^63. string_agg over bytea joins them in list order. The
-            # count alone (no list versions here, `Backend.list_versions`): version 0.
+            # count and the list's version as on MariaDB: its writers drop the cached list
+            # (`Backend.list_versions` is False), but the version read with the head lets an
+            # expired head be checked by its version alone (`store.cache.lists.ListCache.read`).
             packed = literal_column(
                 "int8send(sequence # '-9223372036854775808'::int8) || int8send(to_id)"
             ).label("m")
             joined = literal_column("string_agg(q.m, ''::bytea ORDER BY q.sequence, q.to_id)")
-            counted = select(c.c.n).where(c.c.relation == rel, c.c.from_id == cf).scalar_subquery()
+            counted = (
+                select(func.concat(c.c.n, literal_column("':'"), c.c.version))
+                .where(c.c.relation == rel, c.c.from_id == cf)
+                .scalar_subquery()
+            )
         if backend.name in ("mysql", "postgresql"):
             # head_packed_desc: the newest entries (a newest-first read's fill), packed in list order.
             for name, order in (("head_packed", asc), ("head_packed_desc", desc)):

@@ -133,6 +133,7 @@ class ListRead:
     ``last`` is the cached head's inner edge (``lex`` reads only; None if empty): its last
     member if the head is the list's oldest entries, its first if it is the newest.
     ``newest``: the head is the list's newest entries (else the oldest; a complete list, False).
+    ``list_version``: the database's version of the list the head was read at (0: not known).
     """
 
     meta: tuple[int, int] | None
@@ -141,6 +142,7 @@ class ListRead:
     read_ms: int = 0
     last: bytes | None = None
     newest: bool = False
+    list_version: int = 0
 
     @property
     def complete(self) -> bool:
@@ -245,6 +247,11 @@ class ListBackend(Protocol):
         """Drop each list unless it is cached at the given version or later (0: drop it)."""
         ...
 
+    def touch(self, key: str, version: bytes | None, list_version: int, read_ms: int) -> bool:
+        """Record ``read_ms`` as the list's read time if it is still cached at cache version
+        ``version`` and database list version ``list_version`` (its head unchanged); True if so."""
+        ...
+
 
 class ListCache:
     """Reads relation lists from a `ListBackend`, filling misses from the database."""
@@ -266,6 +273,10 @@ class ListCache:
         self.clock_ms = clock_ms or wall_ms
         #: Test hook: called after the database read, before the fill.
         self.after_load: Callable[[], None] | None = None
+        #: The database's version of a cached list now, by its key (None: not known), where the
+        #: lists come from a database that keeps one (`store.relations.listcache`): a list older
+        #: than ``max_stale_s`` whose version is unchanged is vouched for again (`read`).
+        self.revalidate: Callable[[str], int | None] | None = None
         #: The invalidation log's follower (`store.cache.follower`), once one runs.
         self.follower: TrustSource | None = None
 
@@ -297,12 +308,33 @@ class ListCache:
 
     def read(self, key: str, op: tuple[object, ...]) -> ListRead | None:
         """The backend's atomic read (None on failure); a list older than ``max_stale_s`` is not cached
-        (unless the invalidation log's follower is current)."""
+        (unless the invalidation log's follower is current, or the database's version of the list
+        is still the one its head was read at: `_still`)."""
         got = self.backend.read(key, op)
         if got is not None and self._stale(key, got, self._limits()):
             self.stats.add(expired=1)
+            if self._still(key, got):
+                return got
             return ListRead(None, [], got.version)
         return got
+
+    def _still(self, key: str, got: ListRead) -> bool:
+        """Whether the expired list ``got`` is vouched for again: the database's version of it,
+        read now, is the one its head was read at, so the head is the database's list as of that
+        read. Its read time becomes that read's (taken before it), if the list is still cached
+        as it was read (a writer's drop in between wins). One key read instead of a fill.
+
+        A version changes with every change of the list's rows, in the writer's transaction, so
+        an equal version is an equal list; a shard restored from an older backup takes its
+        versions back (flush the caches after a restore, as for the writers' changes)."""
+        check = self.revalidate
+        if check is None or got.list_version <= 0 or got.meta is None:
+            return False
+        at = self.clock_ms()  # (before the read: the entry's age counts from here)
+        if check(key) != got.list_version:
+            return False
+        self.backend.touch(key, got.version, got.list_version, at)
+        return True
 
     def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
         """`read` of many lists in one round trip, with the same staleness rule."""
@@ -410,11 +442,11 @@ class MemoryListBackend:
                 entry = None
             if entry is None:
                 return ListRead(None, [], vbytes)
-            meta, members, _exp, read_ms, _db, newest = entry
+            meta, members, _exp, read_ms, db, newest = entry
             if op[0] == "all" and meta[0] != meta[1]:
-                return ListRead(meta, [], vbytes, read_ms, None, newest)
+                return ListRead(meta, [], vbytes, read_ms, None, newest, db)
             last = (members[0 if newest else -1] if members else None) if op[0] == "lex" else None
-            return ListRead(meta, _select(members, op), vbytes, read_ms, last, newest)
+            return ListRead(meta, _select(members, op), vbytes, read_ms, last, newest, db)
 
     def read_many(self, keys: Sequence[str], ops: Sequence[tuple[object, ...]]) -> list[ListRead | None]:
         """`read` of each key (each under the lock)."""
@@ -505,6 +537,19 @@ class MemoryListBackend:
                 self._lists[key] = ((n, len(members)), members, expires, read_ms, version, newest)
                 kept += 1
         return kept
+
+    def touch(self, key: str, version: bytes | None, list_version: int, read_ms: int) -> bool:
+        """Record ``read_ms`` if the list is still cached at ``version`` and ``list_version``."""
+        with self._lock:
+            held = self._versions.get(key)
+            entry = self._lists.get(key)
+            if entry is None or (None if held is None else str(held).encode()) != version:
+                return False
+            meta, members, expires, _read_ms, db, newest = entry
+            if db != list_version:
+                return False
+            self._lists[key] = (meta, members, expires, read_ms, db, newest)
+            return True
 
     def settle(self, entries: Sequence[tuple[str, int]], ttl_s: int) -> None:
         """Drop each list not cached at the given version or later."""

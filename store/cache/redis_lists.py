@@ -119,6 +119,20 @@ return 1
 #: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
 VERSION_TTL_S = 86_400
 
+# KEYS: list, meta, version. ARGV: version seen ("" for none), the list version the head was
+# read at, the new read ms. The list's read time becomes the new one if it is still cached at
+# both versions (meta "n:cached:read ms:list version"); its TTL is left as it is.
+_TOUCH = """
+local v = redis.call('GET', KEYS[3])
+if (v or '') ~= ARGV[1] then return 0 end
+local meta = redis.call('GET', KEYS[2])
+if not meta then return 0 end
+local n, cached, at = string.match(meta, '^(%d+):(%-?%d+):%d+:(%d+)$')
+if not n or at ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[2], n .. ':' .. cached .. ':' .. ARGV[3] .. ':' .. at, 'KEEPTTL')
+return 1
+"""
+
 # KEYS: (list, meta, version) for each list to drop; ARGV: the versions' TTL. One
 # script instead of MULTI/INCR/EXPIRE/DEL/EXEC: a writer's client packs and
 # parses one command, not three per list and two more (a quarter of a link's
@@ -272,6 +286,7 @@ class RedisListBackend:
         self._invalidate = self.client.register_script(_INVALIDATE)
         self._apply = self.client.register_script(_APPLY)
         self._settle = self.client.register_script(_SETTLE)
+        self._touch = self.client.register_script(_TOUCH)
         #: Whether the server is known to hold the fill script: until a fill that waited for
         #: its reply says so, fills wait (a fill not waited for that finds it gone is lost).
         self._fill_known = False
@@ -518,6 +533,19 @@ class RedisListBackend:
                 continue
             self._idle.append(conn)
 
+    def touch(self, key: str, version: bytes | None, list_version: int, read_ms: int) -> bool:
+        """A new read time for the list if it is still cached at both versions (one Lua call); False
+        on failure (the list stays as old as it was: it is read again)."""
+        if not self._guard():
+            return False
+        try:
+            reply = self._script(self._touch, self._keys(key), [version or b"", list_version, read_ms])
+        except redis.RedisError as exc:
+            self._failed(exc)
+            return False
+        self.breaker.success()
+        return bool(reply)
+
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """Bump versions and drop lists; on failure, mark the cache dirty."""
         self._dropping(self._invalidate, [k for key in keys for k in self._keys(key)], [VERSION_TTL_S])
@@ -653,14 +681,15 @@ def _list_read(reply: Any, op: tuple[object, ...]) -> ListRead:
     newest = cached < 0  # the head is the list's newest entries
     meta = (int(parts[0]), -cached if newest else cached)
     read_ms = int(parts[2]) if len(parts) > 2 else 0  # no time: an entry from before, too old
+    at = int(parts[3]) if len(parts) > 3 else 0
     if op[0] == "meta":
-        return ListRead(meta, [], version, read_ms, None, newest)
+        return ListRead(meta, [], version, read_ms, None, newest, at)
     s: bytes = head or b""
     n, odd = divmod(len(s), 16)
     if meta[1] != n or odd:
         return ListRead(None, [], version)
     members, last = _pick(s, n, meta[0], op, newest)
-    return ListRead(meta, members, version, read_ms, last, newest)
+    return ListRead(meta, members, version, read_ms, last, newest, at)
 
 
 def _pick(
@@ -848,6 +877,10 @@ class RedisListServers:
         """`RedisListBackend.read_owed` on each server."""
         for server in self.servers:
             server.read_owed()
+
+    def touch(self, key: str, version: bytes | None, list_version: int, read_ms: int) -> bool:
+        """`RedisListBackend.touch` on the list's server."""
+        return self.server_for(key).touch(key, version, list_version, read_ms)
 
     def invalidate(self, keys: Sequence[str], ttl_s: int) -> None:
         """`RedisListBackend.invalidate` on each server (a server that misses one is marked dirty)."""

@@ -56,6 +56,19 @@ class RelationListCache:
         """The cache key of ``from_id``'s ``relation`` list."""
         return list_key(self._prefix, relation, from_id)
 
+    def list_of(self, key: str) -> tuple[str, int] | None:
+        """(relation, from_id) of a list's cache `key`; None for a key that is not one."""
+        head, _sep, from_id = key.rpartition(":")
+        lead = f"{self._prefix}l:"
+        if not head.startswith(lead) or not from_id.isdigit():
+            return None
+        return head[len(lead) :], int(from_id)
+
+    def version_now(self, h: ShardHandle, relation: str, from_id: int) -> int:
+        """The database's version of the list now (0: it has none yet), one key read."""
+        row = h.read(self._repo.sql(h, relation).version_of, (relation, from_id), one=True)
+        return 0 if row is None else int(row[0])
+
     def log_entry(self, side: Side) -> str:
         """The invalidation log's entry for ``side``'s list (`store.cache.follower`)."""
         return log_entries(lists=[self.key(side.relation, side.from_id)])

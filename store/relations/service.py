@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from store.cache.lists import ListCache, encode_member
 from store.cursors import decode_cursor, encode_cursor
 from store.engines import ShardHandle
-from store.exceptions import DataError, LimitError, brief
+from store.exceptions import DataError, LimitError, StoreError, brief
 from store.relations.listcache import RelationListCache, list_key
 from store.relations.repository import Guard, Page, RelationRepository, Side
 from store.relations.writer import Change, PairWriter
@@ -71,7 +71,23 @@ class RelationService:
         if self.list_cache is not None:
             # Where the host logs writes, a side's list goes in the log with its COMMIT.
             self.pairs.log = self.list_cache.log_entry
+            # An expired list is checked by its version before it is read again.
+            self.list_cache.cache.revalidate = self._list_version
         self._object_key = "id" if router.config.ids == "instagram" else "local_id"
+
+    def _list_version(self, key: str) -> int | None:
+        """The database's version of the list cached under ``key`` now; None if not known (not a
+        list of this store's, or the read failed: the list is read again, as it would be)."""
+        assert self.list_cache is not None
+        which = self.list_cache.list_of(key)
+        if which is None:
+            return None
+        relation, from_id = which
+        try:
+            spec = self._router.relation(relation)
+            return self.list_cache.version_now(self.handle(spec, from_id), relation, from_id)
+        except StoreError:
+            return None
 
     @property
     def router(self) -> Router:
