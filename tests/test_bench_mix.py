@@ -183,7 +183,14 @@ def test_quick_mix_runs_on_postgresql_with_instagram_ids(
         assert doc["round_trips"][name]["get_node"] >= 1, doc["round_trips"]
     with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={PG_MIX_DB}") as conn:
         left = conn.execute('SELECT count(*) FROM "shard0000".pins').fetchone()
+        # Every loaded table was vacuumed and analyzed before the phases, not left to autovacuum.
+        unsettled = conn.execute(
+            "SELECT schemaname, relname FROM pg_stat_user_tables WHERE schemaname LIKE 'shard%%' "
+            "AND relname IN ('pins', 'boards', 'users', 'board_has_pins', 'relation_counts') "
+            "AND (last_vacuum IS NULL OR last_analyze IS NULL)"
+        ).fetchall()
     assert left == (0,)  # every copy removed
+    assert unsettled == []
 
 
 @pytest.mark.mariadb

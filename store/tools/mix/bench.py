@@ -36,6 +36,7 @@ from store.tools.mix.pg import (
     load_copy_pg,
     pg_connection,
     remove_copy_pg,
+    settle_pg,
 )
 from store.tools.mix.procs import Workers
 from store.tools.mix.report import as_json, charts, machine, markdown, tables
@@ -252,6 +253,9 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         for n in names:
             with click.progressbar(length=rows, label=f"load {n}", file=sys.stderr) as bar:
                 copies[n] = load(schema, data, shards, progress=bar.update)
+        if pg:
+            say("vacuum and analyze: the loaded shards' tables (not left to autovacuum mid-phase)")
+            settle_pg(schema)
         for n in names:  # after the loads: a daemon starts at the log's end, as a new deployment's does
             own = system_config(n, config, options)
             if own is not None and daemon_config(own) is not None:

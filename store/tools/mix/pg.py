@@ -38,6 +38,7 @@ __all__ = [
     "load_copy_pg",
     "pg_connection",
     "remove_copy_pg",
+    "settle_pg",
     "shard_of",
 ]
 
@@ -172,6 +173,24 @@ def load_copy_pg(
                     (relation, [f for f, _n in mine], [n for _f, n in mine]),
                 )
     return out
+
+
+def settle_pg(schema: MixSchema) -> None:
+    """``VACUUM (ANALYZE)`` every table of the mix's shards, once every copy is loaded: the planner
+    gets its statistics, and the vacuum and analysis the loads (and an earlier run's removals)
+    call for run now, not in the middle of whichever system's phase autovacuum picks."""
+    tables = [t for _id, t in schema.types.values()] + [*schema.relations, schema.counts_table]
+    by_host: dict[str, list[int]] = {}
+    for shard, host in schema.masters.items():
+        by_host.setdefault(host, []).append(shard)
+    for host, shards in by_host.items():
+        conn = pg_connection(schema.hosts[host])
+        try:
+            for shard in shards:
+                for table in tables:
+                    conn.execute(f"VACUUM (ANALYZE) {_t(shard, table)}")
+        finally:
+            conn.close()
 
 
 def remove_copy_pg(schema: MixSchema, copy: Copy) -> None:
