@@ -164,7 +164,25 @@ class ShardHandle:
         return self.backend.table(self.shard, table)
 
     def read(self, sql: str, params: Sequence[Any], *, one: bool) -> Any:
-        """Run a read: one row (``one``) or all rows.
+        """Run a read: one row (``one``) or all rows (`_reading`: again on a lost connection)."""
+
+        def run(cur: Any) -> Any:
+            cur.execute(sql, params)
+            return cur.fetchone() if one else cur.fetchall()
+
+        return self._reading(run)
+
+    def read_pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
+        """Run reads in one request where the driver pipelines them (`Backend.pipelines`): the
+        rows of each, in order (`_reading`: again on a lost connection)."""
+
+        def run(cur: Any) -> list[list[Any]]:  # (a pipelining driver's cursor: `run_pipeline`)
+            return [rows or [] for _n, rows in cur.run_pipeline(statements)]
+
+        return self._reading(run)
+
+    def _reading(self, run: Callable[[Any], T]) -> T:
+        """``run`` on a pooled connection's cursor.
 
         A connection lost during the read is retried once on a new one: an idle pooled
         connection may have died unseen (a server restart, ``wait_timeout``). A connection
@@ -176,26 +194,9 @@ class ShardHandle:
             try:
                 with self.connect() as conn:
                     cur = conn.cursor()
-                    cur.execute(sql, params)
-                    rows = cur.fetchone() if one else cur.fetchall()
+                    got = run(cur)
                     cur.close()
-                return rows
-            except ConnectionLostError:
-                if conn is None or attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
-
-    def read_pipelined(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
-        """Run reads in one request where the driver pipelines them (`Backend.pipelines`): the
-        rows of each, in order. A lost connection is retried once on a new one, as by `read`."""
-        for attempt in (1, 2):
-            conn: DBAPIConnection | None = None
-            try:
-                with self.connect() as conn:
-                    cur: Any = conn.cursor()  # (a pipelining driver's cursor: `run_pipeline`)
-                    answers = cur.run_pipeline(statements)
-                    cur.close()
-                return [rows or [] for _n, rows in answers]
+                return got
             except ConnectionLostError:
                 if conn is None or attempt == 2:
                     raise

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -75,11 +75,7 @@ def test_memcached_fills_not_waited_for_from_many_threads(mc: MemcachedLeaseStor
             if any(got[k].value != k.encode() for k in keys):
                 errors.append(f"thread {t} round {i}: {[got[k].value for k in keys]}")
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    _in_threads(work, 16)
     assert errors == []
     assert mc.stats.errors == 0
 
@@ -125,11 +121,7 @@ def test_memcached_deletes_begun_from_many_threads(mc: MemcachedLeaseStore) -> N
             if mine != {keys[2]: b"x"} or left != {keys[2]: b"x"}:
                 errors.append(f"thread {t} round {i}: {mine} {left}")
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    _in_threads(work, 16)
     assert errors == []
     assert mc.stats.errors == 0
 
@@ -344,3 +336,12 @@ def test_a_server_restarted_while_its_connections_owe_replies_costs_misses_only(
         for proc in (mproc, rproc):
             proc.kill()
             proc.wait()
+
+
+def _in_threads(work: Callable[[int], None], n: int) -> None:
+    """``work(t)`` for t in 0..n-1, each on a thread of its own, all started, then all joined."""
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()

@@ -372,14 +372,7 @@ def test_get_many_over_many_schemas_of_a_host_prepares_one_statement_per_schema(
         assert store.get_many([absent, *ids], type_name="pin") == live
         loc = store.locate(ids[0], type_name="pin")
         h = store.admin_context().engines.shard(loc.shard, loc.host)
-        with h.connect() as conn:
-            texts = [
-                t
-                for (t,) in conn.raw.execute(
-                    "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
-                    ("%.pins.data%FROM%pins%",),
-                ).fetchall()
-            ]
+        texts = _prepared(h, "statement LIKE %s", "%.pins.data%FROM%pins%")
         assert texts
         assert all("ANY" in t and " IN (" not in t for t in texts), texts
         assert len(texts) == len(set(texts)) <= len(by_host[loc.host])
@@ -417,10 +410,7 @@ def test_reads_of_many_lists_run_the_same_prepared_texts_whatever_they_ask(
             )
         loc = store.locate(boards[0], type_name="board")
         h = store.admin_context().engines.shard(loc.shard, loc.host)
-        with h.connect() as conn:
-            texts = [
-                t for (t,) in conn.raw.execute("SELECT statement FROM pg_prepared_statements").fetchall()
-            ]
+        texts = _prepared(h, "statement LIKE %s", "%board_has_pins%")
         reads = [t for t in texts if "board_has_pins" in t and t.lstrip().upper().startswith("SELECT")]
         assert reads
         assert not [t for t in reads if "UNION ALL" in t or " IN (" in t]
@@ -493,14 +483,15 @@ def test_a_connection_keeps_the_statements_it_runs_most_recently_prepared(
         for _round in range(2):
             for b in mine:
                 assert store.get(b, type_name="board") == {"b": boards.index(b)}
-                with h.connect() as conn:
-                    texts = [
-                        t
-                        for (t,) in conn.raw.execute(
-                            "SELECT statement FROM pg_prepared_statements WHERE name LIKE %s",
-                            ("\\_store\\_%",),
-                        ).fetchall()
-                    ]
+                texts = _prepared(h, "name LIKE %s", "\\_store\\_%")
                 assert len(texts) <= 3
                 shard = store.locate(b, type_name="board").shard
                 assert any(f"shard{shard:04d}" in t for t in texts), (shard, texts)
+
+
+def _prepared(h: Any, where: str, value: str) -> list[str]:
+    """The text of each statement prepared on ``h``'s pooled connection that ``where`` (with one
+    parameter, ``value``) picks out of ``pg_prepared_statements``."""
+    with h.connect() as conn:
+        rows = conn.raw.execute(f"SELECT statement FROM pg_prepared_statements WHERE {where}", (value,))
+        return [t for (t,) in rows.fetchall()]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from store.backends.statements import int_array
 from store.config import CacheConfig
 from store.cursors import encode_cursor
 from store.engines import DBAPIConnection
@@ -498,7 +499,7 @@ def _has_links_case(
             f"SELECT p.to_id FROM unnest({p}::bigint[]) AS u(t) JOIN LATERAL (SELECT to_id FROM {table} "
             f"WHERE from_id = {p} AND to_id = u.t LIMIT 1) AS p ON true"
         )
-        params = [["{" + ",".join(map(str, ask)) + "}", board] for ask in asks]
+        params = [[int_array(ask), board] for ask in asks]
     else:
         sql = f"SELECT to_id FROM {table} WHERE from_id = {p} AND to_id IN ({', '.join([p] * HAS_LINKS)})"
         params = [[board, *ask] for ask in asks]
