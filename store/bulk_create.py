@@ -20,7 +20,8 @@ The plan is `ObjectService.create`'s, with each step taking a whole batch:
 
 Without unique keys a failure after some shards' inserts removes the rows
 made (best effort: an ID nobody was given). The caches are invalidated as
-`create` does, in one call per cache (none where no cache is configured).
+`create` does, in one call per cache (none where no cache is configured,
+or where the IDs are Instagram's and none was pending: `makes_ids_again`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from store.exceptions import (
     StoreError,
     brief,
 )
-from store.ids import encode_pinterest
+from store.ids import encode_pinterest, makes_ids_again
 from store.objects import ObjectService
 from store.relations.service import RelationService
 from store.routing import MAX_LOCAL_ID, Router
@@ -141,6 +142,7 @@ class BulkCreates:
         self._unique = unique
         self._steps = steps
         self._instagram = config.ids == "instagram"
+        self._ids_again = makes_ids_again(config.ids)
         self._texts: dict[tuple[str, str], _Texts] = {}
         #: Per driver connection: `Backend.id_step` of its session (None: keys come back by RETURNING).
         self._id_steps: weakref.WeakKeyDictionary[Any, int | None] = weakref.WeakKeyDictionary()
@@ -262,7 +264,8 @@ class BulkCreates:
             raise
         if keyed:
             self._activate_all(spec, claims, ids, keys, texts, given)
-        self._created(spec, ids)
+        if keyed or self._ids_again:  # (as `ObjectService.create`: see `makes_ids_again`)
+            self._created(spec, ids)
         self._steps.mark("created")
         return ids
 

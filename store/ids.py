@@ -34,6 +34,7 @@ __all__ = [
     "encode_instagram",
     "encode_pinterest",
     "instagram_datetime",
+    "makes_ids_again",
 ]
 
 #: IDs are stored as signed BIGINT by PostgreSQL and most clients, so they stay below 2**63.
@@ -217,3 +218,24 @@ def decode_instagram(id: int) -> InstagramId:  # noqa: A002 - `id` is the docume
 def instagram_datetime(id: int, epoch_ms: int = INSTAGRAM_EPOCH_MS) -> _dt.datetime:  # noqa: A002
     """The UTC creation time of an Instagram ID made with ``epoch_ms``."""
     return decode_instagram(id).datetime(epoch_ms)
+
+
+def makes_ids_again(ids: str) -> bool:
+    """Whether a layout's IDs can be made again, so a create must drop what caches hold under its new ID.
+
+    ``"pinterest"``: yes. The local id is the row's AUTO_INCREMENT key, which
+    starts again after a development reset or a restore from an older backup
+    while the caches still hold the old objects' entries.
+
+    ``"instagram"``: no. An ID carries the millisecond its database made it
+    and the logical shard; two IDs of one shard in one millisecond differ by
+    the per-table sequence (10 bits), and the ID is the row's primary key, so
+    a repeat within a millisecond fails its INSERT instead of making an
+    object. A reset or a restore takes the sequences back, not the clock.
+    Only a database clock set back past IDs already made (or a changed
+    epoch) could make one again: flush the caches after that, as after any
+    change made around the store.
+    """
+    if ids not in ("pinterest", "instagram"):
+        raise ValueError(f"ids must be 'pinterest' or 'instagram', got {brief(ids)}")
+    return ids == "pinterest"

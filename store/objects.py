@@ -34,7 +34,7 @@ from store.exceptions import (
     WriteTimeoutError,
     brief,
 )
-from store.ids import MAX_ID, encode_pinterest
+from store.ids import MAX_ID, encode_pinterest, makes_ids_again
 from store.object_rows import ObjectRepository, Updater, Versioned, applied
 from store.relations.inputs import id_list
 from store.relations.service import RelationService
@@ -73,8 +73,9 @@ class ObjectService:
     Reads look in the object cache first (one round trip per cache server
     for a batch) and read only the misses, one query per host (per shard
     where each shard has a pool of its own). Writes commit first, then
-    invalidate; a create is a write too (an ID is made again after a reset
-    or a restore from an older backup).
+    invalidate; a create is a write too where an ID can be made again (a
+    Pinterest local id after a reset or a restore from an older backup; see
+    `makes_ids_again`).
     """
 
     def __init__(
@@ -103,6 +104,8 @@ class ObjectService:
         self._cache = cache
         self._prefix = prefix
         self._instagram = config.ids == "instagram"
+        #: A plain create drops the caches' entries under its new ID only where IDs repeat.
+        self._ids_again = makes_ids_again(config.ids)
         self._object_prefix = prefix + "o:"
 
     # -- writes ----------------------------------------------------------------
@@ -147,7 +150,8 @@ class ObjectService:
             assert unique is not None
             return self._create_claimed(unique, claims, spec, target, text)
         new, _key = self._steps("insert", lambda: self._insert(spec, target, text, pending=False))
-        self._created(new, spec)
+        if self._ids_again:
+            self._created(new, spec)
         self._steps.mark("created")
         return new
 
@@ -171,6 +175,8 @@ class ObjectService:
                 self._undo_create(unique, claimed, new, spec, target, key)
                 raise
             if live:
+                # (whatever the IDs: a read of the object, by a lookup of a key claimed in
+                # its name, may have cached its absence while it was pending)
                 self._created(new, spec)
                 unique.invalidate(claimed)  # a lookup that read the row while it was pending said None
                 self._steps.mark("created")
