@@ -14,7 +14,7 @@ from store import Store
 from store.cli import main
 from store.config import StoreConfig
 from store.tools.bench import format_results, run_bench
-from tests.conftest import instagram_pg_config
+from tests.conftest import instagram_pg_config, mariadb_config
 
 
 def test_bench_reports_every_case(store: Store) -> None:
@@ -110,3 +110,39 @@ def test_the_floors_use_the_drivers_own_cursor_unless_asked_for_the_stores(store
         assert driver is strict
     with pytest.raises(ValueError, match="floor_cursor is 'driver' or 'store'"):
         run_bench(store, n=1, floor_cursor="mine")
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_the_link_floor_drops_its_cached_lists_on_the_server_of_each(
+    mariadb_ready: StoreConfig, redis_ready: str, servers: int
+) -> None:
+    """With lists cached in Redis, `link_many`'s floor deletes its own lists' keys, as a program
+    that caches lists must: each on the server the store's placement gives it."""
+    import redis
+
+    from store.tools.bench_bulk import _list_drops
+
+    base = redis_ready.rpartition("/")[0]
+    urls = [f"{base}/{db}" for db in (13, 14)][:servers]
+    raw = {**mariadb_config(), "cache": {"redis": urls if servers > 1 else urls[0], "prefix": "fl:"}}
+    clients = [redis.Redis.from_url(u) for u in urls]
+    keys = [f"bench:raw:{kind}:pin_owned_by_board:{i}" for i in range(40) for kind in ("l", "c")]
+    with Store(StoreConfig.from_dict(raw)) as store:
+        drop = _list_drops(store)
+        assert drop is not None
+        for c in clients:
+            c.mset(dict.fromkeys(keys, b"x"))
+        others = keys[1::2]  # (keys a server does not hold must survive on it: placed, not sprayed)
+        drop(keys[::2])
+    held = [{k for k in keys if c.exists(k)} for c in clients]
+    for c in clients:
+        c.delete(*keys)
+    if servers == 1:
+        assert held == [set(others)]
+    else:
+        # Each dropped key left exactly one server (its own), so it is still on the other.
+        for k in keys[::2]:
+            assert sum(k in h for h in held) == 1, k
+        assert all(set(others) <= h for h in held)
+    with Store(StoreConfig.from_dict(mariadb_config())) as plain:
+        assert _list_drops(plain) is None  # no list cache: nothing to drop

@@ -5,8 +5,12 @@ store's own pooled connection (`store.tools.bench._PooledCursor`), each in
 autocommit: 100 objects in one INSERT (with ``RETURNING id`` for Instagram
 IDs, which the database makes); 100 pairs of a board as one INSERT per
 side (the board's list, the pins' inverse lists) and one upsert of every
-count. The store does more for the same result (a transaction per side,
-the pair locks, list versions), and the ratio says what that costs.
+count. Where the config caches lists in Redis, the links' floor then drops
+the cached lists and counts it changed, one ``DEL`` per Redis server, as
+the mix's floor does for each link (its own keys, under `RAW_PREFIX`): a
+program that caches lists must. The store does more for the same result
+(a transaction per side, the pair locks, list versions kept in step), and
+the ratio says what that costs.
 """
 
 from __future__ import annotations
@@ -18,13 +22,40 @@ from typing import Any
 
 import orjson
 
+from store.cache.redis_lists import RedisListBackend, RedisListServers
 from store.store import Store
-from store.tools.timing import PIN, BenchResult, pair
+from store.tools.timing import PIN, RAW_PREFIX, BenchResult, pair
 
 __all__ = ["BATCH", "bulk_cases"]
 
 #: Objects or pairs per batch call.
 BATCH = 100
+
+
+def _list_drops(store: Store) -> Callable[[list[str]], None] | None:
+    """How a floor drops cached lists: one ``DEL`` of its keys per Redis server of the store's list
+    cache (each key on the server that would hold it); None where lists are not cached in Redis."""
+    lists = store.admin_context().caches.lists
+    backend = None if lists is None else lists.backend
+    if isinstance(backend, RedisListBackend):
+        client = backend.client
+
+        def drop_one(keys: list[str]) -> None:
+            client.delete(*keys)
+
+        return drop_one
+    if isinstance(backend, RedisListServers):
+        servers = backend
+
+        def drop(keys: list[str]) -> None:
+            by_server: dict[int, list[str]] = {}
+            for key in keys:
+                by_server.setdefault(servers.index_for(key), []).append(key)
+            for i, group in by_server.items():
+                servers.servers[i].client.delete(*group)
+
+        return drop
+    return None
 
 
 def bulk_cases(
@@ -82,6 +113,11 @@ def bulk_cases(
         h.backend.upsert_style
     )
     counter = itertools.count()
+    drop = _list_drops(store)
+
+    def cached_keys(board: int) -> list[str]:
+        sides = [(spec.name, board), *((spec.inverse, k) for k in keys)]
+        return [f"{RAW_PREFIX}{kind}:{rel}:{f}" for rel, f in sides for kind in ("l", "c")]
 
     def raw_link_many(_i: int) -> None:
         board = next(theirs)
@@ -98,6 +134,8 @@ def bulk_cases(
         floor.release()
         floor.execute(upsert, [spec.name, board, BATCH, *[v for k in keys for v in (spec.inverse, k, 1)]])
         floor.release()
+        if drop is not None:
+            drop(cached_keys(board))
 
     def store_link_many(_i: int) -> None:
         board = next(mine)

@@ -24,11 +24,9 @@ from pymemcache.client.base import Client
 from store.cache.memcached import MemcachedLeaseStore, MemcachedServer
 from store.cache.redis_lists import RedisListBackend
 from store.store import Store
-from store.tools.timing import PIN, BenchResult, pair
+from store.tools.timing import PIN, RAW_PREFIX, BenchResult, pair
 
 __all__ = ["cache_cases"]
-
-RAW_PREFIX = "bench:raw:"
 
 T = TypeVar("T")
 

@@ -8,7 +8,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["PIN", "BenchResult", "pair"]
+__all__ = ["RAW_PREFIX", "PIN", "BenchResult", "pair"]
+
+#: The floors' own cache keys begin with this, apart from the store's.
+RAW_PREFIX = "bench:raw:"
 
 PIN = {
     "title": "Granite countertop, honed, with an undermount sink",
