@@ -14,7 +14,7 @@ compares with the live map:
 * relation counts agree with the rows, and inverse rows with primary rows,
   on a sample of each relation on each shard (``full=True``: all of them);
 * where a `store invalidate` daemon catches lost invalidations
-  (``cache.invalidation`` log or binlog), every such host has a heartbeat
+  (``cache.invalidation`` log, binlog or wal), every such host has a heartbeat
   in memcached newer than ``max_stale_s``: without one, cache entries are
   trusted for the window only and lost deletes are caught by no one;
 * with unique keys (config ``unique:``), every key row names a live object

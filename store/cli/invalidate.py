@@ -32,8 +32,8 @@ __all__ = ["invalidate"]
 @click.option(
     "--from-now",
     is_flag=True,
-    help="Start each binlog at its end instead of the saved position (entries are trusted from the start "
-    "on, as after any gap; a takeover later resumes from the saved position).",
+    help="Start each binlog at its end instead of the saved position, and make each WAL slot anew "
+    "(entries are trusted from the start on, as after any gap; a takeover later resumes).",
 )
 def invalidate(
     config_path: Path | None,

@@ -48,14 +48,15 @@ class CacheConfig:
     follow_poll_s: float = 0.5
     #: How lost invalidations are caught, per host (`store.invalidate`): ``window`` (entries are
     #: trusted for ``max_stale_s``, or the per-process follower if ``follow``), ``log`` (writes
-    #: log their keys; one `store invalidate` daemon per host reads the log) or ``binlog`` (no
-    #: log rows; the daemon reads the server's ROW binlog). (host name, mode) pairs; hosts not
-    #: named take ``invalidation``.
+    #: log their keys; one `store invalidate` daemon per host reads the log), ``binlog`` (no
+    #: log rows; the daemon reads a MariaDB/MySQL server's ROW binlog) or ``wal`` (no log rows;
+    #: the daemon reads a PostgreSQL server's WAL through a logical slot). (host name, mode)
+    #: pairs; hosts not named take ``invalidation``.
     invalidation: str = "window"
     invalidation_hosts: tuple[tuple[str, str], ...] = ()
 
     def invalidation_of(self, host: str) -> str:
-        """How ``host``'s lost invalidations are caught: ``window``, ``log`` or ``binlog``."""
+        """How ``host``'s lost invalidations are caught: ``window``, ``log``, ``binlog`` or ``wal``."""
         for name, mode in self.invalidation_hosts:
             if name == host:
                 return mode
@@ -158,14 +159,14 @@ def redis_server_name(url: str) -> str:
     return f"{parts.hostname or 'localhost'}:{port}/{path or 0}"
 
 
-INVALIDATION_MODES = ("window", "log", "binlog")
+INVALIDATION_MODES = ("window", "log", "binlog", "wal")
 
 
 def _invalidation(raw: object) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``cache.invalidation``: one mode for every host, or a mapping of host name (or ``default``) to mode."""
     usage = (
-        "cache.invalidation must be window, log or binlog, or a mapping of host names (and default) to "
-        "one of them, e.g. {default: binlog, pg1: log}"
+        "cache.invalidation must be window, log, binlog or wal, or a mapping of host names (and default) "
+        "to one of them, e.g. {default: binlog, pg1: wal}"
     )
     if isinstance(raw, str):
         if raw not in INVALIDATION_MODES:

@@ -3,7 +3,8 @@
 With ``cache.invalidation: log`` writes log their keys in the server's
 ``store_log.cache_log`` (as with ``cache.follow``), and only the daemon reads
 it. With ``binlog`` writes log nothing: the daemon reads the server's ROW
-binlog (`store.invalidate.sources.BinlogSource`). One daemon per server
+binlog (`store.invalidate.sources.BinlogSource`); with ``wal``, a PostgreSQL
+server's WAL through a logical slot of its own (`store.invalidate.wal.WalSource`). One daemon per server
 leads, holding the server's named lock on its own connection
 (`store.invalidate.leader`); others wait as standbys and take over when the
 leader's connection goes.

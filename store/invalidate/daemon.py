@@ -29,6 +29,7 @@ from store.exceptions import ConfigError, StoreError
 from store.ids import encode_pinterest
 from store.invalidate.leader import Leadership, close_quietly, lock_name
 from store.invalidate.sources import POSITION_TABLE, BinlogKeys, BinlogSource, LogTableSource, Position
+from store.invalidate.wal import WalSource, slot_name
 from store.naming import COUNTS_TABLE, Names
 
 __all__ = ["CacheDeleteError", "Daemon", "HostInvalidator", "position_key"]
@@ -64,7 +65,7 @@ class HostInvalidator:
         hosts: Sequence[str],
         mode: str,
         leadership: Leadership,
-        source: LogTableSource | BinlogSource,
+        source: LogTableSource | BinlogSource | WalSource,
         publish: Callable[[Sequence[str], Heartbeat], bool],
         tick_s: float = HEARTBEAT_EVERY_S,
         announce: Callable[[HostInvalidator], None] | None = None,
@@ -155,7 +156,7 @@ class HostInvalidator:
 
 
 class Daemon:
-    """The invalidators of a config's servers (those with ``cache.invalidation`` log or binlog)."""
+    """The invalidators of a config's servers (those with ``cache.invalidation`` log, binlog or wal)."""
 
     def __init__(
         self,
@@ -176,7 +177,7 @@ class Daemon:
         chosen = admin.cache.daemon_hosts(hosts or sorted(admin.hosts))
         if not chosen:
             raise ConfigError(
-                "no host to follow: set cache.invalidation to log or binlog (for all hosts, or per host)"
+                "no host to follow: set cache.invalidation to log, binlog or wal (for all hosts, or per host)"
             )
         self.config = admin
         #: The first term of each binlog invalidator starts at the binlog's end, not at a saved
@@ -205,6 +206,14 @@ class Daemon:
             list_key=list_key,
             names=admin.names,
             tables=[*types, *admin.relations, COUNTS_TABLE],
+        )
+        #: The same keys, named from PostgreSQL's shard schemas (`WalSource`).
+        self._schema_keys = BinlogKeys(
+            object_key=object_key,
+            list_key=list_key,
+            names=admin.names,
+            tables=[*types, *admin.relations, COUNTS_TABLE],
+            schemas=True,
         )
         by_server = servers_of(chosen, lambda h: ctx.engines.backend(h).server_identity(admin.hosts[h]))
         #: Who runs this daemon, as operators see it (`store serve`): machine and process.
@@ -241,8 +250,16 @@ class Daemon:
 
     def _source(
         self, server: str, host: str, mode: str, url: Any, keys: BinlogKeys
-    ) -> LogTableSource | BinlogSource:
+    ) -> LogTableSource | BinlogSource | WalSource:
         ctx = self._store.admin_context()
+        if mode == "wal":
+            return WalSource(
+                server,
+                slot_name(self._store.config.names.prefix),
+                self._schema_keys,
+                self._apply,
+                from_now=self._from_now,
+            )
         if mode == "log":
             table = ctx.engines.backend(host).change_log
             if table is None:

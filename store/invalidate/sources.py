@@ -89,13 +89,13 @@ class LogTableSource:
 
 
 class _ShardDatabases:
-    """The names of the config's shard databases, as a container the binlog reader can test."""
+    """The names of the config's shard databases (or schemas), as a container a reader can test."""
 
-    def __init__(self, names: Names) -> None:
-        self._names = names
+    def __init__(self, shard_of: Callable[[str], int | None]) -> None:
+        self._shard_of = shard_of
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and self._names.database_shard(name) is not None
+        return isinstance(name, str) and self._shard_of(name) is not None
 
 
 class BinlogKeys:
@@ -114,11 +114,14 @@ class BinlogKeys:
         list_key: Callable[[str, int], str | None],
         names: Names = DEFAULT_NAMES,
         tables: Collection[str] | None = None,
+        schemas: bool = False,
     ) -> None:
-        #: The config's names: a shard database is ``db00042`` (``NAME_db00042`` in a namespace).
+        #: The config's names: a shard database is ``db00042`` (``NAME_db00042`` in a namespace);
+        #: with ``schemas``, a PostgreSQL shard schema ``shard0042`` (`store.invalidate.wal`).
         self._names = names
-        #: The only databases whose rows name keys.
-        self.schemas: Container[str] = _ShardDatabases(names)
+        self._shard_of = names.schema_shard if schemas else names.database_shard
+        #: The only databases (schemas) whose rows name keys.
+        self.schemas: Container[str] = _ShardDatabases(self._shard_of)
         #: The only tables whose rows name keys (None: every table is read).
         self.tables = None if tables is None else frozenset(tables)
         #: (table, shard, first column) -> the object's cache key (None: not an object table).
@@ -132,7 +135,7 @@ class BinlogKeys:
         versions: dict[str, int] = {}
         dropped: set[str] = set()
         for schema, table, values in changes:
-            shard = self._names.database_shard(schema)
+            shard = self._shard_of(schema)
             if shard is None or not values:
                 continue
             if table == "relation_counts":

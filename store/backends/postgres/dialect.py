@@ -237,7 +237,7 @@ class PostgresBackend(Backend):
 
     schema_shards = True
     move_kind = "postgres"
-    invalidation_modes = ("log",)
+    invalidation_modes = ("log", "wal")
 
     @property
     def change_log(self) -> str:

@@ -50,7 +50,9 @@ CACHE_KNOBS: dict[str, Callable[[str], Any]] = {
     "follow": lambda text: {"true": True, "false": False}[text.lower()],
     "follow_poll_s": float,
     # A `store invalidate` daemon for the system's hosts (the run starts one per system).
-    "invalidation": lambda text: {"window": "window", "log": "log", "binlog": "binlog"}[text.lower()],
+    "invalidation": lambda text: {"window": "window", "log": "log", "binlog": "binlog", "wal": "wal"}[
+        text.lower()
+    ],
 }
 
 

@@ -1,0 +1,228 @@
+"""`store invalidate` on PostgreSQL's WAL (``cache.invalidation: wal``): no log rows, a logical slot.
+
+The change lines of ``test_decoding`` parse to the values the keys need; on a
+PostgreSQL of the tests' own with ``wal_level = logical`` (and a memcached and
+a Redis of their own), writers whose own deletes are all lost are seen by
+readers within a few ticks, entries are trusted past the window while the
+heartbeat is fresh, and a server without logical WAL is refused by name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from store import ConfigError, Store, StoreConfig
+from store.admin import init_shards
+from store.invalidate import Daemon
+from store.invalidate.wal import parse_change, slot_name
+from tests.conftest import base_config
+from tests.servers import PostgresServer, TLSFiles, free_port, start_memcached, start_redis
+from tests.test_follower import _lose_deletes, _wait_for
+
+pytestmark = pytest.mark.moves  # (a PostgreSQL server of its own, as the moves' tests start)
+
+
+# -- the change lines ---------------------------------------------------------------------
+
+
+def test_change_lines_parse_to_their_leading_values() -> None:
+    four = {"relation_counts": 4}.get
+    line = (
+        "table shard0003.pins: INSERT: id[bigint]:4040005359505509376 data[text]:'{\"t\": \"it''s a pin\"}' "
+        "active[smallint]:1 ts[timestamp(3) with time zone]:'2026-11-28 00:36:38.123+00' version[bigint]:1"
+    )
+    assert parse_change(line) == ("shard0003", "pins", [4040005359505509376])
+    assert parse_change(line, columns=lambda _t: 3) == (
+        "shard0003",
+        "pins",
+        [4040005359505509376, '{"t": "it\'s a pin"}', 1],
+    )
+    counts = (
+        "table ns_shard0012.relation_counts: UPDATE: relation[text]:'board_has_pins' "
+        "from_id[bigint]:77 n[bigint]:5 version[bigint]:9"
+    )
+    assert parse_change(counts, columns=lambda t: four(t, 1)) == (
+        "ns_shard0012",
+        "relation_counts",
+        ["board_has_pins", 77, 5, 9],
+    )
+    # A DELETE names the key's columns only; an UPDATE that moved the key gives the new row.
+    assert parse_change(
+        "table shard0001.board_has_pins: DELETE: from_id[bigint]:5 to_id[bigint]:6", columns=lambda _t: 2
+    ) == ("shard0001", "board_has_pins", [5, 6])
+    assert parse_change(
+        "table shard0001.pins: UPDATE: old-key: id[bigint]:1 new-tuple: id[bigint]:2 data[text]:'x'"
+    ) == ("shard0001", "pins", [2])
+    # Quoted names, a value with spaces and quotes, null, an array type.
+    assert parse_change(
+        'table "odd ""s""".t: INSERT: "a b"[text]:\'x y\' n[integer]:null k[bigint[]]:\'{1,2}\'',
+        columns=lambda _t: 3,
+    ) == ('odd "s"', "t", ["x y", None, "{1,2}"])
+    for other in ("BEGIN", "COMMIT", "table shard0001.pins: TRUNCATE: (no-flags)", "message: x"):
+        assert parse_change(other) is None
+
+
+# -- on a server --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, Any]]:
+    """A PostgreSQL with logical WAL and a database ``store``, a memcached and a Redis: the module's own."""
+    files = TLSFiles()
+    port, mc_port, redis_port = free_port(), free_port(), free_port()
+    pg = PostgresServer(port, files, wal_level="logical")
+    mc = start_memcached(mc_port)
+    rd = start_redis(redis_port)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the port opens before the server takes connections
+            try:
+                with psycopg.connect(
+                    host="127.0.0.1", port=port, user="postgres", dbname="postgres",
+                    sslmode="require", autocommit=True,
+                ) as conn:  # fmt: skip
+                    conn.execute("CREATE DATABASE store")
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield {
+            "port": port,
+            "url": f"postgresql+psycopg://postgres@127.0.0.1:{port}/store?sslmode=require",
+            "memcached": f"127.0.0.1:{mc_port}",
+            "redis": f"redis://127.0.0.1:{redis_port}/0",
+        }
+    finally:
+        for proc in (mc, rd):
+            proc.kill()
+            proc.wait()
+        pg.remove()
+        files.remove()
+
+
+def _raw(servers: dict[str, Any], **cache: Any) -> dict[str, Any]:
+    raw = base_config(
+        ids="instagram",
+        shards=8,
+        hosts={"A": servers["url"]},
+        map=[{"range": [0, 7], "master": "A"}],
+    )
+    raw["cache"] = {
+        "memcached": [servers["memcached"]],
+        "redis": servers["redis"],
+        "prefix": f"w{time.monotonic_ns() % 10**6}:",
+        "max_stale_s": 30,
+        "invalidation": "wal",
+        **cache,
+    }
+    init_shards(StoreConfig.from_dict(raw))
+    return raw
+
+
+def _sql(servers: dict[str, Any], query: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(
+        host="127.0.0.1",
+        port=servers["port"],
+        user="postgres",
+        dbname="store",
+        sslmode="require",
+        autocommit=True,
+    ) as conn:
+        cur = conn.execute(query)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def test_the_daemon_deletes_what_writers_lost_from_the_wal(servers: dict[str, Any]) -> None:
+    raw = _raw(servers)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as writer, Store.from_config(raw) as reader:
+            _lose_deletes(writer)
+            board = writer.create("board", {"n": 0})
+            pin = writer.create("pin", {"n": 0}, near=board)
+            writer.link("board_has_pins", board, pin)
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=10)
+            assert reader.get(pin, type_name="pin") == {"n": 0}  # cached now
+            assert reader.links("board_has_pins", board) == [pin]
+            assert reader.count("board_has_pins", board) == 1
+            # A write made around the store (plain SQL: no store deletes anything) ...
+            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 7}}' WHERE id = {pin}")
+            # ... and the store's own writes with their deletes lost. The window is 30 s: only the
+            # daemon's deletes can make the reader see these.
+            pin2 = writer.create("pin", {"n": 9}, near=board)
+            writer.link("board_has_pins", board, pin2)
+            took = _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 7}, within_s=10)
+            _wait_for(lambda: set(reader.links("board_has_pins", board)) == {pin, pin2}, within_s=10)
+            _wait_for(lambda: reader.count("board_has_pins", board) == 2, within_s=10)
+            writer.update(pin, {"n": 8}, type_name="pin")
+            _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 8}, within_s=10)
+            logs = _sql(
+                servers, "SELECT count(*) FROM information_schema.tables WHERE table_name = 'cache_log'"
+            )
+            assert logs == [(0,)], "wal hosts write no log rows"
+            status = daemon.status()[0]
+            assert status["role"] == "leader"
+            assert status["mode"] == "wal"
+            assert status["keys_deleted"] >= 3
+            slots = _sql(servers, "SELECT slot_name, plugin FROM pg_replication_slots")
+            assert slots == [(slot_name(""), "test_decoding")]
+            print(f"wal: the reader saw the write made around the store after {took:.2f} s")
+    finally:
+        daemon.stop()
+
+
+def test_heartbeats_extend_trust_past_the_window_while_the_daemon_runs(servers: dict[str, Any]) -> None:
+    raw = _raw(servers, max_stale_s=1, timeout_ms=1000)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as s:
+            pin = s.create("pin", {"n": 0})
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=10)
+            time.sleep(0.6)  # past the heartbeat's S: entries filled from now on are vouched for
+            assert s.get(pin, type_name="pin") == {"n": 0}
+            time.sleep(1.6)  # older than the 1 s window
+            expired = s.stats()["memcached"]["expired"]
+            assert s.get(pin, type_name="pin") == {"n": 0}
+            assert s.stats()["memcached"]["expired"] == expired, "not trusted past the window"
+            daemon.stop()
+            time.sleep(1.6)  # the heartbeat grows older than the window
+            assert s.get(pin, type_name="pin") == {"n": 0}
+            assert s.stats()["memcached"]["expired"] == expired + 1, ("back to the window", s.stats())
+    finally:
+        daemon.stop()
+
+
+def test_a_server_without_logical_wal_is_refused_by_name(
+    postgres_ready: StoreConfig, memcached_pair: list[str], redis_ready: str
+) -> None:
+    from dataclasses import replace
+
+    cache = replace(
+        postgres_ready.cache, memcached=tuple(memcached_pair), redis=(redis_ready,), invalidation="wal"
+    )
+    daemon = Daemon(replace(postgres_ready, cache=cache), tick_s=0.2)
+    daemon.start()
+    try:
+        _wait_for(lambda: "wal_level" in daemon.invalidators[0].last_error, within_s=10)
+        assert "set wal_level = logical" in daemon.invalidators[0].last_error
+        assert daemon.invalidators[0].heartbeat is None
+    finally:
+        daemon.stop()
+
+
+def test_wal_is_for_postgresql_hosts_only(mariadb_ready: StoreConfig) -> None:
+    from tests.conftest import mariadb_config
+
+    raw = mariadb_config()
+    raw["cache"] = {"memcached": ["127.0.0.1:11211"], "invalidation": "wal"}
+    with pytest.raises(ConfigError, match="by log or binlog only"):
+        StoreConfig.from_dict(raw)
