@@ -63,6 +63,8 @@ def test_change_lines_parse_to_their_leading_values() -> None:
         'table "odd ""s""".t: INSERT: "a b"[text]:\'x y\' n[integer]:null k[bigint[]]:\'{1,2}\'',
         columns=lambda _t: 3,
     ) == ('odd "s"', "t", ["x y", None, "{1,2}"])
+    assert slot_name("", "Store-Prod") == "store_invalidate_store_prod"
+    assert slot_name("ns_", "x" * 80) == ("ns_store_invalidate_" + "x" * 80)[:63]
     for other in ("BEGIN", "COMMIT", "table shard0001.pins: TRUNCATE: (no-flags)", "message: x"):
         assert parse_change(other) is None
 
@@ -173,7 +175,11 @@ def test_the_daemon_deletes_what_writers_lost_from_the_wal(servers: dict[str, An
             assert status["mode"] == "wal"
             assert status["keys_deleted"] >= 3
             slots = _sql(servers, "SELECT slot_name, plugin FROM pg_replication_slots")
-            assert slots == [(slot_name(""), "test_decoding")]
+            assert (
+                slots
+                == [(slot_name("", "store"), "test_decoding")]
+                == [("store_invalidate_store", "test_decoding")]
+            )
             print(f"wal: the reader saw the write made around the store after {took:.2f} s")
     finally:
         daemon.stop()
@@ -226,3 +232,22 @@ def test_wal_is_for_postgresql_hosts_only(mariadb_ready: StoreConfig) -> None:
     raw["cache"] = {"memcached": ["127.0.0.1:11211"], "invalidation": "wal"}
     with pytest.raises(ConfigError, match="by log or binlog only"):
         StoreConfig.from_dict(raw)
+
+
+def test_a_slot_of_another_plugin_is_named_not_read(servers: dict[str, Any]) -> None:
+    raw = _raw(servers)
+    slot = slot_name("", "store")
+    _sql(
+        servers,
+        f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '{slot}'",
+    )
+    _sql(servers, f"SELECT 1 FROM pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        _wait_for(lambda: "with plugin pgoutput" in daemon.invalidators[0].last_error, within_s=10)
+        assert f"pg_drop_replication_slot('{slot}')" in daemon.invalidators[0].last_error
+        assert daemon.invalidators[0].heartbeat is None
+    finally:
+        daemon.stop()
+        _sql(servers, f"SELECT pg_drop_replication_slot('{slot}')")

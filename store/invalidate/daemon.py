@@ -29,7 +29,7 @@ from store.exceptions import ConfigError, StoreError
 from store.ids import encode_pinterest
 from store.invalidate.leader import Leadership, close_quietly, lock_name
 from store.invalidate.sources import POSITION_TABLE, BinlogKeys, BinlogSource, LogTableSource, Position
-from store.invalidate.wal import WalSource, slot_name
+from store.invalidate.wal import WalSource
 from store.naming import COUNTS_TABLE, Names
 
 __all__ = ["CacheDeleteError", "Daemon", "HostInvalidator", "position_key"]
@@ -255,7 +255,7 @@ class Daemon:
         if mode == "wal":
             return WalSource(
                 server,
-                slot_name(self._store.config.names.prefix),
+                self._store.config.names.prefix,
                 self._schema_keys,
                 self._apply,
                 from_now=self._from_now,

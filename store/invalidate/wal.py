@@ -1,7 +1,8 @@
 """PostgreSQL's write-ahead log as an invalidation source (``cache.invalidation: wal``).
 
 The leader reads the server's changes through a logical replication slot
-of its own (``NAME_store_invalidate``, plugin ``test_decoding``, which every
+of its own (``store_invalidate_DATABASE``, ``NAME_`` before it in a
+namespace; plugin ``test_decoding``, which every
 PostgreSQL ships), with SQL on its lock's connection: no log rows are
 written, and no replication connection is needed. The server must run with
 ``wal_level = logical``.
@@ -21,8 +22,8 @@ trusted for the window alone.
 
 A slot keeps the server's WAL until it is read. A daemon stopped for good
 leaves its slot behind, holding WAL: ``store invalidate --from-now`` makes
-it anew, and ``SELECT pg_drop_replication_slot('NAME_store_invalidate')``
-drops it (see the README's operations section).
+it anew, and ``SELECT pg_drop_replication_slot('store_invalidate_DATABASE')``
+drops it (see the README's caching section).
 """
 
 from __future__ import annotations
@@ -51,9 +52,12 @@ _HEAD = re.compile(rf"table ({_IDENT})\.({_IDENT}): (INSERT|UPDATE|DELETE|TRUNCA
 _COLUMN = re.compile(r" ?(?:\"(?:[^\"]|\"\")*\"|[^\[\s]+)\[(?:[^\[\]]|\[\])*\]:('(?:[^']|'')*'|\S*)")
 
 
-def slot_name(prefix: str) -> str:
-    """The invalidation slot of a namespace (``prefix``: the config's names' prefix)."""
-    return f"{prefix}store_invalidate"
+def slot_name(prefix: str, database: str) -> str:
+    """The invalidation slot of a namespace (``prefix``: the config's names' prefix) in ``database``
+    (a slot decodes one database's changes, and its name is the whole server's):
+    ``store_invalidate_store``, ``NAME_store_invalidate_store``."""
+    tail = re.sub(r"[^a-z0-9_]", "_", database.lower())
+    return f"{prefix}store_invalidate_{tail}"[:63]
 
 
 def _unquote(ident: str) -> str:
@@ -106,14 +110,16 @@ class WalSource:
     def __init__(
         self,
         name: str,
-        slot: str,
+        prefix: str,
         keys: BinlogKeys,
         apply: Callable[[list[str]], None],
         *,
         from_now: bool = False,
     ) -> None:
         self.name = name
-        self.slot = slot
+        self._prefix = prefix
+        #: The slot's name, once leading (`slot_name`).
+        self.slot = ""
         self._keys = keys
         self._apply = apply
         self._from_now = from_now
@@ -145,7 +151,14 @@ class WalSource:
                 "the WAL through a logical slot; set wal_level = logical (and restart the server), "
                 "or use cache.invalidation: log"
             )
-        found = self._query("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+        self.slot = slot_name(self._prefix, str(self._query("SELECT current_database()")[0][0]))
+        found = self._query("SELECT plugin FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+        if found and found[0][0] != PLUGIN:
+            raise ConfigError(
+                f"PostgreSQL server {self.name} has a replication slot {self.slot} with plugin "
+                f"{found[0][0]}, not {PLUGIN}: drop it "
+                f"(SELECT pg_drop_replication_slot('{self.slot}')) and start again"
+            )
         if found and self._from_now:
             self._query("SELECT pg_drop_replication_slot(%s)", (self.slot,))
             found = []
