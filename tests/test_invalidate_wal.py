@@ -4,7 +4,9 @@ The change lines of ``test_decoding`` parse to the values the keys need; on a
 PostgreSQL of the tests' own with ``wal_level = logical`` (and a memcached and
 a Redis of their own), writers whose own deletes are all lost are seen by
 readers within a few ticks, entries are trusted past the window while the
-heartbeat is fresh, and a server without logical WAL is refused by name.
+heartbeat is fresh, a standby takes the slot over when the leader stops,
+and a server without logical WAL, or a slot of another plugin, is refused
+by name.
 """
 
 from __future__ import annotations
@@ -23,9 +25,6 @@ from store.invalidate.wal import parse_change, slot_name
 from tests.conftest import base_config
 from tests.servers import PostgresServer, TLSFiles, free_port, start_memcached, start_redis
 from tests.test_follower import _lose_deletes, _wait_for
-
-pytestmark = pytest.mark.moves  # (a PostgreSQL server of its own, as the moves' tests start)
-
 
 # -- the change lines ---------------------------------------------------------------------
 
@@ -251,3 +250,33 @@ def test_a_slot_of_another_plugin_is_named_not_read(servers: dict[str, Any]) -> 
     finally:
         daemon.stop()
         _sql(servers, f"SELECT pg_drop_replication_slot('{slot}')")
+
+
+def test_a_standby_takes_the_slot_over_when_the_leader_stops(servers: dict[str, Any]) -> None:
+    """Two daemons for one server: one leads; once it stops, the other leads on the same slot and
+    deletes what writes made around the store changed."""
+    raw = _raw(servers)
+    first, second = (
+        Daemon(StoreConfig.from_dict(raw), tick_s=0.2),
+        Daemon(StoreConfig.from_dict(raw), tick_s=0.2),
+    )
+    first.start()
+    try:
+        _wait_for(lambda: first.invalidators[0].heartbeat is not None, within_s=10)
+        second.start()
+        time.sleep(0.5)
+        assert (first.status()[0]["role"], second.status()[0]["role"]) == ("leader", "standby")
+        with Store.from_config(raw) as reader:
+            pin = reader.create("pin", {"n": 0})
+            first.stop()
+            _wait_for(lambda: second.invalidators[0].heartbeat is not None, within_s=10)
+            assert second.status()[0]["role"] == "leader"
+            time.sleep(0.6)  # past the new leader's start: what it reads from now on it deletes
+            assert reader.get(pin, type_name="pin") == {"n": 0}
+            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 5}}' WHERE id = {pin}")
+            _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 5}, within_s=10)
+        assert len(_sql(servers, "SELECT 1 FROM pg_replication_slots")) == 1  # the one slot, taken over
+    finally:
+        first.stop()
+        second.stop()
