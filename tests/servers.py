@@ -159,6 +159,22 @@ def start_memcached(port: int) -> subprocess.Popen[bytes]:
     return proc
 
 
+def memcached_stats(address: str) -> dict[str, int]:
+    """The numeric counters of memcached's ``stats`` at ``address`` (``host:port``)."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=2) as sock:
+        sock.sendall(b"stats\r\n")
+        data = b""
+        while not data.endswith(b"END\r\n"):
+            data += sock.recv(65536)
+    out: dict[str, int] = {}
+    for line in data.decode().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2].isdigit():
+            out[parts[1]] = int(parts[2])
+    return out
+
+
 def start_redis(port: int) -> subprocess.Popen[bytes]:
     """A redis-server of the tests' own on ``port``, keeping nothing on disk."""
     binary = _require("redis-server")
@@ -497,6 +513,24 @@ class PostgresServer:
         if not wait_port(port, 30):
             self.remove()
             pytest.fail(f"postgres did not start on port {port}")
+
+    def create_database(self, name: str = "store", *, within_s: float = 30.0) -> None:
+        """``CREATE DATABASE name`` once the server takes connections (its port opens first)."""
+        import psycopg
+
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                with psycopg.connect(
+                    host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
+                    sslmode="require", autocommit=True,
+                ) as conn:  # fmt: skip
+                    conn.execute(f"CREATE DATABASE {name}")
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def remove(self) -> None:
         """Stop it (fast shutdown) and delete its files."""

@@ -14,7 +14,6 @@ process's own.
 
 from __future__ import annotations
 
-import socket
 import threading
 import uuid
 from dataclasses import replace
@@ -28,6 +27,7 @@ from store.admin import init_shards
 from store.config import UniqueSpec
 from store.ids import makes_ids_again
 from tests.conftest import cached_mariadb_config, instagram_pg_config
+from tests.servers import memcached_stats
 
 UNIQUE = {"user_by_username": UniqueSpec("user_by_username", "user", "username")}
 
@@ -63,16 +63,9 @@ def _commands(memcached: list[str], rd: redis.Redis) -> dict[str, int]:
     and Redis's calls of each command but INFO (asked on ``rd``, connected already)."""
     out: dict[str, int] = {}
     for address in memcached:
-        host, _, port = address.rpartition(":")
-        with socket.create_connection((host, int(port)), timeout=2) as sock:
-            sock.sendall(b"stats\r\n")
-            raw = b""
-            while not raw.endswith(b"END\r\n"):
-                raw += sock.recv(65536)
-        for line in raw.decode().splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[1] in ("delete_hits", "delete_misses", "cmd_set", "cmd_touch"):
-                out[f"memcached {address} {parts[1]}"] = int(parts[2])
+        counters = memcached_stats(address)
+        for name in ("delete_hits", "delete_misses", "cmd_set", "cmd_touch"):
+            out[f"memcached {address} {name}"] = counters[name]
     stats: dict[str, Any] = rd.info("commandstats")
     for name, counts in stats.items():
         if name != "cmdstat_info":

@@ -39,7 +39,7 @@ from store.metrics import Metrics, instrument
 from store.serve.app import render_panels
 from store.serve.panels import Panels
 from tests.conftest import base_config
-from tests.servers import MariaDBServer, free_port, start_memcached, start_redis
+from tests.servers import MariaDBServer, free_port, memcached_stats, start_memcached, start_redis
 from tests.test_follower import _lose_deletes, _wait_for
 
 
@@ -89,19 +89,7 @@ def _sql(servers: dict[str, Any], query: str) -> list[tuple[Any, ...]]:
 
 
 def _mc_stat(servers: dict[str, Any], name: str) -> int:
-    import socket
-
-    host, port = servers["memcached"].split(":")
-    with socket.create_connection((host, int(port)), timeout=2) as sock:
-        sock.sendall(b"stats\r\n")
-        data = b""
-        while not data.endswith(b"END\r\n"):
-            data += sock.recv(65536)
-    for line in data.decode().splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] == name:
-            return int(parts[2])
-    raise KeyError(name)
+    return memcached_stats(servers["memcached"])[name]
 
 
 def _deletes(servers: dict[str, Any]) -> int:

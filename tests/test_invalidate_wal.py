@@ -80,19 +80,7 @@ def servers() -> Iterator[dict[str, Any]]:
     mc = start_memcached(mc_port)
     rd = start_redis(redis_port)
     try:
-        deadline = time.monotonic() + 30
-        while True:  # the port opens before the server takes connections
-            try:
-                with psycopg.connect(
-                    host="127.0.0.1", port=port, user="postgres", dbname="postgres",
-                    sslmode="require", autocommit=True,
-                ) as conn:  # fmt: skip
-                    conn.execute("CREATE DATABASE store")
-                break
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        pg.create_database("store")
         yield {
             "port": port,
             "url": f"postgresql+psycopg://postgres@127.0.0.1:{port}/store?sslmode=require",

@@ -64,19 +64,7 @@ def clusters(
     try:
         for port, level in ((ports[0], "logical"), (ports[1], target_wal_level)):
             servers.append(PostgresServer(port, files, wal_level=level))
-            deadline = time.monotonic() + 30
-            while True:  # the port opens before the server takes connections
-                try:
-                    with psycopg.connect(
-                        host="127.0.0.1", port=port, user="postgres", dbname="postgres",
-                        sslmode="require", autocommit=True,
-                    ) as conn:  # fmt: skip
-                        conn.execute("CREATE DATABASE store")
-                    break
-                except psycopg.OperationalError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            servers[-1].create_database("store")
         yield ports
     finally:
         for server in servers:

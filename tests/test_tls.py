@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -402,23 +401,9 @@ def test_the_connector_checks_urls_the_config_does_not(files: TLSFiles) -> None:
 @pytest.fixture(scope="module")
 def pg_server(files: TLSFiles) -> Iterator[PostgresServer]:
     """A PostgreSQL that accepts TLS connections only, with a database ``store``."""
-    import psycopg
-
     server = PostgresServer(PG_PORT, files)
     try:
-        deadline = time.monotonic() + 30
-        while True:  # the port opens before the server takes connections
-            try:
-                with psycopg.connect(
-                    host="127.0.0.1", port=PG_PORT, user="postgres", dbname="postgres",
-                    sslmode="require", autocommit=True,
-                ) as conn:  # fmt: skip
-                    conn.execute("CREATE DATABASE store")
-                break
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        server.create_database("store")
         yield server
     finally:
         server.remove()
