@@ -231,5 +231,5 @@ def test_a_standby_takes_over_the_advisory_lock_within_2s(raw: dict[str, Any], t
 
 def test_binlog_is_refused_for_a_postgresql_host_with_the_mode_it_can_have(raw: dict[str, Any]) -> None:
     bad = {**raw, "cache": {**raw["cache"], "invalidation": {"default": "log", "PG2": "binlog"}}}
-    with pytest.raises(ConfigError, match=r"hosts\.PG2.*log only.*set it to log for PG2"):
+    with pytest.raises(ConfigError, match=r"hosts\.PG2.*by log or wal only.*set it to log or wal for PG2"):
         StoreConfig.from_dict(bad)
