@@ -268,3 +268,52 @@ def test_a_standby_takes_the_slot_over_when_the_leader_stops(servers: dict[str, 
     finally:
         first.stop()
         second.stop()
+
+
+def test_a_backlog_is_read_in_batches_and_every_key_deleted(
+    servers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 4 lines a read, ten one-row transactions and one of ten rows (made around the store) come
+    out of one tick's read whole: every pin's key, each transaction once."""
+    from store.invalidate import wal
+    from store.invalidate.daemon import _connector
+
+    monkeypatch.setattr(wal, "READ_BATCH", 4)
+    raw = _raw(servers)
+    config = StoreConfig.from_dict(raw)
+    daemon = Daemon(config)  # (not started: its keys' names only)
+    applied: list[list[str]] = []
+    with Store(config) as store:
+        source = wal.WalSource("A", "", daemon._schema_keys, applied.append, from_now=True)
+        conn = _connector(store.admin_context().engines.backend("A"), config.hosts["A"])()
+        try:
+            source.start(conn)
+            pins = [store.create("pin", {"n": 0}) for _ in range(20)]
+            source.tick()  # the first target: the creates are before it
+            source.tick()  # their keys read and deleted; the next target
+            applied.clear()
+
+            def schema(p: int) -> str:
+                return f"shard{(p >> 10) & 0x1FFF:04d}"
+
+            for p in pins[:10]:
+                _sql(servers, f"UPDATE {schema(p)}.pins SET data = '{{\"n\": 1}}' WHERE id = {p}")
+            _sql(
+                servers,
+                "BEGIN; "
+                + " ".join(
+                    f"UPDATE {schema(p)}.pins SET data = '{{\"n\": 2}}' WHERE id = {p};" for p in pins[10:]
+                )
+                + " COMMIT",
+            )
+            source.tick()  # reads up to the target taken before the updates: none of them
+            source.tick()  # reads up to one taken after them: all, in batches of 4 lines
+        finally:
+            source.stop()
+            conn.close()
+    texts = [t for call in applied for t in call]
+    assert len(applied) == 1, "one tick's read gave every transaction at once"
+    assert len(texts) == 11
+    keyed = " ".join(texts)
+    assert all(str(p) in keyed for p in pins)
+    daemon.stop()

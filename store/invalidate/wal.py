@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: The plugin that turns the WAL into text (contrib's, shipped with every PostgreSQL).
 PLUGIN = "test_decoding"
+#: Change lines read from the slot per query (the server ends each read at a transaction's end).
+READ_BATCH = 10_000
 
 _IDENT = r'(?:"(?:[^"]|"")*"|[^."\s:]+)'
 _HEAD = re.compile(rf"table ({_IDENT})\.({_IDENT}): (INSERT|UPDATE|DELETE|TRUNCATE):")
@@ -189,31 +191,32 @@ class WalSource:
 
     def _read(self, upto: str) -> list[str]:
         """The keys of each transaction that committed before ``upto``, one log text each (the slot
-        moves past them)."""
-        rows = self._query(
-            "SELECT data FROM pg_logical_slot_get_changes(%s, %s::pg_lsn, NULL, "
-            "'include-xids', '0', 'skip-empty-xacts', '1')",
-            (self.slot, upto),
-        )
+        moves past them). Read `READ_BATCH` lines at a time (whole transactions: the server stops
+        at the first commit past the batch), so a backlog is never held whole as text."""
         schemas, tables = self._keys.schemas, self._keys.tables
         texts: list[str] = []
         changes: list[tuple[str, str, list[Any]]] = []
-        for (data,) in rows:
-            line = str(data)
-            if line.startswith("COMMIT"):
-                self.transactions += 1
-                if changes:
-                    text = self._keys.entries(changes)
-                    if text:
-                        texts.append(text)
-                changes = []
-                continue
-            got = parse_change(line, columns=_columns)
-            if got is None:
-                continue
-            if got[0] in schemas and (tables is None or got[1] in tables):
-                changes.append(got)
-        return texts
+        while True:
+            rows = self._query(
+                "SELECT data FROM pg_logical_slot_get_changes(%s, %s::pg_lsn, %s, "
+                "'include-xids', '0', 'skip-empty-xacts', '1')",
+                (self.slot, upto, READ_BATCH),
+            )
+            for (data,) in rows:
+                line = str(data)
+                if line.startswith("COMMIT"):
+                    self.transactions += 1
+                    if changes:
+                        text = self._keys.entries(changes)
+                        if text:
+                            texts.append(text)
+                    changes = []
+                    continue
+                got = parse_change(line, columns=_columns)
+                if got is not None and got[0] in schemas and (tables is None or got[1] in tables):
+                    changes.append(got)
+            if len(rows) < READ_BATCH:
+                return texts
 
     def position(self) -> str:
         """The WAL position the next tick reads up to."""
