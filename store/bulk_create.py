@@ -465,12 +465,7 @@ class BulkCreates:
 
     @staticmethod
     def _run(h: ShardHandle, sql: str, params: list[int]) -> int:
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(sql, params)
-            n = int(cur.rowcount)
-            cur.close()
-        return n
+        return h.write(sql, params)
 
 
 def _text(value: object) -> str:

@@ -181,6 +181,23 @@ class ShardHandle:
 
         return self._reading(run)
 
+    def write(self, sql: str, params: Sequence[Any]) -> int:
+        """Run one write statement on its own (autocommit); the rows it changed.
+
+        A deadlock or lock wait timeout rolled the statement back whole: it runs again, as a
+        transaction does (`transaction`). Any other error is raised.
+        """
+
+        def attempt() -> int:
+            with self.connect() as conn:
+                cur = conn.cursor()
+                cur.execute(sql, params)
+                n = int(cur.rowcount)
+                cur.close()
+            return n
+
+        return _retrying(attempt)
+
     def _reading(self, run: Callable[[Any], T]) -> T:
         """``run`` on a pooled connection's cursor.
 

@@ -126,19 +126,11 @@ class ObjectRepository:
 
     @staticmethod
     def _change(h: ShardHandle, sql: str, local_id: int) -> int:
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(sql, (local_id,))
-            n = int(cur.rowcount)
-            cur.close()
-        return n
+        return h.write(sql, (local_id,))
 
     def remove(self, h: ShardHandle, table: str, local_id: int) -> None:
         """Hard-delete one row (used only to undo an insert that cannot get an ID)."""
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(self.sql(h, table)["remove"], (local_id,))
-            cur.close()
+        h.write(self.sql(h, table)["remove"], (local_id,))
 
     def get(self, h: ShardHandle, table: str, local_id: int) -> str | None:
         """The JSON text of the live object with ``local_id``, or None."""
@@ -246,12 +238,7 @@ class ObjectRepository:
                 return bool(done[0][0])
 
             return h.transaction(txn)
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(self.sql(h, table)["delete"], (local_id,))
-            changed = cur.rowcount
-            cur.close()
-        return bool(changed)
+        return bool(h.write(self.sql(h, table)["delete"], (local_id,)))
 
     def delete_reading(
         self, h: ShardHandle, table: str, local_id: int, read: tuple[str, Sequence[Any]], *, logged: str = ""

@@ -419,12 +419,7 @@ class UniqueKeys:
 
     @staticmethod
     def _write(h: ShardHandle, sql: str, params: tuple[Any, ...]) -> int:
-        with h.connect() as conn:
-            cur = conn.cursor()
-            cur.execute(sql, params)
-            n = int(cur.rowcount)
-            cur.close()
-        return n
+        return h.write(sql, params)  # (again after a deadlock: claims of one value race)
 
     # -- reads -----------------------------------------------------------------------------
 
