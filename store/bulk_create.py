@@ -394,7 +394,7 @@ class BulkCreates:
         done = 0
         for k in range(0, len(row_keys), chunk):
             part = row_keys[k : k + chunk]
-            done += self._run(h, self._sql(h, spec, "activate", len(part)), part)
+            done += h.write(self._sql(h, spec, "activate", len(part)), part)
         if done == len(row_keys):
             return set(row_keys)
         out: set[int] = set()
@@ -415,7 +415,7 @@ class BulkCreates:
                     for key in row_keys:
                         self._objects.repo.remove(h, spec.table, key)
                 else:
-                    self._run(h, self._sql(h, spec, "remove", len(row_keys)), row_keys)
+                    h.write(self._sql(h, spec, "remove", len(row_keys)), row_keys)
 
             with contextlib.suppress(StoreError):
                 self._steps("remove pending", remove)
@@ -462,10 +462,6 @@ class BulkCreates:
         if texts is None:
             texts = self._texts[k] = _Texts(self._objects.repo.statements(h, spec.table))
         return texts.sql(name, h.shard, n)
-
-    @staticmethod
-    def _run(h: ShardHandle, sql: str, params: list[int]) -> int:
-        return h.write(sql, params)
 
 
 def _text(value: object) -> str:

@@ -113,20 +113,16 @@ class ObjectRepository:
 
     def activate(self, h: ShardHandle, table: str, local_id: int) -> bool:
         """Make a pending object live at version 1; False if it is no longer pending (abandoned)."""
-        return self._change(h, self.sql(h, table)["activate"], local_id) == 1
+        return h.write(self.sql(h, table)["activate"], (local_id,)) == 1
 
     def abandon(self, h: ShardHandle, table: str, local_id: int) -> bool:
         """Make a pending object unable ever to go live; False if it was not pending."""
-        return self._change(h, self.sql(h, table)["abandon"], local_id) == 1
+        return h.write(self.sql(h, table)["abandon"], (local_id,)) == 1
 
     def state(self, h: ShardHandle, table: str, local_id: int) -> tuple[bool, int, str] | None:
         """(live, version, JSON text) of the row whatever its state (version 0: pending), or None."""
         row = h.read(self.sql(h, table)["state"], (local_id,), one=True)
         return None if row is None else (bool(row[0]), int(row[1]), str(row[2]))
-
-    @staticmethod
-    def _change(h: ShardHandle, sql: str, local_id: int) -> int:
-        return h.write(sql, (local_id,))
 
     def remove(self, h: ShardHandle, table: str, local_id: int) -> None:
         """Hard-delete one row (used only to undo an insert that cannot get an ID)."""

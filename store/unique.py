@@ -322,7 +322,7 @@ class UniqueKeys:
             ms = _now_ms()
             params = {"name": c.spec.name, "value": c.value, "oid": owner, "ms": ms}
             try:
-                self._write(h, sql["claim"], stmts.args("claim", params))
+                h.write(sql["claim"], stmts.args("claim", params))
                 self._invalidate([c])  # a cached "free" must not outlive the claim
                 return Claimed(ms, True)
             except BackendError as exc:
@@ -339,7 +339,7 @@ class UniqueKeys:
                 # older look at the holder cannot win. A renewal moves the time on strictly:
                 # a drop decided on the time before it then misses.
                 ms = max(ms, claimed_ms + 1)
-                took = self._write(h, sql["take"], (owner, ms, c.spec.name, c.value, holder, claimed_ms))
+                took = h.write(sql["take"], (owner, ms, c.spec.name, c.value, holder, claimed_ms))
                 if took:
                     self._invalidate([c])
                     return Claimed(ms, not ours)
@@ -402,7 +402,7 @@ class UniqueKeys:
 
         def drop() -> None:
             h, sql, _stmts = self._where(c.spec.name, c.value)
-            self._write(h, sql["drop"], (c.spec.name, c.value, owner, claimed_ms))
+            h.write(sql["drop"], (c.spec.name, c.value, owner, claimed_ms))
             self._invalidate([c])
 
         self._steps(f"release {c.spec.name}", drop)
@@ -414,12 +414,8 @@ class UniqueKeys:
 
     def _release(self, c: Claim, owner: int) -> None:
         h, sql, _stmts = self._where(c.spec.name, c.value)
-        self._write(h, sql["release"], (c.spec.name, c.value, owner))
+        h.write(sql["release"], (c.spec.name, c.value, owner))
         self._invalidate([c])
-
-    @staticmethod
-    def _write(h: ShardHandle, sql: str, params: tuple[Any, ...]) -> int:
-        return h.write(sql, params)  # (again after a deadlock: claims of one value race)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -532,13 +528,13 @@ class UniqueKeys:
                     report.repointed[spec.name] = report.repointed.get(spec.name, 0) + 1
                     if not dry_run:
                         sql = self._stmts_for(h).for_shard(h.shard)
-                        self._write(h, sql["take"], (ids[0], _now_ms(), spec.name, value, oid, ms))
+                        h.write(sql["take"], (ids[0], _now_ms(), spec.name, value, oid, ms))
                         self._invalidate([c])
                 elif not ids:
                     report.removed[spec.name] = report.removed.get(spec.name, 0) + 1
                     if not dry_run:
                         sql = self._stmts_for(h).for_shard(h.shard)
-                        self._write(h, sql["drop"], (spec.name, value, oid, ms))
+                        h.write(sql["drop"], (spec.name, value, oid, ms))
                         self._invalidate([c])
             for value, ids in holding.items():
                 if len(ids) > 1:
@@ -552,7 +548,7 @@ class UniqueKeys:
                     h, sql, stmts = self._where(spec.name, value)
                     params = {"name": spec.name, "value": value, "oid": ids[0], "ms": _now_ms()}
                     try:
-                        self._write(h, sql["claim"], stmts.args("claim", params))
+                        h.write(sql["claim"], stmts.args("claim", params))
                     except BackendError as exc:
                         if not exc.duplicate:
                             raise

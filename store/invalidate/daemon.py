@@ -208,13 +208,7 @@ class Daemon:
             tables=[*types, *admin.relations, COUNTS_TABLE],
         )
         #: The same keys, named from PostgreSQL's shard schemas (`WalSource`).
-        self._schema_keys = BinlogKeys(
-            object_key=object_key,
-            list_key=list_key,
-            names=admin.names,
-            tables=[*types, *admin.relations, COUNTS_TABLE],
-            schemas=True,
-        )
+        self._schema_keys = keys.named_by_schemas()
         by_server = servers_of(chosen, lambda h: ctx.engines.backend(h).server_identity(admin.hosts[h]))
         #: Who runs this daemon, as operators see it (`store serve`): machine and process.
         self.instance = f"{socket.gethostname()}:{os.getpid()}"

@@ -116,8 +116,8 @@ class BinlogKeys:
         tables: Collection[str] | None = None,
         schemas: bool = False,
     ) -> None:
-        #: The config's names: a shard database is ``db00042`` (``NAME_db00042`` in a namespace);
-        #: with ``schemas``, a PostgreSQL shard schema ``shard0042`` (`store.invalidate.wal`).
+        #: A shard database's name (``db00042``, ``NAME_db00042`` in a namespace) to its shard; with
+        #: ``schemas``, a PostgreSQL shard schema's (``shard0042``: `store.invalidate.wal`).
         self._names = names
         self._shard_of = names.schema_shard if schemas else names.database_shard
         #: The only databases (schemas) whose rows name keys.
@@ -128,6 +128,16 @@ class BinlogKeys:
         self._object_key = object_key
         #: (relation, from_id) -> the list's cache key (None: not a relation).
         self._list_key = list_key
+
+    def named_by_schemas(self) -> BinlogKeys:
+        """The same keys, for rows named by PostgreSQL shard schema (`store.invalidate.wal`)."""
+        return BinlogKeys(
+            object_key=self._object_key,
+            list_key=self._list_key,
+            names=self._names,
+            tables=self.tables,
+            schemas=True,
+        )
 
     def entries(self, changes: list[tuple[str, str, list[Any]]]) -> str:
         """The log text of one transaction's rows: (schema, table, row values in column order)."""

@@ -37,25 +37,23 @@ def _list_drops(store: Store) -> Callable[[list[str]], None] | None:
     cache (each key on the server that would hold it); None where lists are not cached in Redis."""
     lists = store.admin_context().caches.lists
     backend = None if lists is None else lists.backend
+    servers: list[RedisListBackend]
+    place: Callable[[str], int]
     if isinstance(backend, RedisListBackend):
-        client = backend.client
+        servers, place = [backend], lambda _key: 0
+    elif isinstance(backend, RedisListServers):
+        servers, place = backend.servers, backend.index_for
+    else:
+        return None
 
-        def drop_one(keys: list[str]) -> None:
-            client.delete(*keys)
+    def drop(keys: list[str]) -> None:
+        by_server: dict[int, list[str]] = {}
+        for key in keys:
+            by_server.setdefault(place(key), []).append(key)
+        for i, group in by_server.items():
+            servers[i].client.delete(*group)
 
-        return drop_one
-    if isinstance(backend, RedisListServers):
-        servers = backend
-
-        def drop(keys: list[str]) -> None:
-            by_server: dict[int, list[str]] = {}
-            for key in keys:
-                by_server.setdefault(servers.index_for(key), []).append(key)
-            for i, group in by_server.items():
-                servers.servers[i].client.delete(*group)
-
-        return drop
-    return None
+    return drop
 
 
 def bulk_cases(

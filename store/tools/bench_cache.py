@@ -88,14 +88,14 @@ def cache_cases(store: Store, shard: int, n: int, say: Callable[[str], None]) ->
     store.board_pins(board, limit=50)
     text = orjson.dumps(PIN)
     owner = {p: mc.server_for(store.cache_key(p, type_name="pin")).address for p in pins}
-    for p in pins:
-        _floor_set_many(servers[owner[p]], {f"{RAW_PREFIX}{p}": text})
-    zkey = f"{RAW_PREFIX}z:{board}"
-    raw_redis.delete(zkey)
-    raw_redis.zadd(zkey, {str(p).zfill(20): 0 for p in pins})
     by_server: dict[str, list[str]] = {}
     for p in pins:
         by_server.setdefault(owner[p], []).append(f"{RAW_PREFIX}{p}")
+    for address, keys in by_server.items():
+        _floor_set_many(servers[address], dict.fromkeys(keys, text))
+    zkey = f"{RAW_PREFIX}z:{board}"
+    raw_redis.delete(zkey)
+    raw_redis.zadd(zkey, {str(p).zfill(20): 0 for p in pins})
 
     def raw_get(i: int) -> None:
         p = pins[i % 50]
