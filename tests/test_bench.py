@@ -21,6 +21,8 @@ def test_bench_reports_every_case(store: Store) -> None:
     results = run_bench(store, n=60)
     expected = ["create", "get", "get_many(50)", "page 1", "page 200 cursor", "page 200 offset", "count"]
     expected += ["has_links(500)", "board_pins_many(20)", "create_many(100)", "link_many(100)"]
+    if store.config.cache.memcached or store.config.cache.redis:
+        expected += ["cached create_many(100)", "cached link_many(100)"]
     if store.config.cache.memcached and store.config.cache.redis:
         expected += ["warm get", "warm get_many(50)", "warm board page"]
         expected += ["warm has_links(500)", "warm board_pins_many(20)"]
@@ -60,6 +62,8 @@ def test_bench_runs_to_the_end_on_postgres_with_caches(
         "board_pins_many(20)",
         "create_many(100)",
         "link_many(100)",
+        "cached create_many(100)",
+        "cached link_many(100)",
         "warm get",
         "warm get_many(50)",
         "warm board page",
@@ -76,6 +80,9 @@ def test_bench_runs_only_the_cases_asked_for(store: Store) -> None:
     results = run_bench(store, n=40, cases=Wanted(["create_many", "link_many"]))
     assert [r.case for r in results] == ["create_many(100)", "link_many(100)"]
     assert [r.case for r in run_bench(store, n=20, cases=Wanted(["get"]))] == ["get"]
+    if store.config.cache.redis:  # the batch writes again on the store with its caches
+        cached = run_bench(store, n=20, cases=Wanted(["cached link_many"]))
+        assert [r.case for r in cached] == ["cached link_many(100)"]
     result = CliRunner().invoke(main, ["bench", "--cases", "create_many,nosuch"])
     assert result.exit_code == 2
     assert "no bench case is named 'nosuch'" in result.output

@@ -171,6 +171,50 @@ def test_a_head_whose_meta_disagrees_reads_as_not_cached(
     raw.delete(key + ":m", key + ":v")
 
 
+change_st = st.tuples(
+    st.integers(0, 2),  # which list
+    st.sampled_from([0, 0, 1, 2, 3, 4]),  # how far past the cached version (0: unknown)
+    st.sampled_from(["add", "add", "move", "remove"]),
+    st.integers(1, 6),  # the sequence of the member put in place
+    st.integers(1, 6),  # the to_id
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=rows_st, changes=st.lists(change_st, max_size=12), cap=st.integers(1, 8))
+def test_a_batch_of_changes_ends_as_each_change_in_turn(
+    backends: tuple[RedisListBackend, MemoryListBackend],
+    rows: list[tuple[int, int]],
+    changes: list[tuple[int, int, str, int, int]],
+    cap: int,
+) -> None:
+    """One Lua call for a writer's whole batch (its lists with a change of unknown version only
+    dropped, `split_changes`) leaves every list as the reference does making each change in turn,
+    and a list it dropped refuses a fill read before the batch."""
+    keys = [f"{PREFIX}l:batch{i}" for i in range(3)]
+    at = 10  # the database's list version each list is cached at
+    for b in backends:
+        b.invalidate(keys, 60)
+        for key in keys:
+            seen = b.read(key, ("meta",))
+            assert seen is not None
+            assert b.fill(key, seen.version, len(rows), encode_members(rows), 60, 1234, at)
+    red, ref = backends
+    before = [red.read(key, ("meta",)) for key in keys]
+    batch = [
+        (keys[k], at + ahead if ahead else 0, kind, b"" if kind == "remove" else encode_member(s, t), t)
+        for k, ahead, kind, s, t in changes
+    ]
+    red.apply(batch, 60, cap)
+    for change in batch:
+        ref.apply([change], 60, cap)
+    for key, old in zip(keys, before, strict=True):
+        _same(red.read(key, ("all",)), ref.read(key, ("all",)))
+        if any(c[0] == key and not c[1] for c in batch):
+            assert old is not None
+            assert not red.fill(key, old.version, 1, encode_members([(1, 2)]), 60, 1)  # bumped
+
+
 @given(
     keys=st.lists(st.text(max_size=20), max_size=4),
     args=st.lists(

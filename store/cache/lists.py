@@ -73,6 +73,7 @@ __all__ = [
     "ListRead",
     "MemoryListBackend",
     "apply_change",
+    "split_changes",
     "decode_member",
     "decode_members",
     "decode_to_ids",
@@ -558,6 +559,17 @@ class MemoryListBackend:
                 held = self._held(key)
                 if not (held and version and held >= version):
                     self._drop(key)
+
+
+def split_changes(changes: Sequence[ListChange]) -> tuple[list[str], list[ListChange]]:
+    """``changes`` as the lists to drop and the changes to make in place (in their order), with the
+    same end as making each in turn: a change of unknown version (0) drops its list, and a
+    dropped list takes no change in place, so a list with such a change ends dropped whatever
+    its other changes did (only its version is bumped fewer times). A batch's changes of one
+    list (a board's 100 new pins, none of a known version) are one drop."""
+    unknown = {c[0] for c in changes if not c[1]}
+    drops = list(dict.fromkeys(c[0] for c in changes if c[0] in unknown))
+    return drops, [c for c in changes if c[0] not in unknown]
 
 
 def apply_change(

@@ -45,7 +45,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from store.cache.lists import ListChange, ListRead
+from store.cache.lists import ListChange, ListRead, split_changes
 from store.cache.stats import Breaker, CacheStats
 from store.config import redis_server_name
 from store.forks import at_fork
@@ -148,12 +148,15 @@ return 1
 """
 
 
-# KEYS: (list, meta, version) for each list. ARGV: the versions' TTL, the cap on a head's
-# entries, then for each list: the list version its change made (0: unknown), the kind (add,
-# move, remove), the member now in place ("" for remove), the to_id whose entry goes (8
-# bytes, big-endian). A change applies only to a head at the version just before it (see
-# `store.cache.lists.apply_change` for the rules, the same in Python); a head at that version
-# or later is left alone; any other is dropped as by _INVALIDATE. Returns how many lists
+# KEYS: (list, meta, version) for each list, the D lists to drop first. ARGV: the versions'
+# TTL, the cap on a head's entries, D, then for each list after the first D: the list version
+# its change made, the kind (add, move, remove), the member now in place ("" for remove), the
+# to_id whose entry goes (8 bytes, big-endian). The first D lists are dropped as by
+# _INVALIDATE (their changes' versions unknown: `store.cache.lists.split_changes`). A change
+# applies only to a head at the version just before it (see `store.cache.lists.apply_change`
+# for the rules, the same in Python); a head at that version or later is left alone; any
+# other is dropped as by _INVALIDATE, once in a call (a dropped list takes no change in
+# place, so its later changes would only bump its version again). Returns how many lists
 # were left cached.
 _APPLY = (
     _CUT
@@ -216,15 +219,24 @@ local function one(k, version, kind, member, tail)  -- true: the list is current
   redis.call('SET', KEYS[k + 1], total .. ':' .. shown .. ':' .. rms .. ':' .. version, 'PX', ttl)
   return true
 end
+local dropped = {}  -- a list dropped in this call takes no change in place: dropped once
+local function drop(k)
+  if dropped[KEYS[k]] then return end
+  dropped[KEYS[k]] = true
+  redis.call('INCR', KEYS[k + 2])
+  redis.call('EXPIRE', KEYS[k + 2], vttl)
+  redis.call('DEL', KEYS[k], KEYS[k + 1])
+end
+local d = tonumber(ARGV[3])
+for k = 1, 3 * d, 3 do drop(k) end
 local kept = 0
-for i = 0, #KEYS / 3 - 1 do
-  local k, a = 3 * i + 1, 4 * i + 3
-  if one(k, tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]) then
+for i = d, #KEYS / 3 - 1 do
+  local k, a = 3 * i + 1, 4 * (i - d) + 4
+  if dropped[KEYS[k]] then
+  elseif one(k, tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]) then
     kept = kept + 1
   else
-    redis.call('INCR', KEYS[k + 2])
-    redis.call('EXPIRE', KEYS[k + 2], vttl)
-    redis.call('DEL', KEYS[k], KEYS[k + 1])
+    drop(k)
   end
 end
 return kept
@@ -551,10 +563,13 @@ class RedisListBackend:
         self._dropping(self._invalidate, [k for key in keys for k in self._keys(key)], [VERSION_TTL_S])
 
     def apply(self, changes: Sequence[ListChange], ttl_s: int, cap: int) -> int:
-        """Each change in place, or its list dropped (one Lua call); on failure, mark the cache dirty."""
-        keys = [k for c in changes for k in self._keys(c[0])]
-        args: list[Any] = [VERSION_TTL_S, cap]
-        for _key, version, kind, member, to_id in changes:
+        """Each change in place, or its list dropped (one Lua call; a list with a change of unknown
+        version only dropped, `split_changes`); on failure, mark the cache dirty."""
+        drops, in_place = split_changes(changes)
+        keys = [k for key in drops for k in self._keys(key)]
+        keys += [k for c in in_place for k in self._keys(c[0])]
+        args: list[Any] = [VERSION_TTL_S, cap, len(drops)]
+        for _key, version, kind, member, to_id in in_place:
             args += [version, kind, member, to_id.to_bytes(8, "big")]
         kept = self._dropping(self._apply, keys, args)
         return 0 if kept is None else int(kept)

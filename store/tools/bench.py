@@ -44,7 +44,7 @@ CASES: dict[str, tuple[str, ...]] = {
         "has_links(500)",
         "board_pins_many(20)",
     ),
-    "bulk": ("create_many(100)", "link_many(100)"),
+    "bulk": ("create_many(100)", "link_many(100)", "cached create_many(100)", "cached link_many(100)"),
     "cache": (
         "warm get",
         "warm get_many(50)",
@@ -191,6 +191,10 @@ def run_bench(
 
     The database cases run without caches (a twin of ``store`` sharing its
     pools); the warm-cache cases run when ``store`` has memcached and Redis.
+    Where ``store`` has caches, the batch writes run a second time on it as
+    configured ("cached create_many(100)", "cached link_many(100)"): a
+    write's invalidations are part of what it costs, and the links' floor
+    drops what a program caching lists must (`bulk_cases`).
     With ``metrics``, both are instrumented, and `metrics_cost_cases` is added.
     ``floor_cursor``: "driver" (the floors send their statements through the
     driver's own cursor, as a hand-written program does) or "store" (through
@@ -220,6 +224,8 @@ def run_bench(
                 results += _relation_cases(uncached, cur, floor, p, shard, n, say, wanted)
             if wanted.group("bulk"):
                 results += bulk_cases(uncached, floor, p, shard, n, say, wanted)
+                if store.config.cache.memcached or store.config.cache.redis:
+                    results += bulk_cases(store, floor, p, shard, n, say, wanted, label="cached ")
         finally:
             floor.release()
             cur.close()

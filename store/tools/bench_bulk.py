@@ -5,12 +5,13 @@ store's own pooled connection (`store.tools.bench._PooledCursor`), each in
 autocommit: 100 objects in one INSERT (with ``RETURNING id`` for Instagram
 IDs, which the database makes); 100 pairs of a board as one INSERT per
 side (the board's list, the pins' inverse lists) and one upsert of every
-count. Where the config caches lists in Redis, the links' floor then drops
-the cached lists and counts it changed, one ``DEL`` per Redis server, as
-the mix's floor does for each link (its own keys, under `RAW_PREFIX`): a
-program that caches lists must. The store does more for the same result
-(a transaction per side, the pair locks, list versions kept in step), and
-the ratio says what that costs.
+count. `store bench` runs them on the store without caches, and again on
+the store as configured where it has caches (the "cached" rows). With lists
+cached in Redis, the links' floor then drops the cached lists and counts it
+changed, one ``DEL`` per Redis server, as the mix's floor does for each
+link (its own keys, under `RAW_PREFIX`): a program that caches lists must.
+The store does more for the same result (a transaction per side, the pair
+locks, list versions kept in step), and the ratio says what that costs.
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def bulk_cases(
     n: int,
     say: Callable[[str], None],
     wanted: Callable[[str], bool] | None = None,
+    *,
+    label: str = "",
 ) -> list[BenchResult]:
     """The `create_many(100)` and `link_many(100)` rows on ``shard`` (``floor``: the floors' cursor;
-    ``wanted``: which of the two run, None: both)."""
+    ``wanted``: which of the two run, None: both; ``label``: put before each row's name)."""
     wanted = wanted or (lambda _case: True)
     config = store.config
     pin = config.types.get("pin") or next(iter(config.types.values()))
@@ -84,20 +87,20 @@ def bulk_cases(
             floor.release()
 
     results = []
-    if wanted(f"create_many({BATCH})"):
-        say(f"create_many({BATCH})")
+    if wanted(f"{label}create_many({BATCH})"):
+        say(f"{label}create_many({BATCH})")
         results.append(
             pair(
-                f"create_many({BATCH})",
+                f"{label}create_many({BATCH})",
                 lambda _i: store.create_many(pin.name, [PIN] * BATCH, shard=shard),
                 raw_create_many,
                 times,
             )
         )
     spec = config.relations.get("board_has_pins")
-    if spec is None or spec.inverse is None or not wanted(f"link_many({BATCH})"):
+    if spec is None or spec.inverse is None or not wanted(f"{label}link_many({BATCH})"):
         return results
-    say(f"link_many({BATCH}): making boards and pins")
+    say(f"{label}link_many({BATCH}): making boards and pins")
     calls = times + min(50, times)  # `pair` warms up with up to 50 calls of each side
     pins = store.create_many(spec.to_type, [PIN] * BATCH, shard=shard)
     mine = iter(store.create_many(spec.from_type, [{}] * calls, shard=shard))
@@ -139,10 +142,10 @@ def bulk_cases(
         board = next(mine)
         store.link_many(spec.name, [(board, x) for x in pins])
 
-    say(f"link_many({BATCH})")
+    say(f"{label}link_many({BATCH})")
     results.append(
         pair(
-            f"link_many({BATCH})",
+            f"{label}link_many({BATCH})",
             store_link_many,
             raw_link_many,
             times,
