@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from store.backends import Backend
+from store.cache.follower import merged_entries
 from store.exceptions import BackendError, StaleMapError, StoreError
 
 __all__ = ["Cursor", "DBAPIConnection"]
@@ -392,7 +393,7 @@ class _Txn:
         if log is None:
             return None
         self._log = None
-        plain = " ".join(log.entries)
+        plain = merged_entries(log.entries)
         if log.versions:
             sql = self._backend.change_log_insert_versions([q for _e, q, _p in log.versions])
             args: list[Any] = [log.at_ms, plain or None]

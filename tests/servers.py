@@ -498,21 +498,40 @@ class PostgresServer:
         os.chmod(key, 0o600)
         if os.geteuid() == 0:
             shutil.chown(key, "postgres", "postgres")
-        log = open(self.base / "postgres.log", "ab")  # noqa: SIM115 - kept by the child
         logical = [f"-c{k}={v}" for k, v in (("max_replication_slots", 40), ("max_wal_senders", 40),
                    ("max_logical_replication_workers", 16), ("max_sync_workers_per_subscription", 8),
                    ("max_worker_processes", 32))]  # fmt: skip
-        self.proc = subprocess.Popen(
-            [postgres, "-D", str(data), "-p", str(port), "-c", "listen_addresses=127.0.0.1,127.0.0.2",
-             "-c", f"unix_socket_directories={self.base}", "-c", "ssl=on",
-             "-c", f"ssl_cert_file={files.server_cert}", "-c", f"ssl_key_file={key}",
-             "-c", "fsync=off", "-c", f"wal_level={wal_level}", *(logical if wal_level == "logical" else [])],
-            stdout=log, stderr=log, env={**os.environ, "HOME": str(self.base)}, **user,  # libpq: not ~root
-        )  # fmt: skip
+        self._args = [
+            postgres, "-D", str(data), "-p", str(port), "-c", "listen_addresses=127.0.0.1,127.0.0.2",
+            "-c", f"unix_socket_directories={self.base}", "-c", "ssl=on",
+            "-c", f"ssl_cert_file={files.server_cert}", "-c", f"ssl_key_file={key}",
+            "-c", "fsync=off", "-c", f"wal_level={wal_level}", *(logical if wal_level == "logical" else []),
+        ]  # fmt: skip
+        self._user = user
+        self.proc = self._run()
+
+    def _run(self) -> subprocess.Popen[bytes]:
+        """The server started on its folder (its port open), or the test failed."""
+        log = open(self.base / "postgres.log", "ab")  # noqa: SIM115 - kept by the child
+        env = {**os.environ, "HOME": str(self.base)}  # libpq: not ~root
+        proc: subprocess.Popen[bytes]
+        proc = subprocess.Popen(self._args, stdout=log, stderr=log, env=env, **self._user)
         log.close()
-        if not wait_port(port, 30):
-            self.remove()
-            pytest.fail(f"postgres did not start on port {port}")
+        if not wait_port(self.port, 30):
+            proc.kill()
+            proc.wait()
+            shutil.rmtree(self.base, ignore_errors=True)
+            pytest.fail(f"postgres did not start on port {self.port}")
+        return proc
+
+    def restart(self, *, crash: bool = False) -> None:
+        """Stop the server (a fast shutdown; ``crash``: an immediate one, which writes nothing and
+        recovers from the WAL at the start, as after a power cut) and start it on the same files."""
+        import signal
+
+        self.proc.send_signal(signal.SIGQUIT if crash else signal.SIGINT)
+        self.proc.wait(timeout=30)
+        self.proc = self._run()
 
     def create_database(self, name: str = "store", *, within_s: float = 30.0) -> None:
         """``CREATE DATABASE name`` once the server takes connections (its port opens first)."""

@@ -17,10 +17,12 @@ from typing import Any
 
 import pymysql
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from store import Store, StoreConfig
 from store.admin import init_shards
-from store.cache.follower import Follower, LogSource, parse_entries
+from store.cache.follower import Follower, LogSource, list_version, merged_entries, parse_entries
 from store.cache.leases import wall_ms
 from tests.conftest import NAMES, cached_mariadb_config, db, root_sql
 
@@ -273,3 +275,35 @@ def test_old_rows_are_deleted_a_short_batch_a_pass(mariadb_ready: StoreConfig) -
     assert remaining == [i for i in ids if i > upto]
     assert source.clean_upto is None
     assert source.checkpoints == [(KEEP_S + 100.0, source.last)]  # the old one used, a new one kept
+
+
+token_st = st.one_of(
+    st.builds(lambda k: f"o{k}", st.sampled_from(["s:o:1", "s:o:2"])),
+    st.builds(
+        lambda k, v: f"l{k}" if v == 0 else f"l{k}@{v}",
+        st.sampled_from(["s:l:board_has_pins:1", "s:l:pin_owned_by_board:2"]),
+        st.integers(0, 4),
+    ),
+)
+
+
+def _named(texts: list[str]) -> tuple[set[str], dict[str, int]]:
+    """The object keys, and each list's version as a follower settles it (`store.store._settle`:
+    the newest named, 0 if one names none)."""
+    objects, lists = parse_entries(texts)
+    newest: dict[str, int] = {}
+    for entry in lists:
+        key, version = list_version(entry)
+        newest[key] = 0 if version == 0 or newest.get(key, version) == 0 else max(newest.get(key, 0), version)
+    return set(objects), newest
+
+
+@given(st.lists(st.lists(token_st, min_size=1, max_size=4).map(" ".join), max_size=8))
+def test_a_transactions_log_row_names_each_key_once_as_followers_settle_it(texts: list[str]) -> None:
+    """A transaction's log entries go as one row, each key once (`merged_entries`): the row a
+    follower reads deletes the same objects and settles each list at the same version as the
+    entries one by one would."""
+    merged = merged_entries(texts)
+    assert _named([merged] if merged else []) == _named(texts)
+    tokens = merged.split()
+    assert len(tokens) == len({t.partition("@")[0] for t in tokens})  # each key once

@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from store import ConfigError, Store, StoreConfig
+from store import ConfigError, Store, StoreConfig, StoreError
 from store.admin import init_shards
+from store.cache.leases import wall_ms
 from store.invalidate import Daemon
 from store.invalidate.wal import parse_change, slot_name
 from tests.conftest import base_config
@@ -82,6 +83,7 @@ def servers() -> Iterator[dict[str, Any]]:
     try:
         pg.create_database("store")
         yield {
+            "pg": pg,
             "port": port,
             "url": f"postgresql+psycopg://postgres@127.0.0.1:{port}/store?sslmode=require",
             "memcached": f"127.0.0.1:{mc_port}",
@@ -268,6 +270,82 @@ def test_a_standby_takes_the_slot_over_when_the_leader_stops(servers: dict[str, 
     finally:
         first.stop()
         second.stop()
+
+
+def _read_through(reader: Store, pin: int) -> Any:
+    """The pin as ``reader`` reads it now; None while its server is down (a miss goes to it)."""
+    try:
+        return reader.get(pin, type_name="pin")
+    except StoreError:
+        return None
+
+
+def test_a_write_made_before_postgresql_crashed_is_deleted_after_it_restarts(
+    servers: dict[str, Any],
+) -> None:
+    """The server crashes (an immediate shutdown: it recovers from the WAL at the start) right after
+    a write the daemon has not read yet (its ticks are 2 s apart, and a tick reads up to the
+    position the tick before took). The slot outlives the crash: the daemon leads again, reads
+    the write and deletes its key, and the reader sees it within the 30 s window only so. Then it
+    goes on: a later write is seen too."""
+    raw = _raw(servers)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=2.0)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as reader:
+            pin = reader.create("pin", {"n": 0})
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=15)
+            assert reader.get(pin, type_name="pin") == {"n": 0}  # cached
+            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 5}}' WHERE id = {pin}")
+            terms = daemon.invalidators[0].terms
+            servers["pg"].restart(crash=True)
+            _wait_for(lambda: _read_through(reader, pin) == {"n": 5}, within_s=25)
+            assert daemon.invalidators[0].terms > terms  # it lost the server and led again
+            assert daemon.status()[0]["role"] == "leader"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 6}}' WHERE id = {pin}")
+            _wait_for(lambda: _read_through(reader, pin) == {"n": 6}, within_s=15)
+    finally:
+        daemon.stop()
+
+
+def test_a_dropped_slot_is_made_again_and_vouched_for_from_then(servers: dict[str, Any]) -> None:
+    """An operator drops the daemon's slot while it runs (the changes since its last read are gone
+    with it, as a purged binlog's are). The daemon's next read fails, it steps down, leads again
+    with a new slot, and its heartbeat vouches only from then (its S past the drop): entries
+    cached before are trusted for the window alone. Writes after it are deleted."""
+    raw = _raw(servers)
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        inv = daemon.invalidators[0]
+        _wait_for(lambda: inv.heartbeat is not None, within_s=10)
+        slot = slot_name("", "store")
+
+        def dropped() -> bool:  # (refused while a read holds it: tried again)
+            try:
+                _sql(servers, f"SELECT pg_drop_replication_slot('{slot}')")
+            except psycopg.errors.ObjectInUse:
+                return False
+            return True
+
+        _wait_for(dropped, within_s=10)
+        at = wall_ms()
+        _wait_for(lambda: inv.heartbeat is not None and inv.heartbeat.since_ms >= at, within_s=10)
+        assert inv.errors >= 1
+        assert "does not exist" in inv.last_error, inv.last_error
+        assert _sql(servers, f"SELECT plugin FROM pg_replication_slots WHERE slot_name = '{slot}'") == [
+            ("test_decoding",)
+        ]
+        with Store.from_config(raw) as reader:
+            pin = reader.create("pin", {"n": 0})
+            time.sleep(0.6)
+            assert reader.get(pin, type_name="pin") == {"n": 0}
+            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 3}}' WHERE id = {pin}")
+            _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 3}, within_s=10)
+    finally:
+        daemon.stop()
 
 
 def test_a_backlog_is_read_in_batches_and_every_key_deleted(

@@ -95,6 +95,27 @@ def log_entries(objects: Sequence[str] = (), lists: Sequence[str] = ()) -> str:
     return " ".join([*(OBJECT + k for k in objects), *(LIST + k for k in lists)])
 
 
+def merged_entries(texts: Sequence[str]) -> str:
+    """One log row's text naming what ``texts`` (log entries, `log_entries`) name, each key once:
+    an object once; a list once, at the highest version named, or at none if one of them
+    names none (a follower settles a list at its highest version as it does at each in turn,
+    and drops it for an entry of no version). A batch's hundred changes of a board's list
+    log it once."""
+    if not texts or (len(texts) == 1 and " " not in texts[0]):
+        return texts[0] if texts else ""
+    out: dict[str, int] = {}  # token without its version -> the version (-1: an object's key)
+    for text in texts:
+        for token in text.split():
+            if token[0] != LIST:
+                out.setdefault(token, -1)
+                continue
+            key, version = list_version(token)
+            held = out.get(key)
+            if held is None or (held and (not version or version > held)):
+                out[key] = version
+    return " ".join(k if v <= 0 else f"{k}{VERSION_MARK}{v}" for k, v in out.items())
+
+
 def list_version(entry: str) -> tuple[str, int]:
     """(list key, version) of a list entry of `parse_entries`; version 0 where the entry names none."""
     key, mark, version = entry.rpartition(VERSION_MARK)

@@ -74,6 +74,7 @@ __all__ = [
     "MemoryListBackend",
     "apply_change",
     "split_changes",
+    "IN_PLACE_MAX",
     "decode_member",
     "decode_members",
     "decode_to_ids",
@@ -561,15 +562,32 @@ class MemoryListBackend:
                     self._drop(key)
 
 
+#: A list with more changes than this in one write is dropped, not changed in place: each change
+#: costs the cache call about as much as a fill of the list's head costs the next reader.
+IN_PLACE_MAX = 16
+
+
 def split_changes(changes: Sequence[ListChange]) -> tuple[list[str], list[ListChange]]:
-    """``changes`` as the lists to drop and the changes to make in place (in their order), with the
-    same end as making each in turn: a change of unknown version (0) drops its list, and a
-    dropped list takes no change in place, so a list with such a change ends dropped whatever
-    its other changes did (only its version is bumped fewer times). A batch's changes of one
-    list (a board's 100 new pins, none of a known version) are one drop."""
-    unknown = {c[0] for c in changes if not c[1]}
-    drops = list(dict.fromkeys(c[0] for c in changes if c[0] in unknown))
-    return drops, [c for c in changes if c[0] not in unknown]
+    """``changes`` as the lists to drop and the changes to make in place (in their order).
+
+    A change of unknown version (0) drops its list, and a dropped list takes no
+    change in place, so a list with such a change ends dropped whatever its
+    other changes did (only its version is bumped fewer times): it is only
+    dropped. So is a list with more than `IN_PLACE_MAX` changes (a board's
+    100 new pins in one `link_many`): dropping is always right, and cheaper
+    than a hundred changes in place.
+    """
+    seen: dict[str, int] = {}
+    unknown: set[str] = set()
+    for c in changes:
+        seen[c[0]] = seen.get(c[0], 0) + 1
+        if not c[1]:
+            unknown.add(c[0])
+    drops = [key for key, n in seen.items() if key in unknown or n > IN_PLACE_MAX]
+    if not drops:
+        return [], list(changes)
+    gone = set(drops)
+    return drops, [c for c in changes if c[0] not in gone]
 
 
 def apply_change(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
-from store.cache.follower import log_entries
+from store.cache.follower import LIST
 from store.cache.lists import ListCache, decode_members, encode_member, lex_bound
 from store.engines import ShardHandle
 from store.relations.repository import REMOVE, RelationRepository, Side
@@ -71,7 +71,7 @@ class RelationListCache:
 
     def log_entry(self, side: Side) -> str:
         """The invalidation log's entry for ``side``'s list (`store.cache.follower`)."""
-        return log_entries(lists=[self.key(side.relation, side.from_id)])
+        return LIST + self.key(side.relation, side.from_id)  # (`log_entries` of the one key)
 
     # -- after a committed write -----------------------------------------------------
 
