@@ -24,6 +24,7 @@ from store.cache.leases import wall_ms
 from store.invalidate import Daemon
 from store.invalidate.wal import parse_change, slot_name
 from tests.conftest import base_config
+from tests.faults.proxy import FaultProxy
 from tests.servers import PostgresServer, TLSFiles, free_port, start_memcached, start_redis
 from tests.test_follower import _lose_deletes, _wait_for
 
@@ -346,6 +347,58 @@ def test_a_dropped_slot_is_made_again_and_vouched_for_from_then(servers: dict[st
             _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 3}, within_s=10)
     finally:
         daemon.stop()
+
+
+def test_the_daemon_cut_off_from_the_caches_sends_its_deletes_again_once_back(
+    servers: dict[str, Any],
+) -> None:
+    """The daemon's way to memcached and Redis goes dark (a proxy swallows every byte) while writes
+    made around the store land: the slot has moved past them, so the source keeps their keys and
+    sends them again each tick, its heartbeat held (no T past the cut), its lead and term kept.
+    Once the caches are back, the keys are deleted and the heartbeat moves on."""
+    raw = _raw(servers)
+    mc_port = int(servers["memcached"].rpartition(":")[2])
+    redis_port = int(servers["redis"].rpartition(":")[2].partition("/")[0])
+    mc, rd = FaultProxy(mc_port).start(), FaultProxy(redis_port).start()
+    daemon_raw = {
+        **raw,
+        "cache": {
+            **raw["cache"],
+            "memcached": [mc.address],
+            "redis": f"redis://{rd.address}/0",
+            "timeout_ms": 200,
+        },
+    }
+    daemon = Daemon(StoreConfig.from_dict(daemon_raw), tick_s=0.2)
+    daemon.start()
+    try:
+        inv = daemon.invalidators[0]
+        _wait_for(lambda: inv.heartbeat is not None, within_s=10)
+        with Store.from_config(raw) as reader:
+            pin = reader.create("pin", {"n": 0})
+            time.sleep(0.6)
+            assert reader.get(pin, type_name="pin") == {"n": 0}  # cached
+            mc.blackhole()
+            rd.blackhole()
+            cut = wall_ms()
+            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 4}}' WHERE id = {pin}")
+            _wait_for(lambda: inv.cache_errors >= 3, within_s=15)
+            beat = inv.heartbeat
+            assert beat is not None
+            assert beat.covered_ms <= cut + 1000, "vouched past a write whose delete the caches missed"
+            assert reader.get(pin, type_name="pin") == {"n": 0}  # not deleted: the window trusts it
+            mc.restore()
+            rd.restore()
+            _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 4}, within_s=10)
+            _wait_for(
+                lambda: inv.heartbeat is not None and inv.heartbeat.covered_ms > cut + 1000, within_s=10
+            )
+        assert (inv.role, inv.terms, inv.errors) == ("leader", 1, 0), inv.status()
+    finally:
+        daemon.stop()
+        mc.close()
+        rd.close()
 
 
 def test_a_backlog_is_read_in_batches_and_every_key_deleted(
