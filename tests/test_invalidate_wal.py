@@ -11,12 +11,19 @@ by name.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
 from store import ConfigError, Store, StoreConfig, StoreError
 from store.admin import init_shards
@@ -259,6 +266,14 @@ def test_a_standby_takes_the_slot_over_when_the_leader_stops(servers: dict[str, 
         assert (first.status()[0]["role"], second.status()[0]["role"]) == ("leader", "standby")
         with Store.from_config(raw) as reader:
             pin = reader.create("pin", {"n": 0})
+            other = reader.create("pin", {"n": 0})
+            assert reader.get(other, type_name="pin") == {"n": 0}
+            schema = f"shard{(other >> 10) & 0x1FFF:04d}"
+            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 2}}' WHERE id = {other}")
+            _wait_for(lambda: reader.get(other, type_name="pin") == {"n": 2}, within_s=10)
+            # Only the leader reads the slot and deletes: the standby has deleted nothing.
+            assert first.status()[0]["keys_deleted"] >= 1
+            assert second.status()[0]["keys_deleted"] == 0
             first.stop()
             _wait_for(lambda: second.invalidators[0].heartbeat is not None, within_s=10)
             assert second.status()[0]["role"] == "leader"
@@ -399,6 +414,43 @@ def test_the_daemon_cut_off_from_the_caches_sends_its_deletes_again_once_back(
         daemon.stop()
         mc.close()
         rd.close()
+
+
+def test_a_writer_killed_between_its_commit_and_its_deletes_has_its_keys_deleted(
+    servers: dict[str, Any], tmp_path: Path
+) -> None:
+    """A writer process SIGKILLed after its COMMIT, before any cache delete (its invalidation is the
+    kill): the WAL has the commit, and the daemon deletes its key."""
+    raw = _raw(servers)
+    config = tmp_path / "store.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    daemon.start()
+    try:
+        with Store.from_config(raw) as reader:
+            pin = reader.create("pin", {"n": 0})
+            _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=10)
+            assert reader.get(pin, type_name="pin") == {"n": 0}  # cached
+            script = textwrap.dedent(f"""
+                import os, signal
+                from store import Store
+                s = Store.from_config({str(config)!r})
+                caches = s.admin_context().caches
+                caches.objects.invalidate = lambda keys: os.kill(os.getpid(), signal.SIGKILL)
+                s.update({pin}, {{"n": 1}}, type_name="pin")
+            """)
+            done = subprocess.run(
+                [sys.executable, "-c", script],
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                timeout=60,
+            )
+            assert done.returncode == -signal.SIGKILL
+            assert _sql(
+                servers, f"SELECT data FROM shard{(pin >> 10) & 0x1FFF:04d}.pins WHERE id = {pin}"
+            ) == [('{"n":1}',)]  # committed
+            _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 1}, within_s=10)
+    finally:
+        daemon.stop()
 
 
 def test_a_backlog_is_read_in_batches_and_every_key_deleted(
