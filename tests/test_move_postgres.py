@@ -619,3 +619,62 @@ def test_a_postgres_fence_compares_before_the_lock_and_reports_where_its_time_we
     verify = [m for m in said if m.startswith("verify:")]
     assert verify[-1].startswith("verify: 36 tables ("), said
     assert verify[-1].endswith(" rows) end alike on both sides"), said
+
+
+def test_a_move_while_wal_daemons_follow_both_servers(
+    pair: None, tmp_path: Path, memcached_pair: list[str], redis_ready: str
+) -> None:
+    """`cache.invalidation: wal` on both clusters, one daemon following both, writers whose own cache
+    deletes are all lost. Shards 4-7 move from A to B (the move's subscription writes on B too,
+    which B's slot decodes). Afterwards writes to the moved shards, the store's and one made
+    with plain SQL on B, are seen by a reader within a few ticks under a 30 s window (only the
+    daemon's deletes explain it), and both servers' heartbeats vouch again."""
+    from store.invalidate import Daemon
+    from tests.test_follower import _lose_deletes, _wait_for
+
+    raw = config_for(8, tmp_path, poll_s=0.2)
+    raw["cache"] = {
+        "memcached": memcached_pair,
+        "redis": redis_ready,
+        "prefix": f"mw{time.monotonic_ns() % 10**6}:",
+        "max_stale_s": 30,
+        "invalidation": "wal",
+    }
+    init_shards(StoreConfig.from_dict(raw))
+    daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
+    by_host = {inv.hosts[0]: inv for inv in daemon.invalidators}
+    assert sorted(by_host) == ["A", "B"]
+    daemon.start()
+    try:
+        with (
+            Store.from_config(raw) as writer,
+            Store.from_config(raw) as reader,
+            Store.from_config(raw) as admin,
+        ):
+            _lose_deletes(writer)
+            pins = [writer.create("pin", {"n": 0}, shard=s) for s in range(8)]
+            _wait_for(lambda: all(inv.heartbeat is not None for inv in by_host.values()), within_s=15)
+            time.sleep(0.6)  # past both heartbeats' S
+            assert [reader.get(p, type_name="pin") for p in pins] == [{"n": 0}] * 8  # cached
+            mover = Mover(admin, tmp_path / "move.json", say=lambda _m: None)
+            mover.start(mover.plan(4, 7, "B"))
+            for p in pins:
+                writer.update(p, {"n": 1}, type_name="pin")
+            _wait_for(lambda: [reader.get(p, type_name="pin") for p in pins] == [{"n": 1}] * 8, within_s=15)
+            moved = pins[7]
+            sql(
+                TARGET_PORT,
+                f"UPDATE shard{shard_of(moved):04d}.pins SET data = '{{\"n\": 2}}' WHERE id = {moved}",
+            )
+            _wait_for(lambda: reader.get(moved, type_name="pin") == {"n": 2}, within_s=10)
+            now = int(time.time() * 1000)
+            _wait_for(
+                lambda: all(
+                    (beat := inv.heartbeat) is not None and beat.covered_ms > now for inv in by_host.values()
+                ),
+                within_s=10,
+            )
+        assert by_host["B"].source.transactions > 0  # type: ignore[attr-defined]
+        assert daemon.status()[0]["role"] == daemon.status()[1]["role"] == "leader"
+    finally:
+        daemon.stop()
