@@ -197,6 +197,7 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
+@pytest.mark.timeout(900)  # (some 80 commands, each a process of its own: 4 minutes on two idle cores)
 def test_no_command_prints_or_writes_a_password(
     servers: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, own_caches: None
 ) -> None:

@@ -150,7 +150,13 @@ class PairWriter:
             self._lock_key(cur, primary)
             c = Change(primary)
             kind = self.repo.link_in(
-                cur, primary, sequence, move=move, insert=primary.guard is not None, seen=c.seen
+                cur,
+                primary,
+                sequence,
+                move=move,
+                insert=primary.guard is not None,
+                seen=c.seen,
+                count_later=True,
             )
             if kind is not None:
                 new, moved = kind == ADD, kind == MOVE
@@ -266,7 +272,7 @@ class PairWriter:
             made.clear()
             self._lock_key(cur, primary)
             c = Change(primary)
-            gone = self.repo.remove_in(cur, primary, c.seen)
+            gone = self.repo.remove_in(cur, primary, c.seen, count_later=True)
             if gone:
                 self._changed(cur, c, REMOVE, 0, made)
             return False, 0
