@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-from store.backends import Backend
 from store.backends.statements import (
     GuardedInsertStatements,
     PairRowsStatements,
@@ -302,61 +301,19 @@ class RelationRepository:
         return plan
 
     def link_in(
-        self,
-        cur: Cursor,
-        side: Side,
-        sequence: int,
-        *,
-        move: bool,
-        insert: bool,
-        seen: Seen = None,
-        count_later: bool = False,
+        self, cur: Cursor, side: Side, sequence: int, *, move: bool, insert: bool, seen: Seen = None
     ) -> str | None:
         """Move the pair to ``sequence`` if ``move``; if that found nothing to move and ``insert``,
         insert it if it is absent and its guard's object is live. `MOVE`, `ADD`, or
         None if neither changed the row (the pair is at ``sequence`` already, or absent and not
-        insertable: the caller asks which, the slow way). One request where the backend can.
-
-        ``count_later``: the list's count and version change with the transaction's next request
-        (its COMMIT, where the inverse side is another host's), not with the write, where the
-        backend still tells the version so (`_counts_later`): the count's row, which every
-        write of a hot list takes, is locked for that request only, not across the inverse
-        side's."""
+        insertable: the caller asks which, the slow way). One request where the backend can."""
         b = side.h.backend
         if b.conditional_writes or b.counted_writes:
-            if count_later and _counts_later(b):
-                return self._link_count_later(cur, side, sequence, move=move, insert=insert, seen=seen)
             plan = self.link_plan(side, sequence, move=move, insert=insert)
             return plan.outcome(cur.batch(plan.statements), seen)
         if move and self.move_in(cur, side, sequence, seen):
             return MOVE
         if insert and self.insert_live_in(cur, side, sequence, seen):
-            return ADD
-        return None
-
-    def _link_count_later(
-        self, cur: Cursor, side: Side, sequence: int, *, move: bool, insert: bool, seen: Seen
-    ) -> str | None:
-        """`link_in` with ``count_later``: the move and the guarded insert in one request (the insert
-        changes nothing where the move found the pair), then the count of the one that changed
-        the row deferred to the next request."""
-        sql = self.sql(side.h, side.relation)
-        f, t = side.from_id, side.to_id
-        statements: list[tuple[str, Sequence[Any]]] = []
-        if move:
-            statements.append((sql.move_if_other, (sequence, f, t, sequence)))
-        if insert:
-            g = side.guard
-            assert g is not None
-            statements.append((self._guarded_sql(side, "insert_live"), (f, t, sequence, g.value)))
-        if not statements:
-            return None
-        results = cur.batch(statements)
-        if move and results[0][0] == 1:
-            cur.defer(sql.bump, (side.relation, f), seen)
-            return MOVE
-        if insert and results[-1][0] == 1:
-            cur.defer(sql.count_up, (side.relation, f, 1), seen)
             return ADD
         return None
 
@@ -369,10 +326,10 @@ class RelationRepository:
             return True
         return False
 
-    def remove_in(self, cur: Cursor, side: Side, seen: Seen = None, *, count_later: bool = False) -> bool:
-        """Delete the pair (and count it out); True if it was there. ``count_later``: as `link_in`'s."""
+    def remove_in(self, cur: Cursor, side: Side, seen: Seen = None) -> bool:
+        """Delete the pair (and count it out); True if it was there."""
         b = side.h.backend
-        if (b.conditional_writes or b.counted_writes) and not (count_later and _counts_later(b)):
+        if b.conditional_writes or b.counted_writes:
             plan = self.unlink_plan(side)
             return plan.outcome(cur.batch(plan.statements), seen) is not None
         sql = self.sql(side.h, side.relation)
@@ -583,13 +540,3 @@ def _rows(rows: Any) -> list[tuple[int, int]]:
     """A driver's (sequence, to_id) rows as a list: every driver the store runs on reads a BIGINT as
     an int already (a conversion per value measured about 4 us on a page of 50)."""
     return rows if type(rows) is list else list(rows)
-
-
-def _counts_later(backend: Backend) -> bool:
-    """Whether a write's count can go with the transaction's next request (`Cursor.defer`: where
-    the next request takes deferred statements) and still tell its list's version as the write
-    with its count would (`Backend.list_versions`: the deferred statement's OK packet carries it,
-    MariaDB; elsewhere neither way tells it, PostgreSQL)."""
-    if backend.list_versions:
-        return backend.begin_with_first_statement
-    return backend.begin_with_first_statement or backend.pipelines

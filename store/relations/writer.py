@@ -150,13 +150,7 @@ class PairWriter:
             self._lock_key(cur, primary)
             c = Change(primary)
             kind = self.repo.link_in(
-                cur,
-                primary,
-                sequence,
-                move=move,
-                insert=primary.guard is not None,
-                seen=c.seen,
-                count_later=True,
+                cur, primary, sequence, move=move, insert=primary.guard is not None, seen=c.seen
             )
             if kind is not None:
                 new, moved = kind == ADD, kind == MOVE
@@ -272,7 +266,7 @@ class PairWriter:
             made.clear()
             self._lock_key(cur, primary)
             c = Change(primary)
-            gone = self.repo.remove_in(cur, primary, c.seen, count_later=True)
+            gone = self.repo.remove_in(cur, primary, c.seen)
             if gone:
                 self._changed(cur, c, REMOVE, 0, made)
             return False, 0
