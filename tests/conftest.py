@@ -21,6 +21,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -316,6 +317,26 @@ def redis_ready(own_caches: None) -> str:
 
     redis.Redis.from_url(REDIS_TEST_URL).flushdb()
     return REDIS_TEST_URL
+
+
+def cached_on(
+    request: pytest.FixtureRequest, server: str, **cache: Any
+) -> tuple[dict[str, Any], list[str], str]:
+    """(the test config of ``server``, "mariadb" or "postgresql", with its database ready and
+    this process's memcached and Redis under a prefix of its own, and ``cache`` settings; the
+    memcached addresses; the Redis URL): for tests that count what the caches were sent."""
+    memcached: list[str] = request.getfixturevalue("memcached_pair")
+    redis_url: str = request.getfixturevalue("redis_ready")
+    raw: dict[str, Any]
+    if server == "mariadb":
+        request.getfixturevalue("mariadb_ready")
+        raw = cached_mariadb_config(memcached, redis_url)
+    else:
+        request.getfixturevalue("postgres_ready")
+        raw = instagram_pg_config()
+    prefix = f"c{uuid.uuid4().hex[:6]}:"
+    raw["cache"] = {"memcached": memcached, "redis": redis_url, "prefix": prefix, **cache}
+    return raw, memcached, redis_url
 
 
 def cached_mariadb_config(memcached: list[str], redis_url: str) -> dict[str, Any]:

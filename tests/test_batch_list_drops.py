@@ -10,31 +10,15 @@ test process's own). The lists read back whole afterwards.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 import redis
 
 from store import Store, StoreConfig
-from tests.conftest import cached_mariadb_config, instagram_pg_config
+from tests.conftest import cached_on
 
 PAIRS = 30
-
-
-@pytest.fixture(params=["mariadb", "postgresql"])
-def config(request: pytest.FixtureRequest) -> StoreConfig:
-    memcached: list[str] = request.getfixturevalue("memcached_pair")
-    redis_url: str = request.getfixturevalue("redis_ready")
-    raw: dict[str, Any]
-    if request.param == "mariadb":
-        request.getfixturevalue("mariadb_ready")
-        raw = cached_mariadb_config(memcached, redis_url)
-    else:
-        request.getfixturevalue("postgres_ready")
-        raw = instagram_pg_config()
-    raw["cache"] = {"memcached": memcached, "redis": redis_url, "prefix": f"bd{uuid.uuid4().hex[:6]}:"}
-    return StoreConfig.from_dict(raw)
 
 
 def _incrs(rd: redis.Redis) -> int:
@@ -42,9 +26,15 @@ def _incrs(rd: redis.Redis) -> int:
     return int(stats.get("cmdstat_incr", {}).get("calls", 0))
 
 
-def test_a_batch_bumps_each_list_once(config: StoreConfig) -> None:
-    assert config.cache is not None
-    rd = redis.Redis.from_url(str(config.cache.redis[0]))
+@pytest.fixture(params=["mariadb", "postgresql"])
+def cached(request: pytest.FixtureRequest) -> tuple[StoreConfig, str]:
+    raw, _memcached, redis_url = cached_on(request, request.param)
+    return StoreConfig.from_dict(raw), redis_url
+
+
+def test_a_batch_bumps_each_list_once(cached: tuple[StoreConfig, str]) -> None:
+    config, redis_url = cached
+    rd = redis.Redis.from_url(redis_url)
     with Store(config) as store:
         board = store.create("board", {"name": "b"}, shard=1)
         pins = store.create_many("pin", [{"n": i} for i in range(PAIRS)], shard=1)  # the board's host

@@ -26,7 +26,7 @@ from store import DuplicateKeyError, Store, StoreConfig
 from store.admin import init_shards
 from store.config import UniqueSpec
 from store.ids import makes_ids_again
-from tests.conftest import cached_mariadb_config, instagram_pg_config
+from tests.conftest import cached_on
 from tests.servers import memcached_stats
 
 UNIQUE = {"user_by_username": UniqueSpec("user_by_username", "user", "username")}
@@ -42,17 +42,7 @@ def test_only_pinterest_ids_are_made_again() -> None:
 @pytest.fixture(params=["mariadb", "postgresql"])
 def cached(request: pytest.FixtureRequest) -> tuple[StoreConfig, list[str], str]:
     """(a config with memcached, Redis and a unique key; its memcached addresses; its Redis URL)."""
-    memcached: list[str] = request.getfixturevalue("memcached_pair")
-    redis_url: str = request.getfixturevalue("redis_ready")
-    prefix = f"cc{uuid.uuid4().hex[:6]}:"
-    raw: dict[str, Any]
-    if request.param == "mariadb":
-        request.getfixturevalue("mariadb_ready")
-        raw = cached_mariadb_config(memcached, redis_url)
-    else:
-        request.getfixturevalue("postgres_ready")
-        raw = instagram_pg_config()
-    raw["cache"] = {"memcached": memcached, "redis": redis_url, "prefix": prefix, "max_stale_s": 60}
+    raw, memcached, redis_url = cached_on(request, request.param, max_stale_s=60)
     config = replace(StoreConfig.from_dict(raw), unique=UNIQUE)
     init_shards(config)  # (the unique keys' table; idempotent)
     return config, memcached, redis_url
