@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from store.bulk_create import BulkCreates
 from store.cache import Caches, build_caches
-from store.cache.follower import CLEAN_BATCH, Follower, build_follower, list_version
+from store.cache.follower import CLEAN_BATCH, Follower, build_follower, settled_versions
 from store.cache.heartbeat import HeartbeatTrust
 from store.cache.lists import ListCache
 from store.config import StoreConfig
@@ -633,14 +633,7 @@ def _settle(lists: ListCache) -> Callable[[list[str]], None]:
     """The follower's step for list entries: drop each list older than the version its entry names."""
 
     def settle(entries: list[str]) -> None:
-        newest: dict[str, int] = {}
-        for entry in entries:
-            key, version = list_version(entry)
-            # The newest version named; an entry that names none drops the list (0 wins).
-            newest[key] = (
-                0 if version == 0 or newest.get(key, version) == 0 else max(newest.get(key, 0), version)
-            )
-        lists.settle(sorted(newest.items()))
+        lists.settle(sorted(settled_versions(entries).items()))
 
     return settle
 

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 import yaml
 
-from store import ConfigError, Store, StoreConfig, StoreError
+from store import ConfigError, Store, StoreConfig, StoreError, decode_instagram
 from store.admin import init_shards
 from store.cache.leases import wall_ms
 from store.invalidate import Daemon
@@ -137,6 +137,12 @@ def _sql(servers: dict[str, Any], query: str) -> list[tuple[Any, ...]]:
         return list(cur.fetchall()) if cur.description else []
 
 
+def _set_pin(servers: dict[str, Any], pin: int, n: int) -> None:
+    """The pin's data made ``{"n": n}`` with plain SQL, around the store (no store deletes anything)."""
+    schema = f"shard{decode_instagram(pin).shard_id:04d}"
+    _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": {n}}}' WHERE id = {pin}")
+
+
 def test_the_daemon_deletes_what_writers_lost_from_the_wal(servers: dict[str, Any]) -> None:
     raw = _raw(servers)
     daemon = Daemon(StoreConfig.from_dict(raw), tick_s=0.2)
@@ -152,8 +158,7 @@ def test_the_daemon_deletes_what_writers_lost_from_the_wal(servers: dict[str, An
             assert reader.links("board_has_pins", board) == [pin]
             assert reader.count("board_has_pins", board) == 1
             # A write made around the store (plain SQL: no store deletes anything) ...
-            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 7}}' WHERE id = {pin}")
+            _set_pin(servers, pin, 7)
             # ... and the store's own writes with their deletes lost. The window is 30 s: only the
             # daemon's deletes can make the reader see these.
             pin2 = writer.create("pin", {"n": 9}, near=board)
@@ -268,8 +273,7 @@ def test_a_standby_takes_the_slot_over_when_the_leader_stops(servers: dict[str, 
             pin = reader.create("pin", {"n": 0})
             other = reader.create("pin", {"n": 0})
             assert reader.get(other, type_name="pin") == {"n": 0}
-            schema = f"shard{(other >> 10) & 0x1FFF:04d}"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 2}}' WHERE id = {other}")
+            _set_pin(servers, other, 2)
             _wait_for(lambda: reader.get(other, type_name="pin") == {"n": 2}, within_s=10)
             # Only the leader reads the slot and deletes: the standby has deleted nothing.
             assert first.status()[0]["keys_deleted"] >= 1
@@ -279,8 +283,7 @@ def test_a_standby_takes_the_slot_over_when_the_leader_stops(servers: dict[str, 
             assert second.status()[0]["role"] == "leader"
             time.sleep(0.6)  # past the new leader's start: what it reads from now on it deletes
             assert reader.get(pin, type_name="pin") == {"n": 0}
-            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 5}}' WHERE id = {pin}")
+            _set_pin(servers, pin, 5)
             _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 5}, within_s=10)
         assert len(_sql(servers, "SELECT 1 FROM pg_replication_slots")) == 1  # the one slot, taken over
     finally:
@@ -312,14 +315,13 @@ def test_a_write_made_before_postgresql_crashed_is_deleted_after_it_restarts(
             pin = reader.create("pin", {"n": 0})
             _wait_for(lambda: daemon.invalidators[0].heartbeat is not None, within_s=15)
             assert reader.get(pin, type_name="pin") == {"n": 0}  # cached
-            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 5}}' WHERE id = {pin}")
+            _set_pin(servers, pin, 5)
             terms = daemon.invalidators[0].terms
             servers["pg"].restart(crash=True)
             _wait_for(lambda: _read_through(reader, pin) == {"n": 5}, within_s=25)
             assert daemon.invalidators[0].terms > terms  # it lost the server and led again
             assert daemon.status()[0]["role"] == "leader"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 6}}' WHERE id = {pin}")
+            _set_pin(servers, pin, 6)
             _wait_for(lambda: _read_through(reader, pin) == {"n": 6}, within_s=15)
     finally:
         daemon.stop()
@@ -357,8 +359,7 @@ def test_a_dropped_slot_is_made_again_and_vouched_for_from_then(servers: dict[st
             pin = reader.create("pin", {"n": 0})
             time.sleep(0.6)
             assert reader.get(pin, type_name="pin") == {"n": 0}
-            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 3}}' WHERE id = {pin}")
+            _set_pin(servers, pin, 3)
             _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 3}, within_s=10)
     finally:
         daemon.stop()
@@ -396,8 +397,7 @@ def test_the_daemon_cut_off_from_the_caches_sends_its_deletes_again_once_back(
             mc.blackhole()
             rd.blackhole()
             cut = wall_ms()
-            schema = f"shard{(pin >> 10) & 0x1FFF:04d}"
-            _sql(servers, f"UPDATE {schema}.pins SET data = '{{\"n\": 4}}' WHERE id = {pin}")
+            _set_pin(servers, pin, 4)
             _wait_for(lambda: inv.cache_errors >= 3, within_s=15)
             beat = inv.heartbeat
             assert beat is not None
@@ -446,7 +446,7 @@ def test_a_writer_killed_between_its_commit_and_its_deletes_has_its_keys_deleted
             )
             assert done.returncode == -signal.SIGKILL
             assert _sql(
-                servers, f"SELECT data FROM shard{(pin >> 10) & 0x1FFF:04d}.pins WHERE id = {pin}"
+                servers, f"SELECT data FROM shard{decode_instagram(pin).shard_id:04d}.pins WHERE id = {pin}"
             ) == [('{"n":1}',)]  # committed
             _wait_for(lambda: reader.get(pin, type_name="pin") == {"n": 1}, within_s=10)
     finally:
@@ -477,7 +477,7 @@ def test_a_backlog_is_read_in_batches_and_every_key_deleted(
             applied.clear()
 
             def schema(p: int) -> str:
-                return f"shard{(p >> 10) & 0x1FFF:04d}"
+                return f"shard{decode_instagram(p).shard_id:04d}"
 
             for p in pins[:10]:
                 _sql(servers, f"UPDATE {schema(p)}.pins SET data = '{{\"n\": 1}}' WHERE id = {p}")

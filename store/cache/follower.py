@@ -48,7 +48,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,8 @@ __all__ = [
     "build_follower",
     "LogSource",
     "list_version",
+    "merged_entries",
+    "settled_versions",
     "log_entries",
     "parse_entries",
 ]
@@ -97,23 +99,25 @@ def log_entries(objects: Sequence[str] = (), lists: Sequence[str] = ()) -> str:
 
 def merged_entries(texts: Sequence[str]) -> str:
     """One log row's text naming what ``texts`` (log entries, `log_entries`) name, each key once:
-    an object once; a list once, at the highest version named, or at none if one of them
-    names none (a follower settles a list at its highest version as it does at each in turn,
-    and drops it for an entry of no version). A batch's hundred changes of a board's list
-    log it once."""
+    an object once; a list at the version a follower settles it at (`settled_versions`). A
+    batch's hundred changes of a board's list log it once."""
     if not texts or (len(texts) == 1 and " " not in texts[0]):
         return texts[0] if texts else ""
-    out: dict[str, int] = {}  # token without its version -> the version (-1: an object's key)
-    for text in texts:
-        for token in text.split():
-            if token[0] != LIST:
-                out.setdefault(token, -1)
-                continue
-            key, version = list_version(token)
-            held = out.get(key)
-            if held is None or (held and (not version or version > held)):
-                out[key] = version
-    return " ".join(k if v <= 0 else f"{k}{VERSION_MARK}{v}" for k, v in out.items())
+    objects, lists = parse_entries(texts)
+    named = [OBJECT + k for k in dict.fromkeys(objects)]
+    named += [LIST + (k if v == 0 else f"{k}{VERSION_MARK}{v}") for k, v in settled_versions(lists).items()]
+    return " ".join(named)
+
+
+def settled_versions(entries: Iterable[str]) -> dict[str, int]:
+    """Each list key of ``entries`` (list entries of `parse_entries`) and the version a follower
+    settles it at: the newest named, or 0 (dropped whatever it holds) if one entry names none."""
+    newest: dict[str, int] = {}
+    for entry in entries:
+        key, version = list_version(entry)
+        held = newest.get(key)
+        newest[key] = 0 if version == 0 or held == 0 else max(held or 0, version)
+    return newest
 
 
 def list_version(entry: str) -> tuple[str, int]:
