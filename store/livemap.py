@@ -212,8 +212,11 @@ class LiveMap:
         ``call`` must route by the map current when it runs (not one read
         before) and must have written nothing when it is refused: one read,
         one transaction, or one idempotent statement. It runs again after
-        every newer map, waiting at most `REROUTE_WAIT_S` in all; refused by
-        a map that does not change, the refusal is raised.
+        every newer map, waiting at most `REROUTE_WAIT_S` in all from the
+        first refusal (not from the call's start: a write blocked behind a
+        move's fence for seconds is refused when the fence commits, and the
+        new map comes a moment after); refused by a map that does not
+        change, the refusal is raised.
         """
         deadline: float | None = None
         while True:
@@ -225,7 +228,7 @@ class LiveMap:
                 if not self.dynamic:
                     raise
                 if deadline is None:
-                    deadline = started + REROUTE_WAIT_S
+                    deadline = time.monotonic() + REROUTE_WAIT_S
                 self._reload_after_failure(started, deadline)
                 if not isinstance(exc, RoutingError):
                     told = exc.map_version if isinstance(exc, ShardMovedError) else None

@@ -14,6 +14,7 @@ two, is `store.engines`'s.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
@@ -26,7 +27,15 @@ __all__ = ["Cursor", "DBAPIConnection"]
 
 T = TypeVar("T")
 
-_TXN_ATTEMPTS = 4
+#: Attempts of a transaction rolled back whole (deadlock, lock wait timeout). A deadlock's
+#: loser is rolled back at once, so attempts are cheap; many writers of one key (a pair
+#: linked at a sequence while it is absent takes a gap lock before its insert) can lose
+#: several times in a row on a loaded host.
+_TXN_ATTEMPTS = 10
+#: The backoff before attempt n+1: uniformly random up to min(cap, first * 2**(n-1)) seconds,
+#: so the writers that deadlocked together do not meet again in step.
+_BACKOFF_FIRST_S = 0.004
+_BACKOFF_CAP_S = 0.1
 
 
 class Cursor(Protocol):
@@ -474,5 +483,5 @@ def _retrying(attempt: Callable[[], T]) -> T:
         except BackendError as exc:
             if not exc.retryable or n == _TXN_ATTEMPTS:
                 raise
-            time.sleep(0.005 * n)
+            time.sleep(random.uniform(0.25, 1.0) * min(_BACKOFF_CAP_S, _BACKOFF_FIRST_S * 2 ** (n - 1)))
     raise AssertionError("unreachable")

@@ -129,6 +129,47 @@ def test_a_running_store_sees_a_new_map_without_a_restart(tmp_path: Path) -> Non
         assert first.shard_map.version == 2
 
 
+def test_a_call_blocked_behind_a_fence_gets_the_whole_wait_for_the_new_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that waited on a move's fence longer than the reroute wait is refused when the
+    fence commits; the new map comes a moment later, and the write must still get it (the wait
+    runs from the refusal, not from the call's start)."""
+    import threading
+    import time
+
+    import store.livemap as livemap
+    from store import ShardMovedError
+
+    monkeypatch.setattr(livemap, "REROUTE_WAIT_S", 1.0)
+    raw = base_config(
+        shards=8,
+        hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
+        map=[{"range": [0, 7], "master": "A"}],
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 3600},
+    )
+    with Store.from_config(raw) as operator, Store.from_config(raw) as stale:
+        masters: list[str] = []
+
+        def call() -> str:
+            master = stale.shard_map.master(5)
+            masters.append(master)
+            if master == "A":
+                time.sleep(1.5)  # blocked behind the fence, longer than the whole reroute wait
+                flip = threading.Timer(
+                    0.3,
+                    lambda: operator.map_source.write(
+                        operator.shard_map.with_move(4, 7, "B"), expected_version=1
+                    ),
+                )
+                flip.start()
+                raise ShardMovedError("moved", shard=5, host="A", moved_to="B", map_version=2)
+            return master
+
+        assert stale._live.step(call) == "B"
+        assert masters == ["A", "B"]
+
+
 # -- a stale writer, fenced on the old host, lands on the new one -----------------
 
 SHARD = 12  # outside the shards 0-7 that the other MariaDB tests share
