@@ -121,6 +121,16 @@ class _LogRow:
 _Runner = Callable[[Sequence[tuple[str, Sequence[Any] | None]]], list[tuple[int, list[Any] | None]]]
 
 
+def _reported(rows: list[Any] | None) -> int:
+    """A pipelined statement's ``lastrowid``: PostgreSQL has none, so a statement that reports a
+    number returns it as its first row's first column (a counted write's list version,
+    `store.backends.COUNTED_TAIL`); 0 where it returned no integer there."""
+    if not rows:
+        return 0
+    value = rows[0][0] if len(rows[0]) else None
+    return value if type(value) is int else 0
+
+
 def _answer(cursor: Any) -> tuple[int, int]:
     """(rowcount, lastrowid) of the statement ``cursor`` last ran (a PostgreSQL cursor has no lastrowid)."""
     return int(cursor.rowcount), int(getattr(cursor, "lastrowid", 0) or 0)
@@ -236,7 +246,7 @@ class _Txn:
             self._c.hold(*mine[-1])
         if rows is not None:
             rows += [[] if r is None else list(r) for _n, r in mine]
-        return [(n, 0) for n, _r in mine]
+        return [(n, _reported(r)) for n, r in mine]
 
     def execute(self, sql: str, params: Any = None, /) -> Any:
         """Run ``sql`` (with BEGIN and deferred statements before it, in the same request)."""
@@ -338,7 +348,7 @@ class _Txn:
         ]
         if rows is not None:
             rows += [[] if r is None else list(r) for _n, r in got]
-        return [(n, 0) for n, _r in got]
+        return [(n, _reported(r)) for n, r in got]
 
     def defer(self, sql: str, params: Sequence[Any], /, seen: Callable[[int], None] | None = None) -> None:
         """Run ``sql`` whose rows are not read: with the next request where the backend can, else now.

@@ -319,8 +319,10 @@ def test_a_write_made_before_postgresql_crashed_is_deleted_after_it_restarts(
             terms = daemon.invalidators[0].terms
             servers["pg"].restart(crash=True)
             _wait_for(lambda: _read_through(reader, pin) == {"n": 5}, within_s=25)
-            assert daemon.invalidators[0].terms > terms  # it lost the server and led again
-            assert daemon.status()[0]["role"] == "leader"
+            # It lost the server and leads again (a tick may have read the write before the crash,
+            # and the reader seen it before the daemon is back: wait for the new term).
+            _wait_for(lambda: daemon.invalidators[0].terms > terms, within_s=15)
+            _wait_for(lambda: daemon.status()[0]["role"] == "leader", within_s=5)
             _set_pin(servers, pin, 6)
             _wait_for(lambda: _read_through(reader, pin) == {"n": 6}, within_s=15)
     finally:

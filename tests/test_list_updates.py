@@ -35,7 +35,7 @@ from store import Store, StoreConfig
 from store.admin import init_shards
 from store.cache.lists import ListBackend, MemoryListBackend, apply_change, decode_members, encode_member
 from store.cache.redis_lists import RedisListBackend
-from tests.conftest import REDIS_TEST_URL, cached_mariadb_config
+from tests.conftest import REDIS_TEST_URL, cached_mariadb_config, cached_on, make_app_account
 
 PREFIX = "lu:"
 KEY = PREFIX + "l:board_has_pins:1"
@@ -306,22 +306,29 @@ def test_apply_change_keeps_a_head_of_the_newest_entries_a_suffix() -> None:
 # -- the whole store ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("server", ["mariadb", "postgresql"])
 @pytest.mark.parametrize(
     ("follow", "entries"), [(False, 1000), (True, 1000), (False, 4)], ids=["window", "follow", "short-heads"]
 )
 def test_concurrent_writers_and_readers_leave_every_cached_list_equal_to_the_rows(
-    mariadb_ready: Any, memcached_pair: list[str], redis_ready: str, follow: bool, entries: int
+    request: pytest.FixtureRequest, server: str, follow: bool, entries: int
 ) -> None:
     """With ``short-heads``, lists are longer than their cached heads: readers page them from both
-    ends, so heads of the oldest and of the newest entries meet the writers' changes."""
-    raw = cached_mariadb_config(memcached_pair, redis_ready)
-    raw["cache"] = {**raw["cache"], "follow": follow, "follow_poll_s": 0.1, "list_entries": entries}
+    ends, so heads of the oldest and of the newest entries meet the writers' changes. On
+    PostgreSQL a pair write's counted statement returns the list's version (and its log row names
+    it), as MariaDB's count does: lists are updated in place there too."""
+    raw, _memcached, _redis_url = cached_on(
+        request, server, follow=follow, follow_poll_s=0.1, list_entries=entries
+    )
     if follow:
         init_shards(StoreConfig.from_dict(raw))  # makes the logs: the application account may not
+        if server == "postgresql":
+            make_app_account(StoreConfig.from_dict(raw))  # (its grants name the log's schema)
+    shards = StoreConfig.from_dict(raw).shards
     with Store.from_config(raw) as s, Store.from_config(raw) as other:
         boards = [s.create("board", {"b": b}, shard=b) for b in range(2)]
         # Pins on the boards' shards and on the other host's: pairs in one transaction and in two.
-        pins = [s.create("pin", {"i": i}, shard=i % 8) for i in range(12)]
+        pins = [s.create("pin", {"i": i}, shard=(i * shards // 8) % shards) for i in range(12)]
         for b in boards:
             for p in pins[:6]:
                 s.link(BHP, b, p)

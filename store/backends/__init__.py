@@ -52,6 +52,7 @@ from store.naming import ADDED_VERSION, COUNTS_TABLE, DEFAULT_NAMES, Names
 from store.specs import RelationSpec, TypeSpec
 
 __all__ = [
+    "COUNTED_TAIL",
     "DEFAULT_BACKEND",
     "SHARD",
     "Backend",
@@ -61,6 +62,14 @@ __all__ = [
     "backend_named",
     "backend_names",
 ]
+
+
+#: How a counted write (`Backend.counted_writes`: ``WITH w AS (write RETURNING 1), c AS (count
+#: RETURNING version) ...``) ends: a row per row the write changed (its rowcount is the write's),
+#: holding the list's version the count left (NULL if no count row changed), which a pipelining
+#: cursor reports as the statement's ``lastrowid`` (`store.transactions`): the writer's cached
+#: lists are changed in place, as where `Backend.list_versions`.
+COUNTED_TAIL = " SELECT (SELECT version FROM c) FROM w"
 
 
 class ErrorKind(enum.Enum):
@@ -116,7 +125,8 @@ class Backend:
     names: Names = DEFAULT_NAMES
     #: A statement that bumps a list's version also returns the new version (the driver's
     #: ``lastrowid``), and a log row can name it: cached lists are updated in place
-    #: (`store.cache.lists`). Elsewhere a write drops the cached lists it changed.
+    #: (`store.cache.lists`). Elsewhere a write drops the cached lists it changed, but where
+    #: `counted_writes`, whose statements return the version (`COUNTED_TAIL`).
     list_versions: ClassVar[bool] = False
     #: A statement can be made to run only if the one before it changed a row (``ROW_COUNT()``),
     #: and several go in one request: a pair write and its counts travel together

@@ -38,8 +38,9 @@ from sqlalchemy import (
 from sqlalchemy import table as sa_table
 from sqlalchemy.sql.elements import BindParameter, ClauseElement, ColumnClause, Label
 
-from store.backends import Backend
+from store.backends import COUNTED_TAIL, Backend
 from store.backends.tables import SHARD, counts_table, object_table, relation_table
+from store.cache.follower import VERSION_MARK
 
 __all__ = [
     "GuardedInsertStatements",
@@ -111,7 +112,8 @@ class Statements:
 
         A data-modifying CTE: ``count`` reads the rows ``write`` changed from ``w`` (it runs on
         none if the write changed none), and the statement returns a row per changed row, so its
-        rowcount is the write's. Parameters: ``write``'s, then ``count``'s.
+        rowcount is the write's; the row holds the list's version the count left
+        (`store.backends.COUNTED_TAIL`). Parameters: ``write``'s, then ``count``'s.
         """
         texts = []
         for stmt, params in ((write, write_params), (count, count_params)):
@@ -120,7 +122,7 @@ class Statements:
                 raise AssertionError(f"{name}: compiled parameter order {order} is not {tuple(params)}")
             texts.append(sql)
         w, c = texts
-        self._templates[name] = f"WITH w AS ({w} RETURNING 1), c AS ({c}) SELECT 1 FROM w"
+        self._templates[name] = f"WITH w AS ({w} RETURNING 1), c AS ({c} RETURNING version){COUNTED_TAIL}"
 
     def for_shard(self, shard: int) -> dict[str, str]:
         """Every statement's text for shard ``shard`` (made on first use, then kept)."""
@@ -389,9 +391,10 @@ class RelationStatements(Statements):
         elif backend.name == "postgresql":
             # The same on PostgreSQL: int8send gives 8 big-endian bytes; the sign bit flipped
             # (XOR) is sequence + 2^63. string_agg over bytea joins them in list order. The
-            # count and the list's version as on MariaDB: its writers drop the cached list
-            # (`Backend.list_versions` is False), but the version read with the head lets an
-            # expired head be checked by its version alone (`store.cache.lists.ListCache.read`).
+            # count and the list's version as on MariaDB: a pair write's counted statement
+            # returns the version it made (`store.backends.COUNTED_TAIL`), so its cached list is
+            # changed in place, and an expired head is checked by its version alone
+            # (`store.cache.lists.ListCache.read`).
             packed = literal_column(
                 "int8send(sequence # '-9223372036854775808'::int8) || int8send(to_id)"
             ).label("m")
@@ -463,13 +466,15 @@ def _bump_of(c: Any, rel: Any, cf: Any) -> ClauseElement:
 
 def counted_with_log(text: str, change_log: str) -> str:
     """A ``*_counted`` statement's ``text`` (`Statements._add_counted`) that also inserts a row of
-    the invalidation log ``change_log`` (its at_ms and entries: two more parameters, last) for
-    each row the write changed."""
-    tail = " SELECT 1 FROM w"
-    if not text.endswith(tail):
+    the invalidation log ``change_log`` (its at_ms and entry: two more parameters, last) for
+    each row the write changed. The entry names the list's version the count left
+    (``entry@version``, `store.cache.follower.VERSION_MARK`), as the writer's own log entries do
+    where the version is known: a follower then keeps a cached list at that version or later."""
+    if not text.endswith(COUNTED_TAIL):
         raise AssertionError(f"not a counted statement: {text[:200]}")
-    log = f", l AS (INSERT INTO {change_log} (at_ms, entries) SELECT %s, %s FROM w)"
-    return text[: -len(tail)] + log + tail
+    versioned = f"%s || coalesce('{VERSION_MARK}' || (SELECT version FROM c), '')"
+    log = f", l AS (INSERT INTO {change_log} (at_ms, entries) SELECT %s, {versioned} FROM w)"
+    return text[: -len(COUNTED_TAIL)] + log + COUNTED_TAIL
 
 
 def with_part(text: str, part: int) -> str:

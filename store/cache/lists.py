@@ -26,9 +26,10 @@ still the one it saw (checked and written atomically by the backend). So a
 reader that read the old rows cannot fill after a writer's invalidation.
 
 Updates in place, in the database's order: where the database keeps a
-version per list (``relation_counts.version`` on MariaDB/MySQL, bumped by
-every change of the list's rows in the writer's transaction and returned
-to it), a fill records the version it read (in the same statement as the
+version per list (``relation_counts.version`` on MariaDB/MySQL and
+PostgreSQL, bumped by every change of the list's rows in the writer's
+transaction and returned to it: by ``LAST_INSERT_ID`` on MariaDB, by the
+counted write's own row on PostgreSQL), a fill records the version it read (in the same statement as the
 rows), and a writer that changed a list asks the cache to apply its change
 (`ListChange`: the pair added, moved or removed, and the version the change
 made) instead of dropping the list. The change is applied only to a cached

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
-from store.backends import Backend, ErrorKind
+from store.backends import COUNTED_TAIL, Backend, ErrorKind
 from store.backends.inventory import ServerInventory, ShardCopy, shard_number
 from store.backends.postgres.admin import PG_LOCK_BASE, TOMBSTONE_SQLSTATE, _admin_key, parse_tombstone
 from store.backends.postgres.driver import postgres_connector
@@ -48,10 +48,9 @@ _NO_CONFLICT_KEY = "42P10"
 ROW_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 
 
-#: The tail of a counted write (`store.backends.statements.Statements._add_counted`).
-_COUNTED_TAIL = " SELECT 1 FROM w"
-#: A gate: a branch that returns no row, and divides by the rows the write changed (plus, with two
-#: writes, those the first changed: ``_PLUS_KEPT``) in a one-time filter.
+#: A counted write's gate (after `COUNTED_TAIL`): a branch that returns no row, and divides by the
+#: rows the write changed (plus, with two writes, those the first changed: ``_PLUS_KEPT``) in a
+#: one-time filter.
 _DIVIDE_BY = " UNION ALL SELECT 1 WHERE (SELECT 1 / (count(*){}) FROM w) < 0"
 _PLUS_KEPT = " + current_setting('store.pair')::int"
 #: The first of two writes keeps its count for the second's gate (in the transaction only).
@@ -67,7 +66,7 @@ _EVERY_PAIR = (
 
 def _gated_counted(text: str, gate: str) -> str:
     """A counted write's ``text`` with ``gate`` as another branch of its SELECT."""
-    if not text.endswith(_COUNTED_TAIL):
+    if not text.endswith(COUNTED_TAIL):
         raise AssertionError(f"not a counted statement: {text[:200]}")
     return text + gate
 
@@ -298,7 +297,7 @@ class PostgresBackend(Backend):
     def gate_plan(
         self, statements: Sequence[tuple[str, Any]], writes: int, kind: int
     ) -> tuple[list[tuple[str, Any]], list[int]]:
-        """Each counted write (``WITH w AS (... RETURNING 1), c AS (...) SELECT 1 FROM w``) carries
+        """Each counted write (``WITH w AS (... RETURNING 1), c AS (...)`` `COUNTED_TAIL`) carries
         its gate: one more branch of its SELECT, which returns no row and divides by the rows
         the write changed (by zero: the error `gate` names). With two writes, the first keeps
         its count in a setting of the transaction that the second's gate adds to its own.
