@@ -4,19 +4,29 @@ prints and every file it leaves behind is searched for them.
 Two private MariaDB servers (with binlogs, so a real move runs) carry an admin
 account whose password comes from a file and from the environment, and an
 application account whose password sits inside its URLs, the map table's and
-the Redis URL's. Each command runs as a user would (a subprocess, its own
+the Redis URL's. Each command runs as a user would (a process of its own
 working folder), on the right passwords and then on a wrong one, and on a host
 that does not answer.
+
+The commands run in a few child processes, several one after another in each
+through the `store` command's main function (`DRIVER`), each with its own
+standard output and error (the file descriptors, so that what a library or a
+child process writes is caught too), exit code and traceback, as separate
+processes would have them: a Python start for each of some 80 commands cost
+more than most of the commands. `store serve` runs in a process of its own.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+import tempfile
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +116,61 @@ def _raw(folder: Path, app_pw: str = APP_PW, port_a: int = PORTS[0]) -> dict[str
     )
 
 
+#: Runs the commands of a job file (JSON: a list of [args, stdout file, stderr file]) one after
+#: another through `store.cli.main`, each with fds 1 and 2 on its own files, as `python -m
+#: store.cli ARGS` would run it: its exit code (a string code printed, as Python does), and an
+#: exception that escapes the command printed as the interpreter prints it. Prints each code.
+DRIVER = """
+import json, os, sys, traceback
+from store.cli import main
+jobs = json.load(open(sys.argv[1]))
+codes = []
+for args, out_path, err_path in jobs:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            try:
+                main.main(args=args, prog_name="store", standalone_mode=True)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code
+                if code is None:
+                    code = 0
+                elif not isinstance(code, int):
+                    print(code, file=sys.stderr)
+                    code = 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    codes.append(code)
+print(json.dumps(codes), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Cmd:
+    """One `store ARGS` of a batch; ``ok``: it must succeed (True), fail (False), or either (None)."""
+
+    args: tuple[str, ...]
+    ok: bool | None = True
+    config: Path | None = None
+
+
+def cmd(*args: str, ok: bool | None = True, config: Path | None = None) -> Cmd:
+    return Cmd(args, ok, config)
+
+
 class Runner:
     """Runs `store ...` in a working folder of its own; keeps every command line and its output."""
 
@@ -115,27 +180,43 @@ class Runner:
         self.outputs: list[tuple[str, str]] = []
         self.commands: set[str] = set()
 
-    def __call__(self, *args: str, ok: bool | None = True, config: Path | None = None) -> str:
-        """Run `store ARGS`; ``ok``: it must succeed (True), fail (False), or either (None)."""
-        where = [] if args[0] == "ids" else ["--config", str(config or self.config)]  # ids take no config
-        done = subprocess.run(
-            [sys.executable, "-m", "store.cli", *args, *where],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=self.folder,
-            env={**os.environ, ADMIN_PW_ENV: ADMIN_PW},
-        )
-        line = " ".join(args)
-        self.outputs.append((line, done.stdout + done.stderr))
-        two = " ".join(args[:2])
-        self.commands.add(two if two in _COMMANDS else args[0])
-        assert "Traceback" not in done.stderr, f"store {line}: {done.stderr}"
-        if ok is True:
-            assert done.returncode == 0, f"store {line} failed: {done.stderr}"
-        elif ok is False:
-            assert done.returncode != 0, f"store {line} should have failed"
-        return done.stdout
+    def __call__(self, *cmds: Cmd) -> list[str]:
+        """Run ``cmds`` in order in one child process (`DRIVER`); their standard outputs."""
+        with tempfile.TemporaryDirectory(prefix="store-secrets-") as tmp:  # outside the searched folder
+            jobs = []
+            for k, c in enumerate(cmds):
+                # (ids take no config)
+                where = [] if c.args[0] == "ids" else ["--config", str(c.config or self.config)]
+                jobs.append([[*c.args, *where], f"{tmp}/{k}.out", f"{tmp}/{k}.err"])
+            job_file = Path(tmp) / "jobs.json"
+            job_file.write_text(json.dumps(jobs))
+            done = subprocess.run(
+                [sys.executable, "-c", DRIVER, str(job_file)],
+                capture_output=True,
+                text=True,
+                timeout=300 + 60 * len(cmds),
+                cwd=self.folder,
+                env={**os.environ, ADMIN_PW_ENV: ADMIN_PW},
+            )
+            self.outputs.append(("(the batch's own output)", done.stdout + done.stderr))
+            assert done.returncode == 0, f"the batch failed: {done.stderr}"
+            codes = json.loads(done.stdout.splitlines()[-1])
+            assert len(codes) == len(cmds), done.stdout
+            outs = []
+            for (_args, out_path, err_path), c, code in zip(jobs, cmds, codes, strict=True):
+                stdout = Path(out_path).read_text(errors="replace")
+                stderr = Path(err_path).read_text(errors="replace")
+                outs.append(stdout)
+                line = " ".join(c.args)
+                self.outputs.append((line, stdout + stderr))
+                two = " ".join(c.args[:2])
+                self.commands.add(two if two in _COMMANDS else c.args[0])
+                assert "Traceback" not in stderr, f"store {line}: {stderr}"
+                if c.ok is True:
+                    assert code == 0, f"store {line} failed: {stderr}"
+                elif c.ok is False:
+                    assert code != 0, f"store {line} should have failed"
+        return outs
 
     def serve(self, *pages: str) -> None:
         """`store serve --metrics` for a moment: every page and endpoint read, then stopped."""
@@ -197,7 +278,7 @@ def _leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
-@pytest.mark.timeout(900)  # (some 80 commands, each a process of its own: 4 minutes on two idle cores)
+@pytest.mark.timeout(900)  # (some 80 commands in three processes, and a move: minutes on a busy machine)
 def test_no_command_prints_or_writes_a_password(
     servers: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, own_caches: None
 ) -> None:
@@ -207,57 +288,62 @@ def test_no_command_prints_or_writes_a_password(
     config.write_text(yaml.safe_dump(_raw(tmp_path)))
     run = Runner(work, config)
 
-    # Admin: make the shards, give the application its rows.
-    run("init")
-    run("grants", "--app-user", "store_app")
-    run("grants", "--app-user", "store_app", "--apply")
-    run("schema")
-    run("map", "show")
-    run("map", "show", "--json")
-    run("tickets", "init")
-    run("tickets", "next", "photos", "-n", "3")
-    run("tickets", "next", "photos", "--json")
+    # Admin: make the shards, give the application its rows; the request path makes three objects.
+    *_, pin, board, user = (
+        out.strip()
+        for out in run(
+            cmd("init"),
+            cmd("grants", "--app-user", "store_app"),
+            cmd("grants", "--app-user", "store_app", "--apply"),
+            cmd("schema"),
+            cmd("map", "show"),
+            cmd("map", "show", "--json"),
+            cmd("tickets", "init"),
+            cmd("tickets", "next", "photos", "-n", "3"),
+            cmd("tickets", "next", "photos", "--json"),
+            cmd("create", "pin", '{"title": "a"}', "--shard", "9"),
+            cmd("create", "board", "{}", "--shard", "2"),
+            cmd("create", "user", '{"name": "ann"}'),
+        )
+    )
 
-    # The request path, as the application account.
-    pin = run("create", "pin", '{"title": "a"}', "--shard", "9").strip()
-    board = run("create", "board", "{}", "--shard", "2").strip()
-    user = run("create", "user", '{"name": "ann"}').strip()
-    run("get", pin)
-    run("get", pin, "--json")
-    run("get", pin, board, "--type", "pin", ok=False)  # several IDs; the board is no pin
-    run("get", pin, board, "--json")
-    run("update", pin, '{"title": "b"}')
-    run("link", "board_has_pins", board, pin)
-    run("links", "board_has_pins", board)
-    run("links", "board_has_pins", board, "--json")
-    run("page", "board_has_pins", board, "--objects")
-    run("page", "board_has_pins", board, "--objects", "--json")
-    # The Redis URL carries a password this Redis may refuse: pass or fail, no password is shown.
-    run("ping", ok=None)
-    run("ping", "--json", ok=None)
-    run("has-link", "board_has_pins", board, pin)
-    run("count", "board_has_pins", board)
-    run("lookup", "username", "ann")
-    run("lookup", "username", "ann", "--json")
-    run("create", "user", '{"name": "ann"}', ok=False)  # a duplicate key: its error names no password
-    run("check", "--result-file", "check.json")
-    run("check", "--json")
-    run("relations", "repair")
-    run("relations", "repair", "--json")
-    run("export", "--out", "export.ndjson")
-    run("import", "export.ndjson")  # (what is there is skipped: nothing changes)
-
-    # The benchmarks (before the move: the mix loads its floor by the config's map).
-    run("demo")
-    run("bench", "-n", "5")
-    run("bench", "-n", "5", "--json")
-    run("bench", "mix", "--quick", "--users", "40", "--shards", "16", "--requests", "20", "--out", "mix")
-
-    # A real move (its journal and output), the map's history, a promotion refused.
-    run("move", "--shards", "8-15", "--to", "B", "--dry-run")
-    run("move", "--shards", "8-15", "--to", "B", "--yes", "--journal", "move.json")
-    run("map", "diff")
-    run("map", "diff", "--json")
+    run(
+        # The request path, as the application account.
+        cmd("get", pin),
+        cmd("get", pin, "--json"),
+        cmd("get", pin, board, "--type", "pin", ok=False),  # several IDs; the board is no pin
+        cmd("get", pin, board, "--json"),
+        cmd("update", pin, '{"title": "b"}'),
+        cmd("link", "board_has_pins", board, pin),
+        cmd("links", "board_has_pins", board),
+        cmd("links", "board_has_pins", board, "--json"),
+        cmd("page", "board_has_pins", board, "--objects"),
+        cmd("page", "board_has_pins", board, "--objects", "--json"),
+        # The Redis URL carries a password this Redis may refuse: pass or fail, no password is shown.
+        cmd("ping", ok=None),
+        cmd("ping", "--json", ok=None),
+        cmd("has-link", "board_has_pins", board, pin),
+        cmd("count", "board_has_pins", board),
+        cmd("lookup", "username", "ann"),
+        cmd("lookup", "username", "ann", "--json"),
+        cmd("create", "user", '{"name": "ann"}', ok=False),  # a duplicate key: its error names no password
+        cmd("check", "--result-file", "check.json"),
+        cmd("check", "--json"),
+        cmd("relations", "repair"),
+        cmd("relations", "repair", "--json"),
+        cmd("export", "--out", "export.ndjson"),
+        cmd("import", "export.ndjson"),  # (what is there is skipped: nothing changes)
+        # The benchmarks (before the move: the mix loads its floor by the config's map).
+        cmd("demo"),
+        cmd("bench", "-n", "5"),
+        cmd("bench", "-n", "5", "--json"),
+        cmd("bench", "mix", "--quick", "--users", "40", "--shards", "16", "--requests", "20", "--out", "mix"),
+        # A real move (its journal and output), the map's history.
+        cmd("move", "--shards", "8-15", "--to", "B", "--dry-run"),
+        cmd("move", "--shards", "8-15", "--to", "B", "--yes", "--journal", "move.json"),
+        cmd("map", "diff"),
+        cmd("map", "diff", "--json"),
+    )
     run.serve(
         "/",
         "/panels",
@@ -270,34 +356,44 @@ def test_no_command_prints_or_writes_a_password(
         "/api/check",
         "/metrics",
     )
-    run("--log-json", "map", "show")  # log lines too
-    run("get", pin)  # now served by B
-    run("move", "--status", "--journal", "move.json")
-    run("move", "--status", "--json", "--journal", "move.json")
-    run("rebalance", "--hosts", "A,B", "--dry-run")
-    run("move", "--cleanup", "--journal", "move.json")
-    run("promote", "--shards", "0-7", "--yes", ok=False)  # no slave to promote
-    run("unlink", "board_has_pins", board, pin)
-    run("delete", user, "--yes")
-    run("ids", "decode", pin)
-    run("invalidate", ok=False)  # no host set to log or binlog: the error names no password
-    run("ids", "encode", "--shard", "1", "--type", "1", "--local", "1")
-
     # The same commands with a wrong password, and with a host that does not answer.
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text(yaml.safe_dump(_raw(tmp_path, app_pw=WRONG_PW)))
-    for args in (["get", pin], ["create", "pin", "{}"], ["links", "board_has_pins", board], ["map", "show"]):
-        run(*args, ok=False, config=wrong)
     down = tmp_path / "down.yaml"
     down.write_text(yaml.safe_dump(_raw(tmp_path, port_a=1)))
-    for args in (
-        ["init"],
-        ["check"],
-        ["get", pin],
-        ["grants", "--app-user", "store_app", "--apply"],
-        ["ping"],
-    ):
-        run(*args, ok=False, config=down)
+    run(
+        cmd("--log-json", "map", "show"),  # log lines too
+        cmd("get", pin),  # now served by B
+        cmd("move", "--status", "--journal", "move.json"),
+        cmd("move", "--status", "--json", "--journal", "move.json"),
+        cmd("rebalance", "--hosts", "A,B", "--dry-run"),
+        cmd("move", "--cleanup", "--journal", "move.json"),
+        cmd("promote", "--shards", "0-7", "--yes", ok=False),  # no slave to promote
+        cmd("unlink", "board_has_pins", board, pin),
+        cmd("delete", user, "--yes"),
+        cmd("ids", "decode", pin),
+        cmd("invalidate", ok=False),  # no host set to log or binlog: the error names no password
+        cmd("ids", "encode", "--shard", "1", "--type", "1", "--local", "1"),
+        *(
+            cmd(*args, ok=False, config=wrong)
+            for args in (
+                ["get", pin],
+                ["create", "pin", "{}"],
+                ["links", "board_has_pins", board],
+                ["map", "show"],
+            )
+        ),
+        *(
+            cmd(*args, ok=False, config=down)
+            for args in (
+                ["init"],
+                ["check"],
+                ["get", pin],
+                ["grants", "--app-user", "store_app", "--apply"],
+                ["ping"],
+            )
+        ),
+    )
 
     missed = _COMMANDS - run.commands - {n.split()[0] for n in _COMMANDS if " " in n}
     assert not missed, f"commands the test never ran: {sorted(missed)}"
