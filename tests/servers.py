@@ -469,27 +469,77 @@ def _postgres_bin(name: str) -> str:
     return _require(name)
 
 
+#: Data directories fresh from ``initdb``, each with a system identifier of its own, and those a
+#: running `PostgresServer` of this process was copied from.
+_pg_templates: list[Path] = []
+_pg_templates_in_use: set[Path] = set()
+
+
+def _postgres_user() -> dict[str, object]:
+    """`subprocess` arguments that run a PostgreSQL program as ``postgres`` when the tests run as root."""
+    if os.geteuid() == 0:
+        return {"user": "postgres", "group": "postgres", "extra_groups": []}
+    return {}
+
+
+def take_postgres_template() -> Path:
+    """A PostgreSQL data directory fresh from ``initdb`` that no running server of this process was
+    copied from; made once and kept for the process (as `template_datadir` is for MariaDB), so
+    that `PostgresServer` copies it instead of running ``initdb`` for each server, which made the
+    same files each time in a second of CPU. Not one another running server's copy shares: a
+    cluster's system identifier is initdb's, and a move between two servers of one identifier
+    is refused as a move within one server. `give_back_postgres_template` when the copy is gone.
+    Nothing ever starts a server on a template itself."""
+    with _template_lock:
+        for template in _pg_templates:
+            if template not in _pg_templates_in_use and template.exists():
+                _pg_templates_in_use.add(template)
+                return template
+        base = Path(tempfile.mkdtemp(prefix="store-postgres-template-"))
+        os.chmod(base, 0o755)
+        if os.geteuid() == 0:
+            shutil.chown(base, "postgres", "postgres")
+        data = base / "data"
+        subprocess.run(
+            [_postgres_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
+            check=True, capture_output=True, **_postgres_user(),
+        )  # fmt: skip
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
+        _pg_templates.append(data)
+        _pg_templates_in_use.add(data)
+        return data
+
+
+def give_back_postgres_template(template: Path) -> None:
+    """`take_postgres_template`'s ``template`` may be copied again: its copy's server is gone."""
+    with _template_lock:
+        _pg_templates_in_use.discard(template)
+
+
 class PostgresServer:
-    """A PostgreSQL of the tests' own (initdb in a temporary folder) with TLS on ``files``' server
-    certificate, on 127.0.0.1 and 127.0.0.2. ``pg_hba.conf``: TLS connections are trusted,
-    others refused. Runs as ``postgres`` when the tests run as root. ``wal_level="logical"``: a
-    server that can publish and subscribe (moves), with room for a move's table copies."""
+    """A PostgreSQL of the tests' own (a copy of `take_postgres_template` in a temporary folder) with TLS
+    on ``files``' server certificate, on 127.0.0.1 and 127.0.0.2. ``pg_hba.conf``: TLS connections
+    are trusted, others refused. Runs as ``postgres`` when the tests run as root.
+    ``wal_level="logical"``: a server that can publish and subscribe (moves), with room for a
+    move's table copies."""
 
     def __init__(self, port: int | None, files: TLSFiles, *, wal_level: str = "replica") -> None:
         port = free_port() if port is None else port
-        initdb, postgres = _postgres_bin("initdb"), _postgres_bin("postgres")
+        postgres = _postgres_bin("postgres")
         self.port = port
         self.base = Path(tempfile.mkdtemp(prefix=f"store-postgres-{port}-"))
         os.chmod(self.base, 0o755)
-        user: dict[str, object] = {}
+        user = _postgres_user()
         if os.geteuid() == 0:
-            user = {"user": "postgres", "group": "postgres", "extra_groups": []}
             shutil.chown(self.base, "postgres", "postgres")
         data = self.base / "data"
-        subprocess.run(
-            [initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
-            check=True, capture_output=True, **user,
-        )  # fmt: skip
+        # cp -a keeps the postgres user's ownership and the folder's mode (0700, which it requires).
+        self._template = take_postgres_template()
+        try:
+            subprocess.run(["cp", "-a", "--reflink=auto", str(self._template), str(data)], check=True)
+        except BaseException:
+            give_back_postgres_template(self._template)
+            raise
         (data / "pg_hba.conf").write_text(
             "local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostnossl all all 127.0.0.0/8 reject\n"
         )
@@ -562,6 +612,7 @@ class PostgresServer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.base, ignore_errors=True)
+        give_back_postgres_template(self._template)
 
 
 def start_redis_tls(port: int, files: TLSFiles) -> subprocess.Popen[bytes]:
