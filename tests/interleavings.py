@@ -248,12 +248,26 @@ def run_schedule(
     return out
 
 
-def explore(run: Callable[[list[int]], tuple[Schedule, Callable[[], None]]]) -> int:
+def explore(
+    run: Callable[[list[int]], tuple[Schedule, Callable[[], None]]],
+    *,
+    twins: tuple[int, int] | None = None,
+) -> int:
     """Run every schedule; the number of schedules run.
 
     ``run(prefix)`` sets up a fresh state, runs the writes with the choices
     ``prefix`` first (`run_schedule`), and returns the schedule with the
     check of its outcome, called once per distinct schedule.
+
+    ``twins`` (i, j), i < j: two writes that are one write twice, on a state
+    that tells them apart by nothing but their labels (the same call on the
+    same object, or on two objects made alike whose IDs the code under test
+    only compares for equality), with checks that do the same. Then each
+    schedule whose first release of the two is j's, chosen while i could
+    have gone instead, is the mirror of one where i goes first (swap the two
+    writes and their labels throughout: every choice and every outcome
+    mirrors), and is not run: its mirror is. A schedule where j went first
+    because i could not (blocked on a lock) is still run.
     """
     todo: list[list[int]] = [[]]
     seen: set[tuple[int, ...]] = set()
@@ -268,7 +282,13 @@ def explore(run: Callable[[list[int]], tuple[Schedule, Callable[[], None]]]) -> 
         seen.add(key)
         check()
         for k in range(len(prefix), len(schedule.taken)):
+            # The second twin, chosen here before either went while the first could: a mirror.
+            mirror = (
+                twins is not None
+                and twins[0] in schedule.options[k]
+                and not set(twins) & set(schedule.taken[:k])
+            )
             for alt in schedule.options[k]:
-                if alt != schedule.taken[k]:
+                if alt != schedule.taken[k] and not (mirror and twins is not None and alt == twins[1]):
                     todo.append([*schedule.taken[:k], alt])
     return runs

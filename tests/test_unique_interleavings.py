@@ -42,7 +42,13 @@ abandoned (it reads as dead either way), and a delete's sweep of its lists
 (no user here is in a list). Their order against the others' steps cannot
 change a result, so pausing there would only repeat schedules. A pair of
 kinds is run once, not in both orders: the checker tries every order of
-their steps either way.
+their steps either way. Two writes of one kind are one write twice (the
+same call, or a rename to V of X and one of Y, two users made alike whose
+IDs the store only compares for equality; a rename of H to W and one to W2,
+two fresh values): of each schedule and its mirror, the same schedule with
+the two swapped, only the one where the first of them goes first runs
+(`tests.interleavings.explore`'s ``twins``), and the checks, which name
+neither by its place, pass for both or for neither.
 
 Also here: the same checks with every claim past the grace period the
 moment it is made (as if each writer stalled that long between steps), and
@@ -529,7 +535,8 @@ def explore_writes(
 
         return done, check
 
-    return explore(run)
+    # Two writes of one kind: twins (see the module's text).
+    return explore(run, twins=(0, 1) if len(kinds) == 2 and kinds[0] == kinds[1] else None)
 
 
 def keyed(config: StoreConfig, key: Key) -> StoreConfig:
