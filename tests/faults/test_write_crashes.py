@@ -10,7 +10,9 @@ its value, every value a live object holds has its row, the killed write was
 applied at most once (once if its object's step committed), and the value can
 be taken by a new create when no live object holds it.
 
-On MariaDB with the object on one host and its keys' rows on the other.
+On MariaDB with the object on one host and its keys' rows on the other. The
+writers and the repairs are children of a process that imported the package
+once (`tests.prefork`): each a process of its own, without a Python start.
 
 A rename killed after its claim leaves a row its live object does not hold,
 which repair must leave for the grace period (the rename may be under way,
@@ -24,8 +26,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +38,8 @@ from store import DuplicateKeyError, Store, StoreConfig
 from store import unique as unique_module
 from store.admin import init_shards, repair_unique
 from store.unique import CLAIM_GRACE_S, Holder, key_shard
-from tests.conftest import mariadb_config, repair_past_every_grace, run_cli
+from tests.conftest import mariadb_config, repair_past_every_grace
+from tests.prefork import Prefork
 
 UNIQUE = {
     "user_by_username": {"type": "user", "field": "username"},
@@ -79,14 +80,11 @@ def name_on_other_host(tag: str) -> str:
     raise AssertionError("no such name")
 
 
-def run_writer(config_file: Path, op: str, kill_at: int, args: dict[str, Any]) -> tuple[bool, list[str], Any]:
+def run_writer(
+    children: Prefork, config_file: Path, op: str, kill_at: int, args: dict[str, Any]
+) -> tuple[bool, list[str], Any]:
     """(killed, the steps it reached, its result if it finished)."""
-    done = subprocess.run(
-        [sys.executable, "-c", WRITER, str(config_file), op, str(kill_at), json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = children.run([str(config_file), op, str(kill_at), json.dumps(args)], code=WRITER, timeout=60)
     lines = done.stdout.splitlines()
     steps = [line.split(" ", 1)[1] for line in lines if line.startswith("STEP ")]
     if done.returncode == -signal.SIGKILL:
@@ -141,16 +139,23 @@ def setup(mariadb_ready: StoreConfig, tmp_path: Path) -> Iterator[tuple[Path, St
         repair_past_every_grace(store)
 
 
-def repair(config_file: Path) -> int:
+@pytest.fixture(scope="module")
+def children() -> Iterator[Prefork]:
+    with Prefork() as server:
+        yield server
+
+
+def repair(children: Prefork, config_file: Path) -> int:
     """`store relations repair`; the time it started (it judges claims' ages no earlier)."""
     started = unique_module._now_ms()
-    run_cli(config_file, "relations", "repair")
+    done = children.run(["relations", "repair", "--config", str(config_file)], module="store.cli")
+    assert done.returncode == 0, done.stderr
     return started
 
 
 @pytest.mark.parametrize("op", ["create", "rename", "delete"])
 def test_a_writer_killed_at_every_step_leaves_nothing_repair_cannot_fix(
-    setup: tuple[Path, StoreConfig], op: str
+    setup: tuple[Path, StoreConfig], children: Prefork, op: str
 ) -> None:
     config_file, config = setup
     kills = 0
@@ -168,10 +173,10 @@ def test_a_writer_killed_at_every_step_leaves_nothing_repair_cannot_fix(
                 old = name_on_other_host("old")
                 uid = store.create("user", {"username": old, "email": old + "@x", "n": 0}, shard=OBJECT_SHARD)
                 args = {"id": uid, "to": name}
-        killed, steps, result = run_writer(config_file, op, kill_at, args)
+        killed, steps, result = run_writer(children, config_file, op, kill_at, args)
         if killed:
             kills += 1
-            repaired_ms = repair(config_file)
+            repaired_ms = repair(children, config_file)
         with Store(config) as store:
             keys_consistent(store, repaired_ms)
             where = f"{op} killed before step {kill_at} ({steps[-1] if steps else '-'}); steps {steps}"
