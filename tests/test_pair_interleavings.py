@@ -185,7 +185,18 @@ def explore(store: Store, names: list[str], initial_present: bool, pin_shard: in
 
     # Two of one write (link+link, unlink+unlink, relink@500+relink@500): twins, whose mirrored
     # schedules (the two swapped) run alike and check alike (`tests.interleavings.explore`).
-    return explore_all(run, twins=(0, 1) if len(names) == 2 and names[0] == names[1] else None)
+    return explore_all(run, twins=(0, 1) if _twins(names) else None)
+
+
+def _twins(names: list[str]) -> bool:
+    """Whether the two writes are one write twice (their mirrored schedules run alike)."""
+    return len(names) == 2 and names[0] == names[1]
+
+
+def least_runs(names: list[str]) -> int:
+    """The schedules an exploration of ``names`` must have run: both orders, or for twins the
+    one order left of the two (where a write locks its shards up front, SQLite, that is all)."""
+    return 1 if _twins(names) else 2
 
 
 PAIRS = [list(p) for p in itertools.product(OPS, repeat=2) if p != ("relink@900", "relink@900")]
@@ -199,7 +210,7 @@ def test_two_writes_of_one_pair_on_mariadb(
     with Store(mariadb_ready) as store:
         runs = explore(store, names, initial_present)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 @pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
@@ -211,7 +222,7 @@ def test_two_writes_of_one_pair_on_sqlite(tmp_path: object, names: list[str], in
     with Store(StoreConfig.from_dict(sqlite_config(tmp_path))) as store:
         runs = explore(store, names, initial_present)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 BATCH_RACES = [
@@ -232,7 +243,7 @@ def test_two_writes_of_one_pair_on_postgres(
     with Store(postgres_ready) as store:
         runs = explore(store, names, initial_present, pin_shard=9)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 @pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
@@ -255,7 +266,7 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_mariadb(
     with Store(mariadb_ready) as store:
         runs = explore(store, names, initial_present)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 @pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
@@ -267,7 +278,7 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_one_mariadb_host(
     with Store(mariadb_ready) as store:
         runs = explore(store, names, initial_present, pin_shard=1)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 @pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
@@ -280,7 +291,7 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_postgres(
     with Store(postgres_ready) as store:
         runs = explore(store, names, initial_present, pin_shard=9)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 @pytest.mark.parametrize("names", BATCH_RACES[:2], ids=["+".join(p) for p in BATCH_RACES[:2]])
@@ -291,7 +302,7 @@ def test_a_batch_racing_a_single_write_of_one_pair_on_sqlite(tmp_path: object, n
     with Store(StoreConfig.from_dict(sqlite_config(tmp_path))) as store:
         runs = explore(store, names, True)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 def explore_delete_and_link(store: Store, initial_present: bool, pin_shard: int) -> int:
@@ -379,7 +390,7 @@ def test_two_writes_of_one_pair_through_the_async_face_on_mariadb(
     with blocking_store(mariadb_ready, "async") as store:
         runs = explore(store, names, initial_present)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(names)
 
 
 def test_a_delete_racing_a_link_through_the_async_face_on_mariadb(mariadb_ready: StoreConfig) -> None:

@@ -536,7 +536,18 @@ def explore_writes(
         return done, check
 
     # Two writes of one kind: twins (see the module's text).
-    return explore(run, twins=(0, 1) if len(kinds) == 2 and kinds[0] == kinds[1] else None)
+    return explore(run, twins=(0, 1) if _twins(kinds) else None)
+
+
+def _twins(kinds: list[str]) -> bool:
+    """Whether the two writes are one kind twice (their mirrored schedules run alike)."""
+    return len(kinds) == 2 and kinds[0] == kinds[1]
+
+
+def least_runs(kinds: list[str]) -> int:
+    """The schedules an exploration of two writes must have run: both orders, or for twins the one
+    order left of the two (where a write locks its shard up front, SQLite, that can be all)."""
+    return 1 if _twins(kinds) else 2
 
 
 def keyed(config: StoreConfig, key: Key) -> StoreConfig:
@@ -568,7 +579,7 @@ def test_two_writes_of_one_value_on_mariadb(
     with Store(mariadb_keyed) as store:
         runs = explore_writes(store, HANDLE, initial, kinds)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(kinds)
 
 
 SQLITE_PAIRS = [
@@ -587,7 +598,7 @@ def test_two_writes_of_one_value_on_sqlite(tmp_path: Path, initial: str, kinds: 
     with Store(keyed(StoreConfig.from_dict(sqlite_config(tmp_path)), HANDLE)) as store:
         runs = explore_writes(store, HANDLE, initial, kinds)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(kinds)
 
 
 THREES = [
@@ -625,7 +636,7 @@ def test_two_writes_when_every_claim_is_past_the_grace_period(
     with Store(mariadb_keyed) as store:
         runs = explore_writes(store, HANDLE, initial, kinds, timeouts=True)
         print(f"schedules: {runs}")
-        assert runs >= 2
+        assert runs >= least_runs(kinds)
 
 
 def test_the_checker_finds_a_delete_that_frees_what_it_read_before_its_lock(
