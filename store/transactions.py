@@ -32,8 +32,8 @@ T = TypeVar("T")
 #: linked at a sequence while it is absent takes a gap lock before its insert) can lose
 #: several times in a row on a loaded host.
 _TXN_ATTEMPTS = 10
-#: The backoff before attempt n+1: uniformly random up to min(cap, first * 2**(n-1)) seconds,
-#: so the writers that deadlocked together do not meet again in step.
+#: The backoff before attempt n+1: min(cap, first * 2**(n-1)) seconds times a uniformly random
+#: factor from 1/4 to 1, so the writers that deadlocked together do not meet again in step.
 _BACKOFF_FIRST_S = 0.004
 _BACKOFF_CAP_S = 0.1
 
@@ -127,7 +127,7 @@ def _reported(rows: list[Any] | None) -> int:
     `store.backends.COUNTED_TAIL`); 0 where it returned no integer there."""
     if not rows:
         return 0
-    value = rows[0][0] if len(rows[0]) else None
+    value = rows[0][0] if rows[0] else None
     return value if type(value) is int else 0
 
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
 
-from store import StaleMapError, Store, StoreConfig, decode_pinterest
+import store.livemap as livemap
+from store import ShardMovedError, StaleMapError, Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.mapsource import FileMapSource, MapSource, TableMapSource, ZooKeeperMapSource
 from store.shardmap import ShardMap, ShardRange
@@ -112,13 +116,18 @@ def test_a_zookeeper_watch_tells_other_stores_at_once(zookeeper: ZooKeeperServer
             second.map_source.write(second.shard_map.with_move(0, 3, "A"), expected_version=1)
 
 
-def test_a_running_store_sees_a_new_map_without_a_restart(tmp_path: Path) -> None:
-    raw = base_config(
+def two_sqlite_hosts(tmp_path: Path, *, poll_s: float) -> dict[str, Any]:
+    """8 shards on SQLite host A (host B empty), the map in a file polled every ``poll_s``."""
+    return base_config(
         shards=8,
         hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
         map=[{"range": [0, 7], "master": "A"}],
-        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 0.01},
+        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": poll_s},
     )
+
+
+def test_a_running_store_sees_a_new_map_without_a_restart(tmp_path: Path) -> None:
+    raw = two_sqlite_hosts(tmp_path, poll_s=0.01)
     with Store.from_config(raw) as first, Store.from_config(raw) as second:
         assert first.shard_map.version == 1  # seeded from the config
         new = first.shard_map.with_move(4, 7, "B")
@@ -135,19 +144,8 @@ def test_a_call_blocked_behind_a_fence_gets_the_whole_wait_for_the_new_map(
     """A write that waited on a move's fence longer than the reroute wait is refused when the
     fence commits; the new map comes a moment later, and the write must still get it (the wait
     runs from the refusal, not from the call's start)."""
-    import threading
-    import time
-
-    import store.livemap as livemap
-    from store import ShardMovedError
-
     monkeypatch.setattr(livemap, "REROUTE_WAIT_S", 1.0)
-    raw = base_config(
-        shards=8,
-        hosts={"A": f"sqlite:///{tmp_path}/a", "B": f"sqlite:///{tmp_path}/b"},
-        map=[{"range": [0, 7], "master": "A"}],
-        map_source={"file": str(tmp_path / "map.yaml"), "poll_s": 3600},
-    )
+    raw = two_sqlite_hosts(tmp_path, poll_s=3600)
     with Store.from_config(raw) as operator, Store.from_config(raw) as stale:
         masters: list[str] = []
 

@@ -125,8 +125,8 @@ class Backend:
     names: Names = DEFAULT_NAMES
     #: A statement that bumps a list's version also returns the new version (the driver's
     #: ``lastrowid``), and a log row can name it: cached lists are updated in place
-    #: (`store.cache.lists`). Elsewhere a write drops the cached lists it changed, but where
-    #: `counted_writes`, whose statements return the version (`COUNTED_TAIL`).
+    #: (`store.cache.lists`). Where `counted_writes`, those statements return it too
+    #: (`COUNTED_TAIL`); elsewhere a write drops the cached lists it changed.
     list_versions: ClassVar[bool] = False
     #: A statement can be made to run only if the one before it changed a row (``ROW_COUNT()``),
     #: and several go in one request: a pair write and its counts travel together

@@ -29,8 +29,8 @@ Updates in place, in the database's order: where the database keeps a
 version per list (``relation_counts.version`` on MariaDB/MySQL and
 PostgreSQL, bumped by every change of the list's rows in the writer's
 transaction and returned to it: by ``LAST_INSERT_ID`` on MariaDB, by the
-counted write's own row on PostgreSQL), a fill records the version it read (in the same statement as the
-rows), and a writer that changed a list asks the cache to apply its change
+counted write's own row on PostgreSQL), a fill records the version it read
+(in the same statement as the rows), and a writer that changed a list asks the cache to apply its change
 (`ListChange`: the pair added, moved or removed, and the version the change
 made) instead of dropping the list. The change is applied only to a cached
 list at exactly the version before it; a list already at that version or
