@@ -21,27 +21,50 @@ KILL_PHASES = [
 ]
 
 
+#: Run in the killed move's process: `store` whose stdout SIGKILLs the process itself right after
+#: writing a line that starts with the phase (argv[1]). The kill comes at that line, not whenever a
+#: loaded test process gets round to reading it (it once came after the move had finished).
+_DIE_AT_PHASE = """
+import os, signal, sys
+phase = sys.argv.pop(1)
+real = sys.stdout
+
+class DieAtPhase:
+    def write(self, text):
+        written = real.write(text)
+        if isinstance(text, str) and text.startswith(phase):
+            real.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
+
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+sys.stdout = DieAtPhase()
+sys.argv[0] = "store"
+from store.cli import main
+main()
+"""
+
+
 def kill_move_in_phase(
     config_file: Path, journal: Path, phase: str, *, shards: str = "8-15", to: str = "B"
 ) -> None:
-    """Run `store move` in a process of its own and SIGKILL it at the first line of ``phase``."""
+    """Run `store move` in a process of its own, SIGKILLed as it prints the first line of ``phase``."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "store.cli", "move", "--shards", shards, "--to", to, "--yes",
+        [sys.executable, "-c", _DIE_AT_PHASE, phase, "move", "--shards", shards, "--to", to, "--yes",
          "--config", str(config_file), "--journal", str(journal)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith(phase):
-            os.kill(proc.pid, signal.SIGKILL)  # mid-phase, no chance to clean up
-            break
+    seen = proc.stdout.readlines()
     proc.wait()
     proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL, seen
+    assert seen, "the move printed nothing"
+    assert seen[-1].startswith(phase), seen  # died at that line, not before or after
 
 
 def finish_killed_move(
