@@ -45,7 +45,8 @@ class Servers:
 
     def signal(self, sig: int) -> None:
         for proc in (self.memcached, self.redis):
-            os.kill(proc.pid, sig)
+            if proc.poll() is None:  # (a server the test killed has nothing to signal)
+                os.kill(proc.pid, sig)
 
 
 @pytest.fixture
@@ -117,7 +118,9 @@ def test_dead_or_hung_caches_give_right_answers_within_the_timeout(servers: Serv
         down: list[float] = []
         for _ in range(5):
             exercise(store, pins, board, expected, down)
-        limit = (TIMEOUT_MS + 50) / 1000
+        # The cache's timeout and a margin for a loaded host (a call once took 105 ms with 50 ms
+        # of margin): far below what a hung server costs without a timeout (the test's SIGSTOP).
+        limit = (TIMEOUT_MS + 150) / 1000
         assert max(down) < limit, f"slowest call {max(down) * 1000:.0f} ms with the caches {how}ed"
         stats = store.stats()
         assert stats["memcached"]["errors"] + stats["memcached"]["skipped"] > 0
