@@ -26,6 +26,7 @@ the README.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import weakref
@@ -139,6 +140,12 @@ def _add_cells(into: dict[tuple[str, str], list[int]], table: dict[tuple[str, st
                 got[i] += v
 
 
+#: The host the current call runs on (`Metrics.observe_host`): a context variable, so that calls
+#: interleaved on one thread (`AsyncStore(io="native")`, each call a greenlet with a context of
+#: its own) each keep their own.
+_HOST: contextvars.ContextVar[str] = contextvars.ContextVar("store_metrics_host", default="none")
+
+
 class _Local(threading.local):
     """One thread's counters: ``hist[(op, host)]`` is bucket counts then the sum in ns.
 
@@ -146,11 +153,9 @@ class _Local(threading.local):
     into the ended threads' total when the thread ends (`store.threadends`).
     """
 
-    host: str
     hist: dict[tuple[str, str], list[int]]
 
     def __init__(self, owner: weakref.ref[Metrics]) -> None:
-        self.host = "none"
         hist: dict[tuple[str, str], list[int]] = {}
         self.hist = hist
         metrics = owner()
@@ -201,7 +206,7 @@ class Metrics:
 
     def observe_host(self, host: str) -> None:
         """Called by `store.engines` at each checkout: the host the current call runs on."""
-        self._local.host = host
+        _HOST.set(host)
 
     def timed(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` timed under ``op``: one histogram observation per call, errors counted by kind."""
@@ -209,10 +214,11 @@ class Metrics:
         perf = time.perf_counter_ns
         bounds = _BOUNDS_NS
         count_error = self._count_error
+        host, reset = _HOST.get, _HOST.set
 
         def record(t0: int) -> None:
             dt = perf() - t0
-            key = (op, local.host)
+            key = (op, host())
             hist = local.hist
             cell = hist.get(key)
             if cell is None:
@@ -221,7 +227,7 @@ class Metrics:
             cell[-1] += dt
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            local.host = "none"
+            reset("none")
             t0 = perf()
             try:
                 result = fn(*args, **kwargs)
@@ -230,7 +236,7 @@ class Metrics:
                 count_error(op, exc)
                 raise
             dt = perf() - t0
-            key = (op, local.host)
+            key = (op, host())
             cell = local.hist.get(key)
             if cell is None:
                 cell = local.hist[key] = [0] * (_NBUCKETS + 1)
