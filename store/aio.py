@@ -1,6 +1,20 @@
 """`AsyncStore`: the store's API as coroutines, for asyncio apps (FastAPI, Starlette, aiohttp).
 
-What runs where (this first version). There is ONE request path: an
+What runs where: ``io="threads"`` (the default) or ``io="native"``.
+
+``io="native"`` runs each call on the event loop's own thread, in a
+greenlet (`store.green`): the sync store's code, unchanged, with each
+socket wait (MariaDB through PyMySQL, memcached, Redis, PostgreSQL through
+libpq) and each wait for a pooled connection an await on the loop. Many
+calls are in flight at once with no thread per call, and the database
+connections open are bounded by the pool (``pool_size`` per host), not by
+the number of tasks: a call that finds every connection of a host in use
+waits for one on the loop. Opening a connection, a TLS handshake, and
+MariaDB through mysqlclient or a Unix socket still block the loop while
+they run. Cancellation is as below: a started call runs to its end as a
+task of its own.
+
+``io="threads"``. There is ONE request path: an
 `AsyncStore` drives a sync `Store`, and every routing decision, statement,
 cache rule, pair-write plan, lease and trust rule is that store's; nothing
 of the request path is written a second time here. Each call runs the sync
@@ -56,6 +70,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from store import green
 from store.config import StoreConfig
 from store.exceptions import ConfigError, StoreError, brief
 from store.exchange import ExportReport, ImportReport
@@ -74,12 +89,16 @@ if TYPE_CHECKING:
     from store.serde import Serde
     from store.shardmap import ShardMap
 
-__all__ = ["MAX_WORKERS_DEFAULT_CAP", "AsyncScan", "AsyncStore", "default_max_workers"]
+__all__ = ["IO_MODES", "MAX_WORKERS_DEFAULT_CAP", "AsyncScan", "AsyncStore", "default_max_workers"]
 
 R = TypeVar("R")
 
 #: The default executor never has more workers than this, however large ``pool_size`` is.
 MAX_WORKERS_DEFAULT_CAP = 32
+
+
+#: How an `AsyncStore` runs its calls (see the module's text).
+IO_MODES = ("threads", "native")
 
 
 def default_max_workers(config: StoreConfig) -> int:
@@ -92,7 +111,9 @@ class AsyncStore:
 
     The constructor takes what `Store`'s takes, plus ``max_workers``: how
     many calls run at once (each on a worker thread of the store's own
-    executor, made on first use), default ``min(32, pool_size)``.
+    executor, made on first use), default ``min(32, pool_size)``; and ``io``:
+    ``"threads"`` (that executor) or ``"native"`` (each call a greenlet on the
+    event loop; ``max_workers`` is then unused).
     """
 
     def __init__(
@@ -100,6 +121,7 @@ class AsyncStore:
         config: StoreConfig,
         *,
         max_workers: int | None = None,
+        io: str = "threads",
         engines: Engines | None = None,
         serde: Serde | None = None,
         rng: random.Random | None = None,
@@ -109,6 +131,7 @@ class AsyncStore:
         metrics: Metrics | None = None,
     ) -> None:
         workers = _worker_count(config, max_workers)  # checked before the store starts anything
+        _io_mode(io)
         store = Store(
             config,
             engines=engines,
@@ -119,11 +142,15 @@ class AsyncStore:
             map_source=map_source,
             metrics=metrics,
         )
-        self._attach(store, workers)
+        self._attach(store, workers, io)
 
-    def _attach(self, store: Store, max_workers: int) -> None:
-        #: How many calls run at once: the executor's workers.
+    def _attach(self, store: Store, max_workers: int, io: str = "threads") -> None:
+        #: How many calls run at once with ``io="threads"``: the executor's workers.
         self.max_workers = max_workers
+        #: How calls run: ``"threads"`` or ``"native"`` (see the module's text).
+        self.io = _io_mode(io)
+        #: The calls running with ``io="native"``, each a task of its own (`aclose` waits for them).
+        self._native: set[asyncio.Task[Any]] = set()
         self._store = store
         self._executor: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
@@ -137,19 +164,21 @@ class AsyncStore:
         source: str | os.PathLike[str] | Mapping[str, Any] | StoreConfig | None = None,
         *,
         max_workers: int | None = None,
+        io: str = "threads",
     ) -> AsyncStore:
         """A store from what `Store.from_config` takes: a YAML path, a dict, a `StoreConfig` or None."""
         if max_workers is not None:
             _worker_count(None, max_workers)  # refused before the store is made
-        return cls.from_store(Store.from_config(source), max_workers=max_workers)
+        _io_mode(io)
+        return cls.from_store(Store.from_config(source), max_workers=max_workers, io=io)
 
     @classmethod
-    def from_store(cls, store: Store, *, max_workers: int | None = None) -> AsyncStore:
+    def from_store(cls, store: Store, *, max_workers: int | None = None, io: str = "threads") -> AsyncStore:
         """Drive an existing sync ``store`` (shared with sync code, if need be); `aclose` closes it."""
         if not isinstance(store, Store):
             raise TypeError(f"AsyncStore.from_store takes a Store, got {type(store).__name__}")
         self = cls.__new__(cls)
-        self._attach(store, _worker_count(store.config, max_workers))
+        self._attach(store, _worker_count(store.config, max_workers), io)
         return self
 
     # -- what runs the calls --------------------------------------------------------
@@ -179,6 +208,13 @@ class AsyncStore:
         """``fn(*args, **kwargs)`` on a worker, in a copy of the caller's context."""
         if self._closed:
             raise StoreError("this AsyncStore is closed; make a new one")
+        if self.io == "native":
+            # A task of its own: a caller cancelled at any await gets CancelledError at once, while
+            # the call runs to its end (no pair half written, no connection left mid-reply).
+            task = asyncio.ensure_future(green.run(fn, *args, **kwargs))
+            self._native.add(task)
+            task.add_done_callback(self._native.discard)
+            return await asyncio.shield(task)
         executor = self._workers()
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -470,6 +506,8 @@ class AsyncStore:
                 return
             self._closed = True
             executor, self._executor = self._executor, None
+        if self._native:
+            await asyncio.gather(*self._native, return_exceptions=True)
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, wait=True)
         await asyncio.to_thread(self._store.close)
@@ -484,6 +522,13 @@ class AsyncStore:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _io_mode(io: object) -> str:
+    """``io`` checked: one of `IO_MODES`."""
+    if io not in IO_MODES:
+        raise ConfigError(f"io must be one of {', '.join(map(repr, IO_MODES))}, got {brief(io)}")
+    return str(io)
 
 
 def _worker_count(config: StoreConfig | None, max_workers: int | None) -> int:

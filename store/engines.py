@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
+from store import green
 from store.backends import Backend, ErrorKind, access_denied, backend_for
 from store.config import StoreConfig
 from store.exceptions import (
@@ -494,6 +495,8 @@ class Engines:
         """
         if len(jobs) <= 1:
             return [job() for job in jobs]
+        if green.active():  # an event loop's call: each job a call of the loop's, no thread
+            return green.gather(jobs)
         pool = self._fanout
         if pool is None:
             with self._lock:

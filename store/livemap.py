@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from store import green
 from store.config import StoreConfig
 from store.exceptions import ConfigError, RoutingError, ShardMovedError, ShardNotInitializedError
 from store.forks import at_fork
@@ -204,7 +205,7 @@ class LiveMap:
         if self.dynamic and time.monotonic() >= self._next_check:
             check = self._begin(forced=False)
             if check is not None:
-                check.done.wait(MAP_CHECK_WAIT_S)
+                green.wait_event(check.done, MAP_CHECK_WAIT_S)
 
     def step(self, call: Callable[[], R]) -> R:
         """``call()``; after a routing refusal, reload the map and run it again, alone.
@@ -386,7 +387,7 @@ class LiveMap:
 
     def _await(self, check: _Check, deadline: float) -> None:
         """Wait for ``check`` until ``deadline``; a map the config cannot follow is raised."""
-        check.done.wait(max(0.0, deadline - time.monotonic()))
+        green.wait_event(check.done, max(0.0, deadline - time.monotonic()))
         if check.done.is_set() and isinstance(check.error, ConfigError):
             raise ConfigError(str(check.error)) from check.error
 
@@ -405,7 +406,7 @@ class LiveMap:
         if not self.dynamic:
             return
         while self._router.shard_map.version < version and time.monotonic() < deadline:
-            time.sleep(min(REROUTE_POLL_S, max(0.0, deadline - time.monotonic())))
+            green.sleep(min(REROUTE_POLL_S, max(0.0, deadline - time.monotonic())))
             self._forced_check(time.monotonic(), deadline)
 
     def _reload_after_failure(self, started: float, deadline: float) -> None:

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import store.unique as _keys
+from store import green
 from store.cache.follower import log_entries
 from store.cache.leases import ObjectCache, nothing_owed
 from store.config import StoreConfig
@@ -302,7 +303,7 @@ class ObjectService:
                     "nothing of this update was written"
                 )
             # Writers that keep missing each other's values: apart by a random, growing pause.
-            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+            green.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
         raise AssertionError("unreachable")
 
     def _update_keyed(

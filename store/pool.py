@@ -28,6 +28,7 @@ psycopg cursor measured about 45 us per call between round trips here.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Protocol
 
+from store import green
 from store.exceptions import BackendError
 from store.forks import at_fork, forget_connection
 
@@ -193,6 +195,8 @@ class ConnectionPool:
         self._cond = threading.Condition(threading.Lock())
         self._in_use = 0
         self._waiting = 0
+        #: Callers inside an event loop's call waiting for a connection (`_wait_green`).
+        self._green_waiters: deque[asyncio.Future[None]] = deque()
         self._max_open = max_open
         self._max_idle = max_idle
         self._timeout_s = timeout_s
@@ -212,6 +216,7 @@ class ConnectionPool:
         self._in_use = 0  # the threads that had them checked out do not exist here
         self.peak_in_use = 0
         self._waiting = 0
+        self._green_waiters = deque()
         inherited, self._idle = self._idle, deque()
         self._pid = os.getpid()
         for conn, _born in inherited:
@@ -247,10 +252,11 @@ class ConnectionPool:
         # Called with the lock held.
         deadline = time.monotonic() + self._timeout_s
         self._waiting += 1
+        wait = self._wait_green if green.active() else self._cond.wait
         try:
             while self._in_use >= self._max_open:
                 left = deadline - time.monotonic()
-                if left <= 0 or not self._cond.wait(left):
+                if left <= 0 or not wait(left):
                     if self._in_use < self._max_open:
                         return
                     raise BackendError(
@@ -260,11 +266,32 @@ class ConnectionPool:
         finally:
             self._waiting -= 1
 
+    def _wait_green(self, timeout: float) -> bool:
+        """`_cond`'s wait inside an event loop's call (`store.green`): the lock let go while the
+        loop runs other calls (one of which may be the holder to give a connection back)."""
+        future = asyncio.get_running_loop().create_future()
+        self._green_waiters.append(future)
+        self._cond.release()
+        try:
+            green.await_(asyncio.wait_for(asyncio.shield(future), timeout))
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._cond.acquire()
+            with suppress(ValueError):
+                self._green_waiters.remove(future)
+
     def _release(self) -> None:
         with self._cond:
             self._in_use -= 1
             if self._waiting:
                 self._cond.notify()
+                while self._green_waiters:
+                    future = self._green_waiters.popleft()
+                    if not future.done():
+                        future.get_loop().call_soon_threadsafe(_wake, future)
+                        break
 
     def _foreign(self, conn: Any) -> bool:
         """True (and the connection forgotten) if another process opened ``conn``: a checkout made
@@ -327,6 +354,11 @@ class ConnectionPool:
 
 
 _getpid = os.getpid
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _close_quietly(conn: Any) -> None:

@@ -80,7 +80,6 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -88,6 +87,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 
+from store import green
 from store.backends.mysql.driver import mysql_connector, mysql_driver_error
 from store.cache.stats import Breaker
 from store.config import TicketsConfig
@@ -691,7 +691,7 @@ class TicketAllocator:
                         f"in a row on {counter!r}: {exc}"
                     ) from exc
                 # Jittered, doubling: the colliding sessions should not meet again.
-                time.sleep(CONTENTION_BACKOFF_S * 2**attempt * random.uniform(0.5, 1.0))
+                green.sleep(CONTENTION_BACKOFF_S * 2**attempt * random.uniform(0.5, 1.0))
                 continue
             if not statement.replace and cur.rowcount != 1:
                 raise TicketError(

@@ -15,10 +15,10 @@ two, is `store.engines`'s.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from store import green
 from store.backends import Backend
 from store.cache.follower import merged_entries
 from store.exceptions import BackendError, StaleMapError, StoreError
@@ -493,5 +493,5 @@ def _retrying(attempt: Callable[[], T]) -> T:
         except BackendError as exc:
             if not exc.retryable or n == _TXN_ATTEMPTS:
                 raise
-            time.sleep(random.uniform(0.25, 1.0) * min(_BACKOFF_CAP_S, _BACKOFF_FIRST_S * 2 ** (n - 1)))
+            green.sleep(random.uniform(0.25, 1.0) * min(_BACKOFF_CAP_S, _BACKOFF_FIRST_S * 2 ** (n - 1)))
     raise AssertionError("unreachable")

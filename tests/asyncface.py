@@ -93,11 +93,15 @@ class Blocking:
         self.close()
 
 
+#: The faces a behavioural test can run through: the sync `Store`, and `AsyncStore` with each of
+#: its ways of running calls (``async``: worker threads; ``native``: greenlets on the loop).
+FACES = {"async": "threads", "native": "native"}
+
+
 def blocking_store(config: StoreConfig, face: str) -> Store:
-    """A store on ``config`` with the sync API: the `Store` itself, or (``face="async"``) an
-    `AsyncStore` behind `Blocking`. Close it (or use ``with``) as a store."""
+    """A store on ``config`` with the sync API: the `Store` itself, or (``face`` "async" or
+    "native") an `AsyncStore` behind `Blocking`. Close it (or use ``with``) as a store."""
     if face == "sync":
         return Store(config)
-    assert face == "async", face
     loop = LoopThread()
-    return cast(Store, Blocking(AsyncStore(config), loop))
+    return cast(Store, Blocking(AsyncStore(config, io=FACES[face]), loop))

@@ -350,6 +350,9 @@ BACKENDS = ("sqlite", "sqlite-memory", "mariadb", "mariadb-cached")
 #: Where a module that sets ``BOTH_FACES = True`` runs the ``store`` fixture's tests through
 #: `store.aio.AsyncStore` too (two backends, so the suite's time does not double).
 ASYNC_FACE_BACKENDS = ("sqlite", "mariadb-cached")
+#: Where they run through `AsyncStore(io="native")` too: its calls as greenlets on the event loop,
+#: each socket wait the loop's (MariaDB, memcached and Redis all on sockets).
+NATIVE_FACE_BACKENDS = ("mariadb-cached",)
 
 
 @pytest.fixture(params=BACKENDS)
@@ -503,8 +506,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)  # before the fixtures' own params: these replace backend's
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """In a module with ``BOTH_FACES = True``, each test of the ``store`` fixture also runs on the
-    async face (`tests.asyncface`: `AsyncStore` behind the sync API) on `ASYNC_FACE_BACKENDS`;
-    the sync runs keep their ids (``[sqlite]``), the async ones end in ``-async``. A test that
+    async face (`tests.asyncface`: `AsyncStore` behind the sync API) on `ASYNC_FACE_BACKENDS`, and
+    on its native face on `NATIVE_FACE_BACKENDS`; the sync runs keep their ids (``[sqlite]``), the
+    async ones end in ``-async`` and ``-native``. A test that
     parametrizes ``backend`` itself keeps its backends, on the sync face."""
     if not getattr(metafunc.module, "BOTH_FACES", False):
         return
@@ -515,6 +519,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             return
     cases = [pytest.param(b, "sync", id=b) for b in BACKENDS]
     cases += [pytest.param(b, "async", id=f"{b}-async") for b in ASYNC_FACE_BACKENDS]
+    cases += [pytest.param(b, "native", id=f"{b}-native") for b in NATIVE_FACE_BACKENDS]
     metafunc.parametrize(("backend", "face"), cases)
 
 

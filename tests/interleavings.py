@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from store import green
+
 __all__ = [
     "ASK_EVERY_S",
     "BLOCK_S",
@@ -132,7 +134,9 @@ class Scheduler:
             self.at[i] = step
             self.changed[i] = time.monotonic()
             self.cond.notify_all()
-        self.go[i].wait(30)
+        # On `AsyncStore(io="native")` the write is a greenlet on the event loop: its pause is an
+        # await, so the loop runs the other writes meanwhile (`store.green.wait_event`).
+        green.wait_event(self.go[i], 30)
         self.go[i].clear()
 
     def run_thread(self, i: int, call: Callable[[], object]) -> None:

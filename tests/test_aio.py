@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from store import ConfigError, Store, StoreConfig, StoreError, encode_pinterest
-from store.aio import AsyncStore, default_max_workers
+from store import ConfigError, Store, StoreConfig, StoreError, encode_pinterest, green
+from store.aio import IO_MODES, AsyncStore, default_max_workers
 from tests.conftest import cached_mariadb_config, sqlite_config
 
 BHP = "board_has_pins"
@@ -69,7 +69,7 @@ def test_every_store_method_is_a_coroutine_with_the_same_parameters() -> None:
     assert set(sync_init) <= set(async_init)
     assert "max_workers" in async_init
     assert list(inspect.signature(Store.from_config).parameters) == ["source"]
-    assert list(inspect.signature(AsyncStore.from_config).parameters) == ["source", "max_workers"]
+    assert list(inspect.signature(AsyncStore.from_config).parameters) == ["source", "max_workers", "io"]
 
 
 def test_from_config_takes_what_the_store_takes(tmp_path: Path) -> None:
@@ -256,11 +256,14 @@ def _uncached(raw: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k != "cache"}
 
 
-def test_two_hundred_tasks_link_and_unlink_and_counts_stay_exact(cached_raw: dict[str, Any]) -> None:
+@pytest.mark.parametrize("io", IO_MODES)
+def test_two_hundred_tasks_link_and_unlink_and_counts_stay_exact(cached_raw: dict[str, Any], io: str) -> None:
     workers = 8
+    # Native: the calls are not bounded by workers, the connections are (by the pools: 2 x 2 a host).
+    raw = {**cached_raw, "pool_size": 2} if io == "native" else cached_raw
 
     async def main() -> tuple[int, list[int], dict[str, int]]:
-        async with AsyncStore.from_config(cached_raw, max_workers=workers) as s:
+        async with AsyncStore.from_config(raw, max_workers=workers, io=io) as s:
             board = await s.create("board", {"name": "tasks"}, shard=0)  # MySQL001A
             pins = list(
                 await asyncio.gather(*(s.create("pin", {"i": i}, shard=4 + i % 4) for i in range(30)))
@@ -276,20 +279,25 @@ def test_two_hundred_tasks_link_and_unlink_and_counts_stay_exact(cached_raw: dic
                 await s.has_link(BHP, board, p)
 
             await asyncio.gather(*(churn(i) for i in range(200)))
-            opened = {name: pool.opened for name, pool in s.admin_context().engines.pools().items()}
+            pools = s.admin_context().engines.pools()
+            if io == "native":  # many calls at once, never more connections than a pool allows
+                assert max(pool.peak_in_use for pool in pools.values()) > 1, pools
+                assert all(pool.peak_in_use <= pool.max_open == 4 for pool in pools.values()), pools
+            opened = {name: pool.opened for name, pool in pools.items()}
             linked = await s.links(BHP, board, limit=1000)
             assert await s.count(BHP, board) == len(linked)
             return board, pins, opened
 
     board, pins, opened = run(main())
-    # The connections are bounded by the workers, not by the 200 tasks.
-    assert all(n <= workers for n in opened.values()), opened
+    if io == "threads":  # the connections are bounded by the workers, not by the 200 tasks
+        assert all(n <= workers for n in opened.values()), opened
     for raw in (cached_raw, _uncached(cached_raw)):  # the caches' answers are the database's
         with Store.from_config(raw) as store:
             _check_pairs(store, board, pins)
 
 
-def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str, Any]) -> None:
+@pytest.mark.parametrize("io", IO_MODES)
+def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str, Any], io: str) -> None:
     """Rounds of link, unlink, update and delete tasks, each cancelled at a random moment: after
     each round (`aclose` waiting for the writes a worker had started) every pair has both sides,
     every count is exact, deleted pins are in no list, and each update function that ran was
@@ -310,7 +318,7 @@ def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str
 
     async def round_(seed: int) -> None:
         r = random.Random(seed)
-        async with AsyncStore.from_config(cached_raw, max_workers=4) as s:
+        async with AsyncStore.from_config(cached_raw, max_workers=4, io=io) as s:
             tasks: list[asyncio.Task[Any]] = []
             for _ in range(12):
                 p = pins[r.randrange(len(pins))]
@@ -341,14 +349,17 @@ def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str
         assert store.get_with_version(counter) == ({"n": applied}, applied + 1)
 
 
+@pytest.mark.parametrize("io", IO_MODES)
 def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_whole(
-    cached_raw: dict[str, Any],
+    cached_raw: dict[str, Any], io: str
 ) -> None:
     """`link`, `unlink`, `update` and `delete` on MariaDB under two host names, each cancelled
     at every point it can be: before its worker starts (nothing runs), and while its worker
     stands at each step of the write (every step of its plan, `Steps.hook`, and of the pair
     protocol, `PairWriter.step`; the steps are found by a first run). After each, both sides of
-    the pair and the counts agree, and an update function was applied once or not at all."""
+    the pair and the counts agree, and an update function was applied once or not at all. With
+    ``io="native"`` each step is an await of the write's greenlet on the loop, where it stands
+    while the task is cancelled."""
     with Store.from_config(cached_raw) as setup:
         board = setup.create("board", {}, shard=1)  # MySQL001A
         counter = setup.create("board", {"n": 0}, shard=6)  # MySQL002A
@@ -377,14 +388,14 @@ def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_who
         before it starts; None: never). The steps it passed."""
         seen: list[str] = []
         reached, go = threading.Event(), threading.Event()
-        async with AsyncStore.from_config(cached_raw, max_workers=2) as s:
+        async with AsyncStore.from_config(cached_raw, max_workers=2, io=io) as s:
             ctx = s.admin_context()
 
             def hook(step: str) -> None:
                 seen.append(step)
                 if stop_at is not None and len(seen) - 1 == stop_at:
                     reached.set()
-                    go.wait(10)
+                    green.wait_event(go, 10)  # (native: an await, the loop runs on)
 
             ctx.relations.pairs.step = hook
             assert ctx.steps is not None

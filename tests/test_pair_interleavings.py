@@ -379,22 +379,27 @@ def test_a_delete_racing_a_link_of_its_object_leaves_no_pair_on_postgres(
 ASYNC_PAIRS = [["link", "unlink"], ["unlink", "relink@500"], ["relink@500", "relink@900"], ["link", "link"]]
 
 
+@pytest.mark.parametrize("face", ["async", "native"])
 @pytest.mark.parametrize("initial_present", [False, True], ids=["absent", "present"])
 @pytest.mark.parametrize("names", ASYNC_PAIRS, ids=["+".join(p) for p in ASYNC_PAIRS])
 def test_two_writes_of_one_pair_through_the_async_face_on_mariadb(
-    mariadb_ready: StoreConfig, names: list[str], initial_present: bool
+    mariadb_ready: StoreConfig, names: list[str], initial_present: bool, face: str
 ) -> None:
-    """The writes are `AsyncStore` calls awaited on one event loop; each is paused at the pair
-    protocol's steps in the store's worker thread, where the caller's context (which write it is)
-    goes with the call."""
-    with blocking_store(mariadb_ready, "async") as store:
+    """The writes are `AsyncStore` calls awaited on one event loop. On the ``async`` face each is
+    paused at the pair protocol's steps in the store's worker thread, where the caller's context
+    (which write it is) goes with the call; on the ``native`` face each is a greenlet on the loop,
+    paused at an await there, while the loop runs the other write."""
+    with blocking_store(mariadb_ready, face) as store:
         runs = explore(store, names, initial_present)
         print(f"schedules: {runs}")
         assert runs >= least_runs(names)
 
 
-def test_a_delete_racing_a_link_through_the_async_face_on_mariadb(mariadb_ready: StoreConfig) -> None:
-    with blocking_store(mariadb_ready, "async") as store:
+@pytest.mark.parametrize("face", ["async", "native"])
+def test_a_delete_racing_a_link_through_the_async_face_on_mariadb(
+    mariadb_ready: StoreConfig, face: str
+) -> None:
+    with blocking_store(mariadb_ready, face) as store:
         runs = explore_delete_and_link(store, True, pin_shard=5)
         print(f"schedules: {runs}")
         assert runs >= 3

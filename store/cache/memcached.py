@@ -38,6 +38,7 @@ from typing import TypeVar
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
+from store import green
 from store.cache.leases import Lookup
 from store.cache.stats import Breaker, CacheStats
 from store.forks import at_fork
@@ -125,6 +126,7 @@ class MemcachedServer:
                 timeout=self._timeout_s,
                 no_delay=True,
                 default_noreply=False,
+                socket_module=green.socket_module(),  # an event loop's call: the loop's waits
             )
             client.store_pid = self._pid
             return client
@@ -286,22 +288,32 @@ class MemcachedServer:
 
     def _flush(self) -> bool:
         """Empty a server that may hold values whose invalidation was lost."""
-        with self._flush_lock:
-            if not self.breaker.dirty:
-                return True
-            client = self._take()
-            try:
-                _settle(client)
-                flushed = client.flush_all(noreply=False)
-            except _FAILURES as exc:
-                client.close()
-                self._failed(exc)
-                return False
-            self._give_back(client)
-            self.breaker.success()
-            if flushed is True:
-                self.breaker.dirty = False
-            return not self.breaker.dirty
+        # Inside an event loop's call a lock held across I/O must not be waited for (the holder
+        # may be another call on this very thread): the server counts as not yet emptied.
+        if not self._flush_lock.acquire(blocking=not green.active()):
+            return False
+        try:
+            return self._flush_held()
+        finally:
+            self._flush_lock.release()
+
+    def _flush_held(self) -> bool:
+        """`_flush`, its lock held."""
+        if not self.breaker.dirty:
+            return True
+        client = self._take()
+        try:
+            _settle(client)
+            flushed = client.flush_all(noreply=False)
+        except _FAILURES as exc:
+            client.close()
+            self._failed(exc)
+            return False
+        self._give_back(client)
+        self.breaker.success()
+        if flushed is True:
+            self.breaker.dirty = False
+        return not self.breaker.dirty
 
     def close(self) -> None:
         """Close every idle socket."""

@@ -45,6 +45,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from store import green
 from store.cache.lists import ListChange, ListRead, split_changes
 from store.cache.stats import Breaker, CacheStats
 from store.config import redis_server_name
@@ -262,6 +263,17 @@ return 1
 """
 
 
+class _LoopAwareConnection(redis.Connection):
+    """redis-py's TCP connection, opened as a `store.green.GreenSocket` inside an event loop's call."""
+
+    def _connect(self) -> Any:
+        if not green.active():
+            return super()._connect()  # type: ignore[no-untyped-call]
+        sock = green.connect_tcp(self.host, self.port, self.socket_connect_timeout)
+        sock.settimeout(self.socket_timeout)
+        return sock
+
+
 class RedisListBackend:
     """Relation lists in one Redis database, keys under ``prefix``.
 
@@ -294,6 +306,9 @@ class RedisListBackend:
             retry_on_timeout=False,
             health_check_interval=0,
         )
+        pool = self.client.connection_pool
+        if pool.connection_class is redis.Connection:  # TCP: inside an event loop's call, the loop's waits
+            pool.connection_class = _LoopAwareConnection
         self._fill = self.client.register_script(_FILL)
         self._invalidate = self.client.register_script(_INVALIDATE)
         self._apply = self.client.register_script(_APPLY)

@@ -159,8 +159,15 @@ def nothing() -> None:
 
 
 #: The async face (`store.aio.AsyncStore`, its calls awaited on one event loop from the workload's
-#: threads) under the scenarios that take a server away: the same history check.
-FACES = [pytest.param("sync", id="sync"), pytest.param("async", id="async")]
+#: threads; ``native``: each call a greenlet on that loop, its socket waits the loop's) under the
+#: scenarios that take a server away: the same history check.
+FACES = [
+    pytest.param("sync", id="sync"),
+    pytest.param("async", id="async"),
+    pytest.param("native", id="native"),
+]
+#: How each face is named in the fault report.
+FACE_NOTE = {"sync": "", "async": " (AsyncStore)", "native": " (AsyncStore, native I/O)"}
 
 
 @pytest.mark.parametrize("face", FACES)
@@ -187,7 +194,7 @@ def test_mariadb_killed_during_a_write_burst_and_restarted(
         raw,
         owned,
         history,
-        "MariaDB SIGKILLed during a write burst, restarted" + (" (AsyncStore)" if face == "async" else ""),
+        "MariaDB SIGKILLed during a write burst, restarted" + FACE_NOTE[face],
         notes=f"repair after restart fixed {fixed.changes} pair(s)",
     )
     record(fault_report, result)
@@ -255,7 +262,14 @@ def test_one_mariadb_host_blackholed(mariadb: MariaDBServer, caches: Caches, fau
 
 
 @pytest.mark.parametrize(
-    ("fault", "face"), [("delay", "sync"), ("reset", "sync"), ("blackhole", "sync"), ("reset", "async")]
+    ("fault", "face"),
+    [
+        ("delay", "sync"),
+        ("reset", "sync"),
+        ("blackhole", "sync"),
+        ("reset", "async"),
+        ("blackhole", "native"),
+    ],
 )
 def test_memcached_and_redis_fail_and_come_back(
     mariadb: MariaDBServer, caches: Caches, fault_report: Any, fault: str, face: str
@@ -283,7 +297,7 @@ def test_memcached_and_redis_fail_and_come_back(
         raw,
         owned,
         history,
-        f"memcached and Redis {what}, then restored" + (" (AsyncStore)" if face == "async" else ""),
+        f"memcached and Redis {what}, then restored" + FACE_NOTE[face],
         notes=f"cache errors or skips: {errors}",
     )
     record(fault_report, result)

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
+from store import green
 from store.exceptions import BackendError, ConfigError
 from store.tls import postgres_tls
 
@@ -110,7 +111,7 @@ def _no_answer(limit: float | None) -> Exception:
 def _deadline_connection() -> type[Any]:
     """psycopg's `Connection`, every wait for the server bounded by its ``answer_s``."""
     import psycopg
-    from psycopg import errors
+    from psycopg import errors, waiting
 
     if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:
         # psycopg before 3.3.9 (below the stated requirement) bounds no wait: the server's
@@ -124,6 +125,8 @@ def _deadline_connection() -> type[Any]:
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
             limit = self.answer_s if timeout is None else timeout
             try:
+                if green.active():  # an event loop's call: the loop waits for the socket
+                    return green.await_(waiting.wait_async(gen, self.pgconn.socket, timeout=limit))
                 return super().wait(gen, interval, limit)
             except errors._WaitTimeout:
                 # A reply may be half read, the server may still run the statement: this
@@ -285,6 +288,9 @@ def _run_pipeline(
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError
+                if green.active():  # an event loop's call: the loop waits for the socket
+                    green.wait_fd(pg.socket, writing=write, timeout=left)
+                    return
                 ready = select.select([] if write else [pg.socket], [pg.socket] if write else [], [], left)
                 if not any(ready):
                     raise TimeoutError

@@ -1,0 +1,293 @@
+"""`store.green`: sync code on the event loop, each of its waits an await of the loop.
+
+The property under test is that a wait inside `green.run` never holds the loop: while one call
+waits (on a socket, a server's reply, a pooled connection), other calls on the same loop start
+and finish. Each test shows it by order, not by time: the waiting call is still pending when
+the other has finished, and where the other is what the first waits for, the first could not
+have finished at all had the loop been held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from store import StoreConfig, green
+from store.backends.mysql.driver import mysql_connector
+from store.exceptions import BackendError
+from store.pool import ConnectionPool
+from tests.conftest import PG_URL, require_port
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A TCP socket listening on loopback (the peer a test talks to)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    yield server
+    server.close()
+
+
+def test_outside_run_nothing_is_active_and_await_is_refused() -> None:
+    assert not green.active()
+    assert green.socket_class() is socket.socket
+    pending = asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match=r"store\.green\.run"):
+        green.await_(pending)
+    pending.close()
+
+
+def test_a_socket_read_waits_for_the_loop_that_sends_it_its_data(listener: socket.socket) -> None:
+    """The call reads from a socket whose data another task on the same loop sends later: had
+    the read held the loop, the sender could never run, and the read would time out."""
+
+    def read() -> bytes:
+        assert green.active()
+        sock = green.connect_tcp("127.0.0.1", listener.getsockname()[1], 2.0)
+        assert isinstance(sock, green.GreenSocket)
+        with sock:
+            return sock.recv(100)
+
+    async def main() -> bytes:
+        reader = asyncio.ensure_future(green.run(read))
+        peer, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with peer:
+            await asyncio.sleep(0.05)
+            assert not reader.done()
+            peer.send(b"hello")
+            return await reader
+
+    listener.setblocking(False)
+    assert asyncio.run(main()) == b"hello"
+
+
+@pytest.mark.parametrize("where", ["loop", "thread"])
+def test_a_read_with_no_data_times_out_as_a_plain_socket_does(listener: socket.socket, where: str) -> None:
+    sock = green.GreenSocket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(2.0)
+    sock.connect(listener.getsockname())
+    sock.settimeout(0.05)
+    try:
+
+        def read() -> bytes:
+            return sock.recv(10)
+
+        def in_place() -> bytes:
+            return asyncio.run(green.run(read)) if where == "loop" else read()
+
+        with pytest.raises(TimeoutError):
+            in_place()
+        assert sock.gettimeout() == 0.05
+    finally:
+        sock.close()
+
+
+def test_a_connect_to_a_closed_port_fails_as_a_plain_one_does() -> None:
+    port = _closed_port()
+
+    async def main() -> None:
+        with pytest.raises(ConnectionRefusedError):
+            await green.run(green.connect_tcp, "127.0.0.1", port, 1.0)
+
+    asyncio.run(main())
+    with pytest.raises(ConnectionRefusedError):
+        green.connect_tcp("127.0.0.1", port, 1.0)
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_a_mariadb_query_that_runs_long_lets_other_calls_finish_meanwhile() -> None:
+    require_port("MariaDB", 3306)
+    connect = mysql_connector(make_url("mysql+pymysql://root@127.0.0.1:3306"))
+
+    def query(sql: str) -> Any:
+        conn = connect()
+        try:
+            assert isinstance(conn._sock, green.GreenSocket)
+            cur = conn.cursor()
+            cur.execute(sql)
+            return cur.fetchall()[0][0]
+        finally:
+            conn.close()
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(green.run(query, "SELECT SLEEP(1.5)"))
+        quick = await asyncio.gather(*(green.run(query, f"SELECT {i}") for i in range(5)))
+        assert quick == list(range(5))
+        assert not slow.done()  # still in its SLEEP while five others ran whole
+        assert await slow == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("way", ["execute", "pipeline"])
+def test_a_postgres_statement_that_runs_long_lets_other_calls_finish_meanwhile(
+    postgres_ready: StoreConfig, way: str
+) -> None:
+    """Both ways the store sends PostgreSQL statements: psycopg's cursor (its waits are the
+    connection's) and the store's own libpq pipeline (`run_pipeline`)."""
+    from store.backends.postgres.driver import postgres_connector
+
+    connect = postgres_connector(make_url(PG_URL))
+
+    def query(sql: str) -> Any:
+        conn = connect()
+        try:
+            cur = conn.cursor()
+            if way == "pipeline":
+                [(_n, rows)] = cur.run_pipeline([(sql, None)])
+                return rows[0][0]
+            cur.execute(sql)
+            return cur.fetchall()[0][0]
+        finally:
+            conn.close()
+
+    async def main() -> None:
+        slow = asyncio.ensure_future(green.run(query, "SELECT pg_sleep(1.5)::text"))
+        quick = await asyncio.gather(*(green.run(query, f"SELECT {i}") for i in range(5)))
+        assert quick == list(range(5))
+        assert not slow.done()
+        assert await slow == ""
+
+    asyncio.run(main())
+
+
+class _Conn:
+    """A stand-in for a DBAPI connection: the pool only opens, keeps and closes them."""
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_call_waiting_for_a_pooled_connection_lets_its_holder_give_it_back() -> None:
+    """One connection, two calls: the second waits on the loop until the first, which runs on
+    that same loop, gives it back (a wait that held the loop would never see it back)."""
+    pool = ConnectionPool(_Conn, name="h", max_open=1, max_idle=1, timeout_s=5.0)
+    order: list[str] = []
+
+    def hold() -> None:
+        conn, born = pool.checkout()
+        order.append("first has it")
+        green.sleep(0.05)
+        order.append("first gives it back")
+        pool.checkin(conn, born)
+
+    def wait() -> None:
+        conn, born = pool.checkout()
+        order.append("second has it")
+        pool.checkin(conn, born)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(green.run(hold))
+        await asyncio.sleep(0)
+        await asyncio.gather(first, green.run(wait))
+
+    asyncio.run(main())
+    assert order == ["first has it", "first gives it back", "second has it"]
+    assert pool.waiting == 0
+    assert pool.in_use == 0
+
+
+def test_a_call_that_finds_no_free_connection_in_time_gets_the_pool_s_error() -> None:
+    pool = ConnectionPool(_Conn, name="h", max_open=1, max_idle=1, timeout_s=0.1)
+    held = pool.checkout()
+    try:
+
+        async def main() -> None:
+            with pytest.raises(BackendError, match="no free connection to h"):
+                await green.run(pool.checkout)
+
+        asyncio.run(main())
+        assert pool.waiting == 0
+    finally:
+        pool.checkin(*held)
+
+
+def test_a_connection_given_back_by_a_thread_wakes_a_call_on_the_loop() -> None:
+    pool = ConnectionPool(_Conn, name="h", max_open=1, max_idle=1, timeout_s=5.0)
+    held = pool.checkout()
+    giver = threading.Timer(0.05, pool.checkin, held)
+
+    async def main() -> None:
+        giver.start()
+        conn, born = await green.run(pool.checkout)
+        pool.checkin(conn, born)
+
+    asyncio.run(main())
+    giver.join()
+    assert pool.in_use == 0
+
+
+def test_gather_runs_every_job_before_it_raises_the_first_error() -> None:
+    done: list[int] = []
+
+    def job(i: int) -> int:
+        green.sleep(0.01 * (3 - i))
+        done.append(i)
+        if i in (1, 2):
+            raise ValueError(f"job {i}")
+        return i
+
+    def all_jobs() -> list[int]:
+        return green.gather([lambda i=i: job(i) for i in range(4)])
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="job 1"):
+            await green.run(all_jobs)
+
+    asyncio.run(main())
+    assert sorted(done) == [0, 1, 2, 3]
+
+
+def test_run_carries_the_caller_s_context_and_raises_the_call_s_error() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    def read() -> str:
+        green.sleep(0)
+        return var.get()
+
+    def fail() -> None:
+        green.sleep(0)
+        raise KeyError("inside")
+
+    async def main() -> None:
+        var.set("caller's")
+        assert await green.run(read) == "caller's"
+        with pytest.raises(KeyError, match="inside"):
+            await green.run(fail)
+
+    asyncio.run(main())
+
+
+def test_a_call_waiting_for_an_event_lets_the_loop_run_the_task_that_sets_it() -> None:
+    event = threading.Event()
+    ticks: list[int] = []
+
+    async def tick() -> None:
+        for i in range(3):
+            ticks.append(i)
+            await asyncio.sleep(0.01)
+        event.set()
+
+    async def main() -> bool:
+        waiter = asyncio.ensure_future(green.run(green.wait_event, event, 5.0))
+        await tick()
+        return await waiter
+
+    assert asyncio.run(main()) is True
+    assert ticks == [0, 1, 2]
