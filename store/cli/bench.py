@@ -188,6 +188,22 @@ def _task_counts(text: str) -> list[int]:
     help="store:async's max_workers: how many calls run at once, each holding at most one connection "
     "per host (default: min(32, pool_size)).",
 )
+@click.option(
+    "--async-io",
+    "async_io",
+    type=click.Choice(["native", "threads"]),
+    default="native",
+    show_default=True,
+    help="How store:async runs its calls: greenlets on the event loop, each socket wait the loop's "
+    "(native), or an executor's worker threads (threads: see --async-workers).",
+)
+@click.option(
+    "--async-pool",
+    "async_pool",
+    type=click.IntRange(1, 1000),
+    default=None,
+    help="store:async's pool_size (each host opens at most twice it); default: the threaded store's.",
+)
 @click.option("--quick", is_flag=True, help="A small data set, threads 1,2, 2 s phases: under a minute.")
 @click.option(
     "--out",
@@ -213,6 +229,8 @@ def bench_mix(
     run_async: bool,
     concurrency_text: str,
     async_workers: int | None,
+    async_io: str,
+    async_pool: int | None,
     quick: bool,
     out: Path,
     keep: bool,
@@ -247,6 +265,8 @@ def bench_mix(
         + (("store:async",) if run_async and "store:async" not in systems else ()),
         concurrency=[4, 32] if quick and concurrency_text == "16,64,256" else _task_counts(concurrency_text),
         async_workers=async_workers,
+        async_io=async_io,
+        async_pool=async_pool,
         mysqldb_url=mysqldb_url,
         trips=100 if quick else 400,
         out=out,

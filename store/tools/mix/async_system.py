@@ -2,7 +2,8 @@
 
 Beside the threaded store and the floor: a phase of ``C`` tasks, each
 replaying its own request stream (the streams T threads would replay),
-awaiting one `AsyncStore` whose executor has ``max_workers`` workers. The
+awaiting one `AsyncStore`: its calls greenlets on the loop (``io="native"``,
+the default here), or run by an executor of ``max_workers`` workers. The
 phase's "threads" are its tasks. Calls are timed in wall time from the
 task's side (queueing for a worker included); the per-call CPU time of a
 task is not its own (tasks interleave on one thread), so only the phase's
@@ -44,9 +45,11 @@ def connections_in_use(store: Store, *, restart: bool = False) -> int:
 class AsyncStoreSystem(StoreSystem):
     """`AsyncStore` calls for the phases; the sync methods (check, round trips) are its store's."""
 
-    def __init__(self, store: Store, *, name: str = "store:async", max_workers: int | None = None) -> None:
+    def __init__(
+        self, store: Store, *, name: str = "store:async", max_workers: int | None = None, io: str = "native"
+    ) -> None:
         super().__init__(store, name=name)
-        self.astore = AsyncStore.from_store(store, max_workers=max_workers)
+        self.astore = AsyncStore.from_store(store, max_workers=max_workers, io=io)
 
     def close(self) -> None:
         """`AsyncStore.aclose` (which closes the store)."""

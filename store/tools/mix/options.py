@@ -85,6 +85,10 @@ class MixOptions:
     concurrency: list[int] = field(default_factory=list)
     #: ``store:async``'s ``max_workers`` (None: `store.aio.default_max_workers`).
     async_workers: int | None = None
+    #: How ``store:async`` runs its calls: `store.aio.IO_MODES` (``native``: greenlets on the loop).
+    async_io: str = "native"
+    #: ``store:async``'s ``pool_size`` (None: the threaded store's).
+    async_pool: int | None = None
 
 
 def mix_config(options: MixOptions) -> StoreConfig:

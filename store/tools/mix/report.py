@@ -152,7 +152,7 @@ def tables(
     if any(p.system == "store:async" for p in phases):
         lines.append(
             "store:async: its thread count is tasks on one event loop, awaiting an AsyncStore "
-            "(its executor's workers make the calls)"
+            "(its calls greenlets on the loop with --async-io native, else its executor's workers)"
         )
     head = (
         f"{'':<22}{'ops/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'p99.9 ms':>10}{'cpu us':>9}{'srv us':>9}"

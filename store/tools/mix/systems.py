@@ -42,10 +42,12 @@ def make_system(name: str, config: StoreConfig, schema: MixSchema, options: MixO
     if name == ASYNC_SYSTEM:
         from store.tools.mix.async_system import AsyncStoreSystem
 
+        size = options.async_pool if options.async_pool is not None else max(config.pool_size, pool)
         return AsyncStoreSystem(
-            Store(replace(config, pool_size=max(config.pool_size, pool))),
+            Store(replace(config, pool_size=size)),
             name=name,
             max_workers=options.async_workers,
+            io=options.async_io,
         )
     cfg = system_config(name, config, options)
     assert cfg is not None
