@@ -26,7 +26,7 @@ from store.config.cache import (
     _check_invalidation,
     redis_server_name,
 )
-from store.config.checks import _COUNTER, _int, _key, _seconds
+from store.config.checks import _COUNTER, _int, _key, _keys, _seconds
 from store.config.hosts import (
     CURSOR_SECRET_KEYS,
     MIN_CURSOR_SECRET_BYTES,
@@ -122,11 +122,9 @@ class TicketsConfig:
         live in the tickets database of ``names`` (the config's namespace)."""
         if not isinstance(raw, Mapping):
             raise ConfigError("tickets must be a mapping: {servers: [URL, URL], counters: [photos, ...]}")
-        extra = sorted(map(brief, set(raw) - {"servers", "counters", "block", "retry_after_s", "timeout_s"}))
-        if extra:
-            raise ConfigError(
-                f"unknown tickets key(s) {extra}; known: servers, counters, block, retry_after_s, timeout_s"
-            )
+        known = {"servers", "counters", "block", "retry_after_s", "timeout_s"}
+        if set(raw) - known:
+            raise ConfigError(f"unknown tickets key(s) {_keys(set(raw) - known)}; known: {_keys(known)}")
         servers = raw.get("servers")
         if not isinstance(servers, list) or not servers or not all(isinstance(s, str) for s in servers):
             raise ConfigError(
@@ -267,7 +265,10 @@ class StoreConfig:
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+            mark = getattr(exc, "problem_mark", None)
+            where = "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: "
+            why = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"config file {p} is not valid YAML: {where}{why}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {p} must hold a mapping of keys (ids, shards, ...)")
         return cls.from_dict(raw, base_dir=p.resolve().parent)
@@ -305,9 +306,9 @@ class StoreConfig:
         limits = raw.get("limits") or {}
         if not isinstance(limits, Mapping):
             raise ConfigError("limits must be a mapping, e.g. {max_object_bytes: 1048576}")
-        bad = sorted(map(brief, set(limits) - LIMIT_KEYS))
+        bad = set(limits) - LIMIT_KEYS
         if bad:
-            raise ConfigError(f"unknown limits key(s) {bad}; known: {', '.join(sorted(LIMIT_KEYS))}")
+            raise ConfigError(f"unknown limits key(s) {_keys(bad)}; known: {_keys(LIMIT_KEYS)}")
         names = Names(raw.get("namespace"))
         insta = raw.get("instagram") or {}
         if not isinstance(insta, Mapping) or set(insta) - {"epoch_ms"}:
@@ -325,14 +326,16 @@ class StoreConfig:
             open_shards=open_shards,
             cache=cache,
             max_object_bytes=_int(
-                limits, "max_object_bytes", DEFAULT_MAX_OBJECT_BYTES, 2, MAX_OBJECT_BYTES_CEILING
+                limits, "max_object_bytes", DEFAULT_MAX_OBJECT_BYTES, 2, MAX_OBJECT_BYTES_CEILING, "limits."
             ),
-            max_page=_int(limits, "max_page", DEFAULT_MAX_PAGE, 1, 1_000_000),
-            max_ids=_int(limits, "max_ids", DEFAULT_MAX_IDS, 1, 100_000_000),
-            id_chunk=_int(limits, "id_chunk", DEFAULT_ID_CHUNK, 1, 30_000),
-            max_cursor_bytes=_int(limits, "max_cursor_bytes", DEFAULT_MAX_CURSOR_BYTES, 64, 65_536),
-            max_depth=_int(limits, "max_depth", DEFAULT_MAX_DEPTH, 1, 1000),
-            instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62),
+            max_page=_int(limits, "max_page", DEFAULT_MAX_PAGE, 1, 1_000_000, "limits."),
+            max_ids=_int(limits, "max_ids", DEFAULT_MAX_IDS, 1, 100_000_000, "limits."),
+            id_chunk=_int(limits, "id_chunk", DEFAULT_ID_CHUNK, 1, 30_000, "limits."),
+            max_cursor_bytes=_int(
+                limits, "max_cursor_bytes", DEFAULT_MAX_CURSOR_BYTES, 64, 65_536, "limits."
+            ),
+            max_depth=_int(limits, "max_depth", DEFAULT_MAX_DEPTH, 1, 1000, "limits."),
+            instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62, "instagram."),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
             connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
             query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from sqlalchemy.engine import URL
 
 from store.backends import backend_for
-from store.config.checks import _HOST_PORT, _int
+from store.config.checks import _HOST_PORT, _int, _keys
 from store.exceptions import ConfigError, brief
 
 DEFAULT_MAX_STALE_S = 5.0
@@ -187,14 +187,14 @@ def _cache(raw: object) -> CacheConfig:
         "memcached", "redis", "memory", "prefix", "max_stale_s", "follow", "follow_poll_s", "invalidation",
         *_CACHE_INTS,
     }  # fmt: skip
-    if not isinstance(raw, Mapping) or set(raw) - known:
-        bad = sorted(map(brief, set(raw) - known)) if isinstance(raw, Mapping) else raw
-        raise ConfigError(
-            f"cache must be a mapping with memcached: [host:port, ...], redis: URL or [URL, ...] "
-            "and/or memory: true "
-            f"(and optionally {', '.join(sorted(known - {'memcached', 'redis', 'memory'}))}); "
-            f"got {brief(bad)}"
-        )
+    usage = (
+        "cache must be a mapping with memcached: [host:port, ...], redis: URL or [URL, ...] "
+        f"and/or memory: true (and optionally {_keys(known - {'memcached', 'redis', 'memory'})})"
+    )
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{usage}; got {brief(raw)}")
+    if set(raw) - known:
+        raise ConfigError(f"unknown cache key(s) {_keys(set(raw) - known)}: {usage}")
     mc = raw.get("memcached") or []
     if isinstance(mc, str):
         mc = [mc]
@@ -207,7 +207,7 @@ def _cache(raw: object) -> CacheConfig:
     prefix = raw.get("prefix", "s:")
     if not isinstance(prefix, str) or not re.match(r"^[A-Za-z0-9_:.-]{0,32}$", prefix):
         raise ConfigError(f"cache.prefix must be up to 32 letters, digits or _:.- , got {brief(prefix)}")
-    ints = {k: _int(raw, f"{k}", CacheConfig.__dataclass_fields__[k].default, lo, hi)  # type: ignore[arg-type]
+    ints = {k: _int(raw, k, CacheConfig.__dataclass_fields__[k].default, lo, hi, "cache.")  # type: ignore[arg-type]
             for k, (lo, hi) in _CACHE_INTS.items()}  # fmt: skip
     max_stale = raw.get("max_stale_s", DEFAULT_MAX_STALE_S)
     if (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from store.exceptions import ConfigError, brief
@@ -22,13 +22,20 @@ def _key(key: object) -> str:
     return brief(key)
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int:
+def _int(raw: Mapping[str, Any], key: str, default: int | None, low: int, high: int, where: str = "") -> int:
+    """``raw[key]``, an int in low..high; messages name it ``where`` + ``key`` (``where``: its
+    section, e.g. ``cache.``)."""
     value = raw.get(key, default)
     if value is None:
-        raise ConfigError(f"{key} is required: an int in {low}..{high}")
+        raise ConfigError(f"{where}{key} is required: an int in {low}..{high}")
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigError(f"{key} must be an int in {low}..{high}, got {brief(value)}")
+        raise ConfigError(f"{where}{key} must be an int in {low}..{high}, got {brief(value)}")
     return value
+
+
+def _keys(keys: Iterable[object]) -> str:
+    """Keys for a message, sorted and separated by commas (each as `_key` shows it)."""
+    return ", ".join(sorted(map(_key, keys)))
 
 
 def _seconds(raw: Mapping[str, Any], key: str, default: float, high: float = 3600.0) -> float:

@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from store.backends import backend_for, backend_named, backend_names
-from store.config.checks import _ENV_NAME, _HOST_NAME, _HOST_PORT
+from store.config.checks import _ENV_NAME, _HOST_NAME, _HOST_PORT, _keys
 from store.exceptions import ConfigError, brief
 
 
@@ -80,10 +80,10 @@ def _hosts(
         admin_entry: object = None
         replication_entry: object = None
         if isinstance(entry, Mapping):
-            extra = sorted(map(brief, set(entry) - _HOST_ENTRY_KEYS))
+            extra = set(entry) - _HOST_ENTRY_KEYS
             if extra:
                 raise ConfigError(
-                    f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_ENTRY_KEYS))}"
+                    f"{where} has unknown key(s) {_keys(extra)}; known: {_keys(_HOST_ENTRY_KEYS)}"
                 )
             admin_entry = entry.get("admin")
             replication_entry = entry.get("replication_host")
@@ -113,7 +113,7 @@ def _checked(name: str, url: URL, base: Path) -> URL:
     try:
         backend = backend_for(url)
     except ConfigError as exc:
-        raise ConfigError(f"hosts.{name} uses {exc}") from None
+        raise ConfigError(f"hosts.{name}: {exc}") from None
     return backend.check_url(name, url, base)
 
 
@@ -146,9 +146,9 @@ def _credentialed_url(
             f"{where} must be a URL string or a mapping {{url: URL, password_env: VAR}} / "
             f"{{url: URL, password_file: PATH}}, got {type(entry).__name__}"
         )
-    extra = sorted(map(brief, set(entry) - _CREDENTIAL_KEYS - {"admin"}))
+    extra = set(entry) - _CREDENTIAL_KEYS - {"admin"}
     if extra:
-        raise ConfigError(f"{where} has unknown key(s) {extra}; known: {', '.join(sorted(_CREDENTIAL_KEYS))}")
+        raise ConfigError(f"{where} has unknown key(s) {_keys(extra)}; known: {_keys(_CREDENTIAL_KEYS)}")
     if "url" not in entry and override is None:
         raise ConfigError(f"{where} needs url: the SQLAlchemy URL, without its password")
     url = _parse_url(override or entry["url"], f"{where}.url")
@@ -251,10 +251,8 @@ def _map_source(raw: object, env: Mapping[str, str], base: Path) -> _MapSource:
         return ("file", str(path if path.is_absolute() else base / path)), float(poll), None
     entry = raw["table"]
     if isinstance(entry, Mapping) and set(entry) - _HOST_KEYS:
-        extra = sorted(map(brief, set(entry) - _HOST_KEYS))
-        raise ConfigError(
-            f"map_source.table has unknown key(s) {extra}; known: {', '.join(sorted(_HOST_KEYS))}"
-        )
+        extra = _keys(set(entry) - _HOST_KEYS)
+        raise ConfigError(f"map_source.table has unknown key(s) {extra}; known: {_keys(_HOST_KEYS)}")
     app = _credentialed_url(entry, "map_source.table", None, env, base)
     admin_entry = entry.get("admin") if isinstance(entry, Mapping) else None
     admin = (

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from sqlalchemy.engine import URL
 
-from store.config.checks import _IDENT
+from store.config.checks import _IDENT, _keys
 from store.exceptions import ConfigError, brief
 from store.shardmap import ShardMap, ShardRange
 from store.specs import RelationSpec, TypeSpec, UniqueSpec
@@ -48,9 +48,9 @@ def _map(raw: object, shards: int, hosts: Mapping[str, URL]) -> ShardMap:
         what = f"map[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{what} must be a mapping with range, master and optional slave")
-        extra = sorted(map(brief, set(item) - {"range", "master", "slave"}))
+        extra = set(item) - {"range", "master", "slave"}
         if extra:
-            raise ConfigError(f"{what} has unknown key(s) {extra}; known: range, master, slave")
+            raise ConfigError(f"{what} has unknown key(s) {_keys(extra)}; known: range, master, slave")
         low, high = _pair(item.get("range"), f"{what}.range", shards)
         for role in ("master", "slave"):
             host = item.get(role)
