@@ -1,12 +1,15 @@
 """The `store` command on bad input: each case exits non-zero with one line that says what to fix,
 no traceback, and changes nothing.
 
-Malformed configs and config keys that are wrong.
+Malformed and unreadable configs, options out of range or in conflict, and hosts on ports nothing
+listens on (no server is needed: the OS picks a free port, `tests.servers.free_port`).
 """
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from store.cli import main
+from tests.servers import free_port
 
 #: A line of an admin command's log on stderr (`store.cli.logs`): kept, and not the error.
 LOG = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z [A-Z]+ store\.")
@@ -86,6 +90,11 @@ def test_malformed_yaml_is_one_line_with_its_place(run: Run, tmp_path: Path, tex
     run.fails("get", "68719476737", "--config", _write(tmp_path, text), message=message)
 
 
+def test_a_config_that_is_not_utf8_says_so(run: Run, tmp_path: Path) -> None:
+    path = _write(tmp_path, b"\xff\xfeshards: 16\n")
+    run.fails("map", "show", "--config", path, message="is not UTF-8 text (byte 0): save it as UTF-8 YAML")
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -109,3 +118,110 @@ def test_config_errors_name_the_key(run: Run, tmp_path: Path, changes: dict[str,
     )
     assert "['" not in out, out  # not a Python list of the keys
     assert "[\"'" not in out, out
+
+
+def test_schema_refuses_a_shard_no_id_can_name(run: Run) -> None:
+    # Before, --shard -1 printed the DDL of a database `db-0001`.
+    for shard in ("-1", "65536"):
+        run.fails("schema", "--shard", shard, message=f"--shard {shard} must lie within 0-65535")
+    assert "db65535" in run("schema", "--shard", "65535").output
+
+
+def test_check_refuses_a_negative_sample(run: Run) -> None:
+    out = run("check", "--sample", "-5", code=2).output
+    assert "Invalid value for '--sample': -5 is not in the range x>=0" in out
+
+
+def test_create_with_near_and_shard_names_the_options(run: Run) -> None:
+    board = run("create", "board", "{}").output.strip()
+    run.fails(
+        "create",
+        "pin",
+        "{}",
+        "--near",
+        board,
+        "--shard",
+        "3",
+        message="give --near ID or --shard N, not both",
+    )
+    exported = run("export").output.splitlines()
+    assert json.loads(exported[-1]) == {"kind": "end", "objects": 1, "links": 0}  # the board alone
+
+
+def test_serve_refuses_a_port_out_of_range_or_taken(run: Run) -> None:
+    out = run("serve", "--port", "99999", code=2).output
+    assert "Invalid value for '--port': 99999 is not in the range 1<=x<=65535" in out
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run.fails(
+            "serve", "--port", str(port), message=f"cannot listen on 127.0.0.1:{port}: Address already in use"
+        )
+    assert "serving on" not in out
+
+
+def test_export_to_a_missing_folder_says_which_file(run: Run, tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "x.ndjson"
+    run.fails(
+        "export", "--out", str(target), message=f"cannot write --out {target}: No such file or directory"
+    )
+    assert not target.parent.exists()
+
+
+def _unreachable_mariadb(tmp_path: Path) -> str:
+    """A config of two MariaDB hosts, master and slave, on ports nothing listens on."""
+    a, b = free_port(), free_port()
+    raw = _config(
+        tmp_path,
+        hosts={
+            "MySQL001A": f"mysql+pymysql://root@127.0.0.1:{a}",
+            "MySQL001B": f"mysql+pymysql://root@127.0.0.1:{b}",
+        },
+        map=[{"range": [0, 15], "master": "MySQL001A", "slave": "MySQL001B"}],
+        connect_timeout_s=2,
+    )
+    return _write(tmp_path, raw)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("init", "--shards", "0-1"),
+        ("check",),
+        ("relations", "repair", "--shards", "0-1"),
+        ("get", "68719476737"),
+    ],
+)
+def test_an_unreachable_host_is_one_line(run: Run, tmp_path: Path, args: tuple[str, ...]) -> None:
+    # Before, the admin commands printed their progress bar's label ("shards") on a line of its own.
+    run.fails(*args, "--config", _unreachable_mariadb(tmp_path), message="Connection refused")
+
+
+def test_promote_with_an_unreachable_slave_is_one_line(run: Run, tmp_path: Path) -> None:
+    config = _unreachable_mariadb(tmp_path)
+    out = run.fails("promote", "--shards", "0-15", "--yes", "--config", config, message="Connection refused")
+    assert "promote of shards 0-15 stopped, the map unchanged: the slave's server failed" in out
+    shown = run("map", "show", "--json", "--config", config).output
+    assert json.loads(shown)["ranges"][0]["master"] == "MySQL001A"
+
+
+def test_a_multi_line_driver_message_is_one_line(run: Run, tmp_path: Path) -> None:
+    # psycopg's refusal ends in a hint on a line of its own ("Is the server running ..."); the ID is
+    # an Instagram ID on shard 3.
+    raw = _config(
+        tmp_path,
+        ids="instagram",
+        hosts={"PG001": f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/store"},
+        map=[{"range": [0, 15], "master": "PG001"}],
+        connect_timeout_s=2,
+    )
+    run.fails(
+        "get",
+        str((1 << 23) | (3 << 10)),
+        "--type",
+        "pin",
+        "--config",
+        _write(tmp_path, raw),
+        message="Connection refused; Is the server running",
+    )

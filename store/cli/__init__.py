@@ -34,7 +34,7 @@ from store.cli import (
     serve,
     tickets,
 )
-from store.cli.common import move_output
+from store.cli.common import move_output, one_line
 from store.cli.logs import ADMIN_LOGGER as ADMIN_LOGGER
 from store.cli.logs import setup_logging
 from store.exceptions import StoreError
@@ -49,7 +49,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except StoreError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(exc)}", err=True)
             sys.exit(1)
 
 

@@ -20,10 +20,11 @@ from store.cli.common import (
     move_output,
     open_admin,
     parse_shards,
+    progress_bar,
 )
 from store.cli.logs import admin_log
 from store.config import StoreConfig
-from store.exceptions import ConfigError
+from store.exceptions import ConfigError, IdError, PromoteError, StoreError
 from store.store import Store
 
 __all__ = ["check", "grants", "init", "map_", "promote", "rebalance", "schema"]
@@ -40,8 +41,8 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
     wanted = parse_shards(shard_text, config.shards) or range(config.shards)
     log = admin_log("init")
     log.info("init: starting", extra={"fields": {"shards": f"{wanted.start}-{wanted.stop - 1}"}})
-    with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
-        report = init_shards(config, shards=wanted, on_shard=lambda _s: bar.update(1))
+    with progress_bar(len(wanted), "shards") as step:
+        report = init_shards(config, shards=wanted, on_shard=lambda _s: step(1))
     log.info(
         "init: done",
         extra={
@@ -70,7 +71,11 @@ def init(config_path: Path | None, shard_text: str | None) -> None:
 @config_option
 @click.option("--full", is_flag=True, help="Check every list's count and every pair's inverse, not a sample.")
 @click.option(
-    "--sample", default=200, show_default=True, help="Lists and pairs checked per relation and shard."
+    "--sample",
+    default=200,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Lists and pairs checked per relation and shard.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
@@ -89,8 +94,8 @@ def check(config_path: Path | None, full: bool, sample: int, as_json: bool, resu
 
     with open_admin(config_path) as store:
         shards = store.config.shards
-        with click.progressbar(length=shards, label="shards", file=sys.stderr) as bar:
-            report = check_store(store, full=full, sample=sample, on_shard=lambda _s: bar.update(1))
+        with progress_bar(shards, "shards") as step:
+            report = check_store(store, full=full, sample=sample, on_shard=lambda _s: step(1))
     if result_file is not None:
         save_report(report, result_file)
         admin_log("check").info("check: result kept", extra={"fields": {"file": str(result_file)}})
@@ -124,9 +129,14 @@ def check(config_path: Path | None, full: bool, sample: int, as_json: bool, resu
 )
 def schema(config_path: Path | None, shard: int, backend: str) -> None:
     """Print the DDL that `store init` runs for one shard."""
+    from store.ids import INSTAGRAM, PINTEREST
     from store.schema import render_shard_sql
 
     config = load_config(config_path)
+    layout = PINTEREST if config.ids == "pinterest" else INSTAGRAM
+    top = next(seg.max for seg in layout.segments if seg.name == "shard_id")
+    if not 0 <= shard <= top:
+        raise IdError(f"--shard {shard} must lie within 0-{top} (the shard numbers of {config.ids} IDs)")
     click.echo(render_shard_sql(backend, shard, config), nl=False)
 
 
@@ -325,7 +335,21 @@ def promote(config_path: Path | None, shard_text: str, force: bool, yes: bool) -
             log.info(msg, extra={"fields": {"shards": shard_text}})
             click.echo(msg)
 
-        run_promote(store, wanted.start, wanted.stop - 1, force=force, say=say)
+        try:
+            run_promote(store, wanted.start, wanted.stop - 1, force=force, say=say)
+        except StoreError:
+            raise
+        except Exception as exc:
+            if type(exc).__module__.partition(".")[0] not in _DRIVERS:
+                raise
+            raise PromoteError(
+                f"promote of shards {shard_text} stopped, the map unchanged: the slave's server failed "
+                f"({type(exc).__name__}: {exc}); promote needs the slave up and reachable"
+            ) from exc
+
+
+#: The modules of the database drivers whose errors `store promote` reports as one line.
+_DRIVERS = frozenset({"pymysql", "MySQLdb", "psycopg"})
 
 
 @click.command()

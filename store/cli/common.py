@@ -18,7 +18,7 @@ import click
 
 from store.config import StoreConfig
 from store.defaults import embedded_config
-from store.exceptions import IdError, brief
+from store.exceptions import ConfigError, IdError, brief
 from store.store import Store
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "echo_json",
     "load_config",
     "move_output",
+    "one_line",
     "open_admin",
     "open_store",
     "parse_id",
@@ -54,7 +55,20 @@ type_option = click.option(
 
 def load_config(path: Path | None) -> StoreConfig:
     """The config at ``path``, or the embedded default."""
-    return embedded_config() if path is None else StoreConfig.from_file(path)
+    if path is None:
+        return embedded_config()
+    try:
+        return StoreConfig.from_file(path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8 YAML"
+        ) from None
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line: a driver's multi-line message (PostgreSQL's hints, YAML's
+    marks) joined with ``; ``."""
+    return "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
 
 
 def open_store(path: Path | None) -> Store:

@@ -36,7 +36,12 @@ def export(config_path: Path | None, shard_text: str | None, out: Path | None, r
                 seen[0] = done
 
             target: Any = out if out is not None else sys.stdout
-            report = store.export(target, shards=wanted, resume=resume, progress=progress)
+            try:
+                report = store.export(target, shards=wanted, resume=resume, progress=progress)
+            except OSError as exc:
+                if out is None or exc.filename is None or Path(exc.filename) != out:
+                    raise
+                raise ConfigError(f"cannot write --out {out}: {exc.strerror}") from None
     if out is not None:
         state = (
             "already complete" if report.complete_already else ("resumed" if report.resumed else "written")

@@ -18,6 +18,7 @@ from store.cli.common import (
     require_type,
     type_option,
 )
+from store.exceptions import ConfigError
 
 __all__ = ["create", "delete", "lookup", "update"]
 
@@ -52,6 +53,8 @@ def create(
 ) -> None:
     """Create an object of TYPE from a JSON object; print its ID."""
     data = _parse_json(data_text)
+    if near_text is not None and shard is not None:
+        raise ConfigError("give --near ID or --shard N, not both")
     with open_store(config_path) as store:
         near = None if near_text is None else parse_id(near_text)
         click.echo(store.create(type_name, data, near=near, shard=shard))

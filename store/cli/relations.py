@@ -12,7 +12,16 @@ from typing import Any
 
 import click
 
-from store.cli.common import config_option, echo_json, open_admin, open_store, parse_id, parse_shards
+from store.cli.common import (
+    config_option,
+    echo_json,
+    one_line,
+    open_admin,
+    open_store,
+    parse_id,
+    parse_shards,
+    progress_bar,
+)
 from store.cli.logs import admin_log
 from store.exceptions import IdError, LimitError, StoreError
 
@@ -149,7 +158,7 @@ def relations_repair(
         if not as_json:
             raise
         echo_json({"error": str(exc), "error_type": type(exc).__name__})
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {one_line(exc)}", err=True)
         sys.exit(1)
 
 
@@ -163,11 +172,11 @@ def _relations_repair(
         wanted = only or range(store.config.shards)
         if relation is not None:
             store.admin_context().router.relation(relation)  # fail before the progress bar starts
-        with click.progressbar(length=len(wanted), label="shards", file=sys.stderr) as bar:
+        with progress_bar(len(wanted), "shards") as step:
             log = admin_log("repair")
             log.info("repair: starting", extra={"fields": {"relation": relation, "dry_run": dry_run}})
             report = repair_relations(
-                store, relation, shards=wanted, dry_run=dry_run, on_shard=lambda _s: bar.update(1)
+                store, relation, shards=wanted, dry_run=dry_run, on_shard=lambda _s: step(1)
             )
             log.info(
                 "repair: done",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from store.cli.common import config_option, open_admin
+from store.exceptions import ConfigError
 
 __all__ = ["serve"]
 
@@ -16,7 +17,9 @@ __all__ = ["serve"]
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (others need --token)."
 )
-@click.option("--port", default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--port", default=8080, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on."
+)
 @click.option(
     "--token",
     envvar="STORE_SERVE_TOKEN",
@@ -49,6 +52,7 @@ def serve(
     from store.serve import serve as run_serve
 
     check_bind(host, token)
+    _check_free(host, port)
     with open_admin(config_path) as store:
         click.echo(f"serving on http://{host}:{port}/", err=True)
         run_serve(
@@ -60,3 +64,18 @@ def serve(
             check_file=check_file,
             metrics=with_metrics,
         )
+
+
+def _check_free(host: str, port: int) -> None:
+    """`ConfigError` if nothing can listen on ``host``:``port`` (in use, or not this machine's address)."""
+    import socket
+
+    try:
+        family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+            sock.bind(address)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port (or --host)"
+        ) from None
