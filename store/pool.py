@@ -196,7 +196,7 @@ class ConnectionPool:
         self._in_use = 0
         self._waiting = 0
         #: Callers inside an event loop's call waiting for a connection (`_wait_green`).
-        self._green_waiters: deque[asyncio.Future[None]] = deque()
+        self._green_waiters: deque[asyncio.Future[bool]] = deque()
         self._max_open = max_open
         self._max_idle = max_idle
         self._timeout_s = timeout_s
@@ -227,9 +227,13 @@ class ConnectionPool:
         if self._pid != _getpid():  # a fork the hook missed
             self._after_fork()
         with self._cond:
-            if self._in_use >= self._max_open:
+            if self._in_use < self._max_open:
+                self._in_use += 1
+            elif green.active():
+                self._wait_handed()  # (a slot handed over is already counted in use)
+            else:
                 self._wait_for_slot()
-            self._in_use += 1
+                self._in_use += 1
             if self._in_use > self.peak_in_use:
                 self.peak_in_use = self._in_use
         try:
@@ -252,46 +256,78 @@ class ConnectionPool:
         # Called with the lock held.
         deadline = time.monotonic() + self._timeout_s
         self._waiting += 1
-        wait = self._wait_green if green.active() else self._cond.wait
         try:
             while self._in_use >= self._max_open:
                 left = deadline - time.monotonic()
-                if left <= 0 or not wait(left):
+                if left <= 0 or not self._cond.wait(left):
                     if self._in_use < self._max_open:
                         return
-                    raise BackendError(
-                        f"no free connection to {self.name} within {self._timeout_s:g} s "
-                        f"(all {self._max_open} are in use): raise pool_size or use fewer threads"
-                    )
+                    raise self._exhausted()
         finally:
             self._waiting -= 1
 
-    def _wait_green(self, timeout: float) -> bool:
-        """`_cond`'s wait inside an event loop's call (`store.green`): the lock let go while the
-        loop runs other calls (one of which may be the holder to give a connection back)."""
-        future = asyncio.get_running_loop().create_future()
+    def _exhausted(self) -> BackendError:
+        return BackendError(
+            f"no free connection to {self.name} within {self._timeout_s:g} s "
+            f"(all {self._max_open} are in use): raise pool_size or use fewer threads"
+        )
+
+    def _wait_handed(self) -> None:
+        """Inside an event loop's call (`store.green`), with the lock held: queue for a slot and
+        wait on the loop (the lock let go) until one is handed over, first come first served.
+
+        A slot given back while such calls wait is handed to the first of them (`_release`),
+        still counted in use, so no call arriving meanwhile takes it and the woken one never
+        has to queue again. `BackendError` after ``timeout_s``; a call cancelled while it
+        waits passes a slot it was handed on."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
         self._green_waiters.append(future)
+        self._waiting += 1
         self._cond.release()
+        timer = loop.call_later(self._timeout_s, _settle, future, False)
+        handed = False
         try:
-            green.await_(asyncio.wait_for(asyncio.shield(future), timeout))
-            return True
-        except TimeoutError:
-            return False
+            handed = green.await_(future)
         finally:
+            timer.cancel()
             self._cond.acquire()
-            with suppress(ValueError):
-                self._green_waiters.remove(future)
+            self._waiting -= 1
+            if not handed:
+                if future.done() and not future.cancelled() and future.result():
+                    self._pass_on()  # handed a slot just as the wait ended: not this call's
+                with suppress(ValueError):
+                    self._green_waiters.remove(future)
+        if not handed:
+            raise self._exhausted()
+
+    def _pass_on(self) -> None:
+        """Give a slot back, the lock held: to the first waiting loop call if any, else free."""
+        while self._green_waiters:
+            future = self._green_waiters.popleft()
+            if future.done():
+                continue
+            loop = future.get_loop()
+            if _running_loop() is loop:  # given back on the waiter's own loop: handed at once
+                future.set_result(True)  # (the waiter runs later, as the loop's callback)
+            else:
+                loop.call_soon_threadsafe(self._hand, future)
+            return
+        self._in_use -= 1
+        if self._waiting:
+            self._cond.notify()
+
+    def _hand(self, future: asyncio.Future[bool]) -> None:
+        """On the waiter's loop: the slot is its, unless its wait has ended (then it goes on)."""
+        with self._cond:
+            if future.done():
+                self._pass_on()
+            else:
+                future.set_result(True)
 
     def _release(self) -> None:
         with self._cond:
-            self._in_use -= 1
-            if self._waiting:
-                self._cond.notify()
-                while self._green_waiters:
-                    future = self._green_waiters.popleft()
-                    if not future.done():
-                        future.get_loop().call_soon_threadsafe(_wake, future)
-                        break
+            self._pass_on()
 
     def _foreign(self, conn: Any) -> bool:
         """True (and the connection forgotten) if another process opened ``conn``: a checkout made
@@ -305,7 +341,8 @@ class ConnectionPool:
         """Give back a healthy connection."""
         if self._foreign(conn):
             return
-        if len(self._idle) < self._max_idle:
+        # Kept for a call that waits (its slot is handed over next): closed, it would be made again.
+        if len(self._idle) < self._max_idle or self._green_waiters:
             self._idle.append((conn, born))
         else:
             _close_quietly(conn)
@@ -356,9 +393,17 @@ class ConnectionPool:
 _getpid = os.getpid
 
 
-def _wake(future: asyncio.Future[None]) -> None:
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(value)
 
 
 def _close_quietly(conn: Any) -> None:

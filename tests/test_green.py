@@ -231,6 +231,59 @@ def test_a_connection_given_back_by_a_thread_wakes_a_call_on_the_loop() -> None:
     assert pool.in_use == 0
 
 
+def test_calls_waiting_for_a_connection_get_it_in_the_order_they_came() -> None:
+    """Fifty calls on one connection: each slot given back goes to the call that waited longest,
+    never to one arriving meanwhile, and every call gets it once."""
+    pool = ConnectionPool(_Conn, name="h", max_open=1, max_idle=1, timeout_s=10.0)
+    order: list[int] = []
+
+    def use(i: int) -> None:
+        conn, born = pool.checkout()
+        order.append(i)
+        green.sleep(0)  # hold it across an await: the others queue meanwhile
+        pool.checkin(conn, born)
+
+    async def main() -> None:
+        await asyncio.gather(*(green.run(use, i) for i in range(50)))
+
+    asyncio.run(main())
+    assert order == list(range(50))
+    assert (pool.in_use, pool.waiting, pool.peak_in_use) == (0, 0, 1)
+
+
+def test_a_call_whose_caller_is_cancelled_runs_to_its_end_and_gives_its_connection_back() -> None:
+    """Callers waiting for the one connection are cancelled: they get `CancelledError` at once,
+    while their calls queue on, each takes the connection in turn and gives it back, and the pool
+    ends with none in use and no one waiting."""
+    pool = ConnectionPool(_Conn, name="h", max_open=1, max_idle=1, timeout_s=10.0)
+    got: list[int] = []
+
+    def use(i: int) -> None:
+        conn, born = pool.checkout()
+        got.append(i)
+        green.sleep(0.001)
+        pool.checkin(conn, born)
+
+    async def main() -> None:
+        tasks = [asyncio.ensure_future(green.run(use, i)) for i in range(20)]
+        await asyncio.sleep(0.003)
+        for t in tasks[5::2]:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert sum(t.cancelled() for t in tasks) == 8
+        for _ in range(1000):  # (bounded) the cancelled callers' calls finish on their own
+            if len(got) == 20:
+                break
+            await asyncio.sleep(0.005)
+        conn, born = await green.run(pool.checkout)  # the slot is free again
+        pool.checkin(conn, born)
+
+    asyncio.run(main())
+    assert got == list(range(20))
+    assert (pool.in_use, pool.waiting) == (0, 0)
+    assert not pool._green_waiters
+
+
 def test_gather_runs_every_job_before_it_raises_the_first_error() -> None:
     done: list[int] = []
 
