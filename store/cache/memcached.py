@@ -46,8 +46,9 @@ from store.forks import at_fork
 __all__ = ["MemcachedLeaseStore", "MemcachedServer", "POOL_SIZE"]
 
 T = TypeVar("T")
-#: Sockets kept per server and process.
-POOL_SIZE = 16
+#: Idle sockets kept per server and process (as many are open as calls use the server at once:
+#: a thread each, or with `AsyncStore(io="native")` a task each; one closed is made again).
+POOL_SIZE = 256
 _END = b"MN\r\n"
 _END_LEN = len(_END)
 _LAST = b"\r\n" + _END
