@@ -149,8 +149,8 @@ class AsyncStore:
         self.max_workers = max_workers
         #: How calls run: ``"threads"`` or ``"native"`` (see the module's text).
         self.io = _io_mode(io)
-        #: The calls running with ``io="native"``, each a task of its own (`aclose` waits for them).
-        self._native: set[asyncio.Task[Any]] = set()
+        #: The outcomes of the calls running with ``io="native"`` (`aclose` waits for them).
+        self._native: set[asyncio.Future[Any]] = set()
         self._store = store
         self._executor: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
@@ -209,12 +209,12 @@ class AsyncStore:
         if self._closed:
             raise StoreError("this AsyncStore is closed; make a new one")
         if self.io == "native":
-            # A task of its own: a caller cancelled at any await gets CancelledError at once, while
-            # the call runs to its end (no pair half written, no connection left mid-reply).
-            task = asyncio.ensure_future(green.run(fn, *args, **kwargs))
-            self._native.add(task)
-            task.add_done_callback(self._native.discard)
-            return await asyncio.shield(task)
+            # A caller cancelled at any await gets CancelledError at once, while the call runs to
+            # its end on the loop (no pair half written, no connection left mid-reply).
+            call = green.start(fn, *args, **kwargs)
+            self._native.add(call)
+            call.add_done_callback(self._native.discard)
+            return await asyncio.shield(call)
         executor = self._workers()
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()

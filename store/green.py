@@ -1,20 +1,27 @@
 """The store's sync request path driven by an asyncio event loop, without a thread per call.
 
-`run` (a coroutine) runs a plain function in a greenlet of its own, on the
-event loop's thread. Wherever that function would block (a socket not
-ready, a sleep, a wait for a pooled connection), the store's I/O calls
-`wait_fd`, `sleep` or `wait_event` here instead, which switch back to
-`run`; `run` awaits the readiness on the loop, and switches in again. So one
-loop serves many calls at once, each through the very code `Store` runs:
-routing, statements, the pair plan, leases and trust rules are not written a
-second time (SQLAlchemy's asyncio extension drives its ORM the same way).
+`start` (and `run`, which awaits it) runs a plain function in a greenlet of
+its own, on the event loop's thread. Wherever that function would block (a
+socket not ready, a sleep, a wait for a pooled connection), the store's I/O
+calls `wait_fd`, `sleep`, `wait_event` or `await_` here instead, which
+switch back to the loop with what the function waits for; the loop switches
+in again when it is ready (a socket wait: the reader callback itself, one
+turn of the loop). So one loop serves many calls at once, each through the
+very code `Store` runs: routing, statements, the pair plan, leases and trust
+rules are not written a second time (SQLAlchemy's asyncio extension drives
+its ORM in greenlets the same way).
+
+A started call always runs to its end: whoever awaits it may be cancelled
+(and gets `asyncio.CancelledError` at once), but the call's own waits are
+the loop's callbacks, not the caller's, so a write is never cut between
+two of its requests.
 
 Outside such a greenlet (any plain thread) `active()` is false and each
 helper here blocks as plain code does, so one store, one pool and one
 socket serve both kinds of caller.
 
 The sockets: `GreenSocket` is a socket whose reads, writes and connect
-wait through `wait_fd` in a greenlet `run` drives, and poll as a socket
+wait through `wait_fd` in a greenlet `start` runs, and poll as a socket
 with a timeout does anywhere else. The store makes its MariaDB (PyMySQL),
 memcached and Redis sockets of that class when it opens them inside such a
 greenlet (`socket_class`, `connect_tcp`); PostgreSQL's connections are
@@ -26,9 +33,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import errno
+import functools
 import select
 import socket
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -45,6 +52,7 @@ __all__ = [
     "sleep",
     "socket_class",
     "socket_module",
+    "start",
     "wait_event",
     "wait_fd",
 ]
@@ -55,7 +63,17 @@ _getcurrent = greenlet.getcurrent
 
 
 class _Bridged(greenlet.greenlet):  # type: ignore[misc]
-    """A greenlet `run` drives: its waits are awaits on the loop that runs `run`."""
+    """A greenlet `start` runs: it asks its loop for each wait (`_drive` arranges the wake-up)."""
+
+    loop: asyncio.AbstractEventLoop
+    #: The call's outcome, set when the greenlet ends.
+    done: asyncio.Future[Any]
+    #: While it waits on a socket: (fd, writing, timer).
+    waiting: tuple[int, bool, asyncio.TimerHandle | None] | None = None
+
+
+# What a bridged greenlet hands its loop when it switches out: a wait, or its end.
+_FD, _AWAIT, _RETURNED, _RAISED = range(4)
 
 
 def active() -> bool:
@@ -71,39 +89,96 @@ def await_(awaitable: Awaitable[T]) -> T:
     current = _getcurrent()
     if type(current) is not _Bridged:
         raise RuntimeError("store.green.await_ is for functions run by store.green.run")
-    result: T = current.parent.switch(awaitable)
+    result: T = current.parent.switch((_AWAIT, awaitable))
     return result
+
+
+def start(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+    """Start ``fn(*args, **kwargs)`` in a greenlet of its own on the running loop; its outcome.
+
+    ``fn`` runs now, up to its first wait, in a copy of the caller's
+    `contextvars` context; each later step is run by the loop when what it
+    waits for is ready (a socket wait costs one turn of the loop). The call
+    runs to its end whatever becomes of the returned future: cancelling it
+    only drops the outcome.
+    """
+    loop = asyncio.get_running_loop()
+    child = _Bridged(_body, parent=_getcurrent())
+    child.gr_context = contextvars.copy_context()
+    child.loop = loop
+    child.done = loop.create_future()
+    _drive(child, (fn, args, kwargs))
+    return child.done
 
 
 async def run(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` in a greenlet of its own, each of its waits awaited here.
+    """``fn(*args, **kwargs)`` run by `start`, awaited. A cancelled await leaves the call running."""
+    return await start(fn, *args, **kwargs)
 
-    ``fn`` runs in a copy of the caller's `contextvars` context. An exception
-    raised while awaiting one of its waits (a timeout, a cancellation) is
-    raised inside ``fn`` at that wait, so its own cleanup runs.
-    """
-    child = _Bridged(fn, parent=_getcurrent())
-    child.gr_context = contextvars.copy_context()
-    pending: Any = child.switch(*args, **kwargs)
-    while not child.dead:
-        try:
-            value = await pending
-        except BaseException:  # handed to fn at its wait, where its cleanup runs
-            pending = child.throw(*sys.exc_info())
+
+def _body(call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> tuple[int, Any]:
+    fn, args, kwargs = call
+    try:
+        return _RETURNED, fn(*args, **kwargs)
+    except BaseException as exc:  # the call's outcome, raised to whoever awaits it
+        return _RAISED, exc
+
+
+def _drive(child: _Bridged, value: Any = None, error: BaseException | None = None) -> None:
+    """Switch into ``child`` (sending ``value``, or raising ``error`` at its wait) and arrange
+    the wake-up of the wait it switches out for, or settle its outcome."""
+    asked = child.switch(value) if error is None else child.throw(error)
+    kind, what = asked[0], asked[1]
+    if kind == _FD:
+        fd, writing, timeout = what, asked[2], asked[3]
+        loop = child.loop
+        timer = None if timeout is None else loop.call_later(timeout, _fd_expired, child)
+        child.waiting = (fd, writing, timer)
+        if writing:
+            loop.add_writer(fd, _fd_ready, child)
         else:
-            pending = child.switch(value)
-    result: T = pending
-    return result
+            loop.add_reader(fd, _fd_ready, child)
+    elif kind == _AWAIT:
+        future = asyncio.ensure_future(what, loop=child.loop)
+        future.add_done_callback(functools.partial(_awaited, child))
+    else:
+        done = child.done
+        if not done.done():  # (cancelled by its caller: the outcome is dropped)
+            if kind == _RETURNED:
+                done.set_result(what)
+            else:
+                done.set_exception(what)
 
 
-def _ready(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def _unwatch(child: _Bridged) -> None:
+    assert child.waiting is not None
+    fd, writing, timer = child.waiting
+    child.waiting = None
+    if writing:
+        child.loop.remove_writer(fd)
+    else:
+        child.loop.remove_reader(fd)
+    if timer is not None:
+        timer.cancel()
 
 
-def _expired(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError("timed out"))
+def _fd_ready(child: _Bridged) -> None:
+    _unwatch(child)
+    _drive(child)
+
+
+def _fd_expired(child: _Bridged) -> None:
+    _unwatch(child)
+    _drive(child, error=TimeoutError("timed out"))
+
+
+def _awaited(child: _Bridged, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        _drive(child, error=asyncio.CancelledError())
+    elif (exc := future.exception()) is not None:
+        _drive(child, error=exc)
+    else:
+        _drive(child, future.result())
 
 
 def wait_fd(fd: int, *, writing: bool, timeout: float | None) -> None:
@@ -111,25 +186,11 @@ def wait_fd(fd: int, *, writing: bool, timeout: float | None) -> None:
 
     Through the event loop inside `run`; with ``poll`` anywhere else.
     """
-    if type(_getcurrent()) is not _Bridged:
+    current = _getcurrent()
+    if type(current) is not _Bridged:
         _poll(fd, writing, timeout)
         return
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[None] = loop.create_future()
-    if writing:
-        loop.add_writer(fd, _ready, future)
-    else:
-        loop.add_reader(fd, _ready, future)
-    timer = None if timeout is None else loop.call_later(timeout, _expired, future)
-    try:
-        await_(future)
-    finally:
-        if writing:
-            loop.remove_writer(fd)
-        else:
-            loop.remove_reader(fd)
-        if timer is not None:
-            timer.cancel()
+    current.parent.switch((_FD, fd, writing, timeout))
 
 
 def _poll(fd: int, writing: bool, timeout: float | None) -> None:
