@@ -270,9 +270,16 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         rounds = max(1, options.rounds)
         threaded = [n for n in names if n != ASYNC_SYSTEM]
         # The async store's phases: its tasks (--concurrency), beside the threads of the others.
-        callers = [(t, threaded) for t in options.threads if threaded]
+        callers = [(t, list(threaded)) for t in options.threads if threaded]
         if ASYNC_SYSTEM in names:
-            callers += [(c, [ASYNC_SYSTEM]) for c in options.concurrency or options.threads]
+            # A task count equal to a thread count joins that phase's turns (the servers drift over
+            # a run: slices taken in turns compare fairly); the others are phases of their own.
+            for c in options.concurrency or options.threads:
+                joined = next((g for t, g in callers if t == c and ASYNC_SYSTEM not in g), None)
+                if joined is not None:
+                    joined.append(ASYNC_SYSTEM)
+                else:
+                    callers.append((c, [ASYNC_SYSTEM]))
         for threads, group in callers:
             # Each phase in slices, the systems taking turns at being first (noise, and the
             # servers' drift over a run, land on all alike): cold, each slice from the system's
