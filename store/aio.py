@@ -48,7 +48,8 @@ once either way. `aclose()` waits for every call still running, including
 those whose tasks were cancelled.
 
 ``update(id, fn)``: ``fn`` is a plain function, as with `Store.update`; it
-runs in the worker thread, inside the object's transaction. A coroutine
+runs where the call runs (the worker thread, or with ``io="native"`` the
+loop's thread), inside the object's transaction. A coroutine
 function (``async def``) is refused with `TypeError` before anything runs.
 
 Forks: an `AsyncStore` made before ``os.fork()`` gives the child a new
@@ -283,8 +284,9 @@ class AsyncStore:
     ) -> dict[str, Any]:
         """As `Store.update`: merge a dict, or apply a plain function old -> new, atomically.
 
-        The function runs in the worker thread, in the object's transaction,
-        once per committed change; an ``async def`` function is a `TypeError`.
+        The function runs where the call runs (a worker thread, or the loop's
+        thread with ``io="native"``), in the object's transaction, once per
+        committed change; an ``async def`` function is a `TypeError`.
         """
         if callable(changes) and not isinstance(changes, dict):
             changes = _plain(changes)
@@ -559,8 +561,8 @@ def _plain(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], di
 
 
 _ASYNC_UPDATE = (
-    "AsyncStore.update takes a dict or a plain function old -> new, run in a worker thread inside "
-    "the object's transaction; an async function cannot be awaited there: read what it needs first"
+    "AsyncStore.update takes a dict or a plain function old -> new, run inside the object's "
+    "transaction; an async function cannot be awaited there: read what it needs first"
 )
 
 
