@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -123,14 +123,7 @@ def test_a_mariadb_query_that_runs_long_lets_other_calls_finish_meanwhile() -> N
         finally:
             conn.close()
 
-    async def main() -> None:
-        slow = asyncio.ensure_future(green.run(query, "SELECT SLEEP(1.5)"))
-        quick = await asyncio.gather(*(green.run(query, f"SELECT {i}") for i in range(5)))
-        assert quick == list(range(5))
-        assert not slow.done()  # still in its SLEEP while five others ran whole
-        assert await slow == 0
-
-    asyncio.run(main())
+    _slow_one_lets_five_finish(query, "SELECT SLEEP(1.5)", 0)
 
 
 @pytest.mark.parametrize("way", ["execute", "pipeline"])
@@ -155,12 +148,19 @@ def test_a_postgres_statement_that_runs_long_lets_other_calls_finish_meanwhile(
         finally:
             conn.close()
 
+    _slow_one_lets_five_finish(query, "SELECT pg_sleep(1.5)::text", "")
+
+
+def _slow_one_lets_five_finish(query: Callable[[str], Any], slow_sql: str, slow_answer: Any) -> None:
+    """``query(slow_sql)`` on the loop, then five quick ``SELECT i`` beside it: the five end
+    whole while the slow one still waits for its answer."""
+
     async def main() -> None:
-        slow = asyncio.ensure_future(green.run(query, "SELECT pg_sleep(1.5)::text"))
+        slow = asyncio.ensure_future(green.run(query, slow_sql))
         quick = await asyncio.gather(*(green.run(query, f"SELECT {i}") for i in range(5)))
         assert quick == list(range(5))
-        assert not slow.done()
-        assert await slow == ""
+        assert not slow.done()  # still waiting for its answer while five others ran whole
+        assert await slow == slow_answer
 
     asyncio.run(main())
 
