@@ -103,7 +103,10 @@ def start(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> asyncio.Future[
     only drops the outcome.
     """
     loop = asyncio.get_running_loop()
-    child = _Bridged(_body, parent=_getcurrent())
+    here = _getcurrent()
+    if type(here) is _Bridged:
+        raise RuntimeError("store.green.start inside a call it runs: use store.green.gather")
+    child = _Bridged(_body, parent=here)
     child.gr_context = contextvars.copy_context()
     child.loop = loop
     child.done = loop.create_future()

@@ -428,6 +428,90 @@ def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_who
         print(f"{name}: cancelled before it started and at each of its {len(steps)} steps: {steps}")
 
 
+def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_counts_whole(
+    cached_raw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`link`, `unlink`, `update` and `delete` through `AsyncStore(io="native")` on MariaDB under
+    two host names, the caller cancelled at each await of the call in turn: every wait on a
+    socket (MariaDB, memcached, Redis) and every other await (`store.green.await_`), counted by a
+    first run (a reply already there when read costs none, so a run may have fewer). The caller
+    gets `CancelledError`; the call runs to its end; after each, both sides and the counts agree,
+    and the update function was applied exactly once."""
+    with Store.from_config(cached_raw) as setup:
+        board = setup.create("board", {}, shard=1)  # MySQL001A
+        counter = setup.create("board", {"n": 0}, shard=6)  # MySQL002A
+    applied = [0]
+
+    def bump(old: dict[str, Any]) -> dict[str, Any]:
+        applied[0] += 1
+        return {"n": old["n"] + 1}
+
+    ops: dict[str, Any] = {
+        "link": lambda s, p: s.link(BHP, board, p),
+        "unlink": lambda s, p: s.unlink(BHP, board, p),
+        "update": lambda s, _p: s.update(counter, bump),
+        "delete": lambda s, p: s.delete(p),
+    }
+    waits = [0]
+    cancel_at: list[int | None] = [None]
+    caller: list[asyncio.Task[Any] | None] = [None]
+    fd_wait, await_ = green.wait_fd, green.await_
+
+    def at_await() -> None:
+        if caller[0] is not None and green.active():
+            if waits[0] == cancel_at[0]:
+                caller[0].cancel()
+            waits[0] += 1
+
+    def counted_wait_fd(fd: int, *, writing: bool, timeout: float | None) -> None:
+        at_await()
+        fd_wait(fd, writing=writing, timeout=timeout)
+
+    def counted_await(awaitable: Any) -> Any:
+        at_await()
+        return await_(awaitable)
+
+    monkeypatch.setattr(green, "wait_fd", counted_wait_fd)
+    monkeypatch.setattr(green, "await_", counted_await)
+
+    def fresh_pin(name: str) -> int:
+        with Store.from_config(cached_raw) as st:
+            pin = st.create("pin", {}, shard=5)  # MySQL002A: the pair spans the hosts
+            if name in ("unlink", "delete"):
+                st.link(BHP, board, pin)
+            return pin
+
+    async def once(name: str, pin: int, k: int | None) -> bool:
+        """Op ``name``, its caller cancelled at its ``k``-th await (None: never); whether it was."""
+        async with AsyncStore.from_config(cached_raw, io="native") as s:
+            await s.get(board)  # (the connections opened before the op, counted apart)
+            waits[0], cancel_at[0] = 0, k
+            caller[0] = asyncio.create_task(ops[name](s, pin))
+            try:
+                await caller[0]
+            except asyncio.CancelledError:
+                return True
+            finally:
+                caller[0] = None
+        return False
+
+    for name in ops:
+        assert not run(once(name, fresh_pin(name), None))
+        total = waits[0]
+        assert total >= 2, (name, total)
+        for k in range(total):
+            pin = fresh_pin(name)
+            before = applied[0]
+            cancelled = run(once(name, pin, k))  # (`async with` waits for the call's end)
+            # A reply already there when it is read costs no wait: a run may wait fewer times.
+            assert cancelled or waits[0] <= k, (name, k, waits[0])
+            with Store.from_config(_uncached(cached_raw)) as store:
+                _check_pairs(store, board, [pin])
+                assert store.get(counter) == {"n": applied[0]}, (name, k)
+            assert applied[0] - before == (1 if name == "update" else 0), (name, k)
+        print(f"{name}: its caller cancelled at each of its {total} awaits")
+
+
 def test_get_many_of_hundreds_of_ids(cached_raw: dict[str, Any]) -> None:
     async def main() -> None:
         async with AsyncStore.from_config(cached_raw) as s:

@@ -305,6 +305,17 @@ def test_gather_runs_every_job_before_it_raises_the_first_error() -> None:
     assert sorted(done) == [0, 1, 2, 3]
 
 
+def test_a_call_cannot_start_another_from_inside_itself() -> None:
+    def nested() -> None:
+        green.start(lambda: None)
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="gather"):
+            await green.run(nested)
+
+    asyncio.run(main())
+
+
 def test_run_carries_the_caller_s_context_and_raises_the_call_s_error() -> None:
     import contextvars
 
