@@ -31,6 +31,7 @@ libpq's, and their waits go through `wait_fd` on libpq's socket.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import errno
 import functools
@@ -70,10 +71,14 @@ class _Bridged(greenlet.greenlet):  # type: ignore[misc]
     done: asyncio.Future[Any]
     #: While it waits on a socket: (fd, writing, timer).
     waiting: tuple[int, bool, asyncio.TimerHandle | None] | None = None
+    #: While it waits on a `GreenSocket` it keeps watched: the wait's timer.
+    parked: asyncio.TimerHandle | None = None
+    #: The `GreenSocket` objects the loop watches for it, until it ends.
+    watched: list[GreenSocket] | None = None
 
 
 # What a bridged greenlet hands its loop when it switches out: a wait, or its end.
-_FD, _AWAIT, _RETURNED, _RAISED = range(4)
+_FD, _PARKED, _AWAIT, _RETURNED, _RAISED = range(5)
 
 
 def active() -> bool:
@@ -141,10 +146,17 @@ def _drive(child: _Bridged, value: Any = None, error: BaseException | None = Non
             loop.add_writer(fd, _fd_ready, child)
         else:
             loop.add_reader(fd, _fd_ready, child)
+    elif kind == _PARKED:  # (the socket's reader callback wakes it: `GreenSocket._readable`)
+        timeout = asked[2]
+        if timeout is not None:
+            child.parked = child.loop.call_later(timeout, _parked_expired, child, what)
     elif kind == _AWAIT:
         future = asyncio.ensure_future(what, loop=child.loop)
         future.add_done_callback(functools.partial(_awaited, child))
     else:
+        for sock in child.watched or ():
+            if sock._watch is child:
+                sock._unwatch()
         done = child.done
         if not done.done():  # (cancelled by its caller: the outcome is dropped)
             if kind == _RETURNED:
@@ -163,6 +175,12 @@ def _unwatch(child: _Bridged) -> None:
         child.loop.remove_reader(fd)
     if timer is not None:
         timer.cancel()
+
+
+def _parked_expired(child: _Bridged, sock: GreenSocket) -> None:
+    child.parked = None
+    sock._waiter = None
+    _drive(child, error=TimeoutError("timed out"))
 
 
 def _fd_ready(child: _Bridged) -> None:
@@ -245,9 +263,14 @@ class GreenSocket(socket.socket):
     The OS socket is always non-blocking; ``settimeout`` keeps the timeout
     for the waits (`wait_fd`), so a reply that does not come within it is
     `TimeoutError`, as on a plain socket with a timeout.
+
+    Inside `run`, the loop watches the socket for reading from a call's
+    first wait on it to the call's end (or until it is readable while the
+    call does not wait on it), so the call's later reads on it cost no
+    registration with the loop's selector each.
     """
 
-    __slots__ = ("_limit",)
+    __slots__ = ("_limit", "_waiter", "_watch", "_watched_fd")
 
     def __init__(
         self,
@@ -258,6 +281,10 @@ class GreenSocket(socket.socket):
     ) -> None:
         super().__init__(family, type, proto, fileno)
         self._limit: float | None = None
+        #: The call the loop watches this socket for (`_wait`), and the one parked on it now.
+        self._watch: _Bridged | None = None
+        self._waiter: _Bridged | None = None
+        self._watched_fd = -1
         super().settimeout(0.0)
 
     def settimeout(self, value: float | None) -> None:
@@ -275,7 +302,51 @@ class GreenSocket(socket.socket):
     def _wait(self, writing: bool) -> None:
         if self._limit == 0.0:
             raise BlockingIOError(errno.EAGAIN, "the socket is not ready")
-        wait_fd(self.fileno(), writing=writing, timeout=self._limit)
+        current = _getcurrent()
+        if writing or type(current) is not _Bridged:
+            wait_fd(self.fileno(), writing=writing, timeout=self._limit)
+            return
+        if self._watch is not current:
+            self._unwatch()
+            self._watched_fd = self.fileno()
+            current.loop.add_reader(self._watched_fd, self._readable)
+            self._watch = current
+            if current.watched is None:
+                current.watched = []
+            current.watched.append(self)
+        self._waiter = current
+        current.parent.switch((_PARKED, self, self._limit))
+
+    def _readable(self) -> None:
+        """The loop's reader callback: wake the call parked on this socket; with none parked (a
+        reply it has not asked for yet, or the peer gone), stop watching (it is level-triggered)."""
+        child = self._waiter
+        if child is None:
+            self._unwatch()
+            return
+        self._waiter = None
+        if child.parked is not None:
+            child.parked.cancel()
+            child.parked = None
+        _drive(child)
+
+    def _unwatch(self) -> None:
+        """Stop the loop watching this socket (on the loop's thread: within the watching call)."""
+        child = self._watch
+        if child is None:
+            return
+        self._watch = None
+        with contextlib.suppress(Exception):  # (a closed loop: nothing to remove)
+            child.loop.remove_reader(self._watched_fd)
+
+    def _real_close(self, *args: Any) -> None:
+        self._unwatch()
+        super()._real_close(*args)  # type: ignore[misc]
+
+    def detach(self) -> int:
+        """`socket.socket.detach`, the loop no longer watching it."""
+        self._unwatch()
+        return super().detach()
 
     def recv(self, bufsize: int, flags: int = 0, /) -> bytes:
         """`socket.socket.recv`, waiting for data as described in the class's text."""

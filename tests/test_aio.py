@@ -433,8 +433,8 @@ def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_cou
 ) -> None:
     """`link`, `unlink`, `update` and `delete` through `AsyncStore(io="native")` on MariaDB under
     two host names, the caller cancelled at each await of the call in turn: every wait on a
-    socket (MariaDB, memcached, Redis) and every other await (`store.green.await_`), counted by a
-    first run (a reply already there when read costs none, so a run may have fewer). The caller
+    socket (MariaDB, memcached, Redis) and every other await of the loop, counted by a first run
+    (a reply already there when read costs none, so a run may have fewer). The caller
     gets `CancelledError`; the call runs to its end; after each, both sides and the counts agree,
     and the update function was applied exactly once."""
     with Store.from_config(cached_raw) as setup:
@@ -455,24 +455,17 @@ def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_cou
     waits = [0]
     cancel_at: list[int | None] = [None]
     caller: list[asyncio.Task[Any] | None] = [None]
-    fd_wait, await_ = green.wait_fd, green.await_
+    drive = green._drive
 
-    def at_await() -> None:
-        if caller[0] is not None and green.active():
+    def counted_drive(child: Any, value: Any = None, error: BaseException | None = None) -> None:
+        """`store.green._drive`, which runs a call up to its next await: count each await."""
+        drive(child, value, error)
+        if caller[0] is not None and not child.dead:
             if waits[0] == cancel_at[0]:
                 caller[0].cancel()
             waits[0] += 1
 
-    def counted_wait_fd(fd: int, *, writing: bool, timeout: float | None) -> None:
-        at_await()
-        fd_wait(fd, writing=writing, timeout=timeout)
-
-    def counted_await(awaitable: Any) -> Any:
-        at_await()
-        return await_(awaitable)
-
-    monkeypatch.setattr(green, "wait_fd", counted_wait_fd)
-    monkeypatch.setattr(green, "await_", counted_await)
+    monkeypatch.setattr(green, "_drive", counted_drive)
 
     def fresh_pin(name: str) -> int:
         with Store.from_config(cached_raw) as st:

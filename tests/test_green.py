@@ -68,6 +68,75 @@ def test_a_socket_read_waits_for_the_loop_that_sends_it_its_data(listener: socke
     assert asyncio.run(main()) == b"hello"
 
 
+def test_a_socket_stays_watched_for_its_call_only(listener: socket.socket) -> None:
+    """The loop watches a socket from its call's first wait on it to the call's end: the call's
+    later reads reuse the watch, a reply that comes while the call does not wait ends it (no
+    level-triggered callback spins on it), and nothing is left watched after the call or after a
+    close within it."""
+    listener.setblocking(False)
+    seen: dict[str, Any] = {}
+
+    def call(port: int) -> None:
+        loop = asyncio.get_running_loop()
+        sock = green.connect_tcp("127.0.0.1", port, 2.0)
+        seen["sock"] = sock
+        assert sock.recv(5) == b"first"
+        watched = sock._watch
+        assert watched is not None
+        fd = sock.fileno()
+        assert fd in loop._selector.get_map()  # type: ignore[attr-defined]
+        assert sock.recv(6) == b"second"
+        assert sock._watch is watched  # the same watch, not a new one
+        green.sleep(0.1)  # the peer sends "third" while the call does not wait on the socket
+        assert sock._watch is None  # readable with no one waiting: no longer watched
+        assert fd not in loop._selector.get_map()  # type: ignore[attr-defined]
+        assert sock.recv(5) == b"third"  # (there already: read with no wait)
+        assert sock.recv(6) == b"fourth"  # watched again for this wait
+        assert sock._watch is not None
+        seen["fd"] = fd
+
+    async def main() -> None:
+        port = listener.getsockname()[1]
+        task = asyncio.ensure_future(green.run(call, port))
+        peer, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with peer:
+            # (the call's sleep, 0.1 s, spans "third" and ends well before "fourth")
+            for word, pause in ((b"first", 0.02), (b"second", 0.02), (b"third", 0.01), (b"fourth", 0.3)):
+                await asyncio.sleep(pause)
+                peer.send(word)
+            await task
+            loop = asyncio.get_running_loop()
+            assert seen["sock"]._watch is None  # the call ended: not watched
+            assert seen["fd"] not in loop._selector.get_map()  # type: ignore[attr-defined]
+            seen["sock"].close()
+
+    asyncio.run(main())
+
+
+def test_a_socket_closed_within_its_call_is_no_longer_watched(listener: socket.socket) -> None:
+    listener.setblocking(False)
+
+    def call(port: int) -> int:
+        loop = asyncio.get_running_loop()
+        sock = green.connect_tcp("127.0.0.1", port, 2.0)
+        assert sock.recv(2) == b"hi"
+        fd = sock.fileno()
+        assert fd in loop._selector.get_map()  # type: ignore[attr-defined]
+        sock.close()
+        assert fd not in loop._selector.get_map()  # type: ignore[attr-defined]
+        return fd
+
+    async def main() -> None:
+        task = asyncio.ensure_future(green.run(call, listener.getsockname()[1]))
+        peer, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with peer:
+            await asyncio.sleep(0.01)
+            peer.send(b"hi")
+            await task
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("where", ["loop", "thread"])
 def test_a_read_with_no_data_times_out_as_a_plain_socket_does(listener: socket.socket, where: str) -> None:
     sock = green.GreenSocket(socket.AF_INET, socket.SOCK_STREAM)
