@@ -25,6 +25,7 @@ BELOW = frozenset(
         "store.backends.inventory",
         "store.backends.tables",
         "store.exceptions",
+        "store.green",
         "store.naming",
         "store.specs",
         "store.tls",

@@ -19,9 +19,10 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from store import green
 from store.backends.mysql import pymysql_fast
 from store.exceptions import ConfigError
+from store.green import active as on_the_loop
+from store.green import connect_tcp
 from store.tls import MySQLTLS, mysql_ssl_context, mysql_tls
 
 __all__ = ["CONNECT_TIMEOUT_S", "READ_TIMEOUT_S", "mysql_connector", "mysql_driver_error"]
@@ -126,11 +127,11 @@ def mysql_connector(
             conn = module.connect(**kwargs, ssl=_pymysql_context(tls, module))
         elif tls.disabled:
             conn = module.connect(**kwargs, ssl_disabled=True)
-        elif green.active() and "unix_socket" not in kwargs:
+        elif on_the_loop() and "unix_socket" not in kwargs:
             # Inside an event loop's call (`store.green`): a socket whose waits are the loop's.
             conn = pymysql_fast.connection_class(module)(**kwargs, defer_connect=True)
             try:
-                sock = green.connect_tcp(kwargs["host"], kwargs["port"], kwargs["connect_timeout"])
+                sock = connect_tcp(kwargs["host"], kwargs["port"], kwargs["connect_timeout"])
             except OSError as exc:
                 raise module.OperationalError(
                     2003, f"Can't connect to MySQL server on {kwargs['host']!r} ({exc})"

@@ -14,8 +14,9 @@ from typing import Any
 
 from sqlalchemy.engine import URL
 
-from store import green
 from store.exceptions import BackendError, ConfigError
+from store.green import active as on_the_loop
+from store.green import await_, wait_fd
 from store.tls import postgres_tls
 
 __all__ = [
@@ -125,8 +126,8 @@ def _deadline_connection() -> type[Any]:
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
             limit = self.answer_s if timeout is None else timeout
             try:
-                if green.active():  # an event loop's call: the loop waits for the socket
-                    return green.await_(waiting.wait_async(gen, self.pgconn.socket, timeout=limit))
+                if on_the_loop():  # an event loop's call: the loop waits for the socket
+                    return await_(waiting.wait_async(gen, self.pgconn.socket, timeout=limit))
                 return super().wait(gen, interval, limit)
             except errors._WaitTimeout:
                 # A reply may be half read, the server may still run the statement: this
@@ -288,8 +289,8 @@ def _run_pipeline(
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError
-                if green.active():  # an event loop's call: the loop waits for the socket
-                    green.wait_fd(pg.socket, writing=write, timeout=left)
+                if on_the_loop():  # an event loop's call: the loop waits for the socket
+                    wait_fd(pg.socket, writing=write, timeout=left)
                     return
                 ready = select.select([] if write else [pg.socket], [pg.socket] if write else [], [], left)
                 if not any(ready):
