@@ -263,6 +263,7 @@ def test_a_hung_postgresql_backend_is_given_up_on_within_the_query_timeout(
         pin = store.create("pin", {"n": 1}, near=board)
         loc = store.locate(pin, type_name="pin")
         h = store.admin_context().engines.shard(loc.shard, loc.host)
+        stopped: list[int] = []
         for call in (
             lambda: store.get(pin, type_name="pin"),
             lambda: store.link("board_has_pins", board, pin),
@@ -283,6 +284,20 @@ def test_a_hung_postgresql_backend_is_given_up_on_within_the_query_timeout(
                 os.kill(pid, signal.SIGCONT)
             print(f"answered after {took:.2f} s: {got!r}")
             assert took < 3.0, (took, got)
+            stopped.append(pid)
+        # A backend given up on runs on once it is continued, with what it was sent (the write's
+        # whole transaction, both sides): wait for it to end before reading the pair, or a read
+        # can fall between its two sides' commit and the next read.
+        with h.connect() as conn:
+            cur = conn.cursor()
+            for _ in range(200):  # (bounded: 10 s)
+                cur.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) AND state <> 'idle'",
+                    (stopped,),
+                )
+                if int(cur.fetchone()[0]) == 0:
+                    break
+                time.sleep(0.05)
         assert store.get(pin, type_name="pin") == {"n": 1}
         linked = store.has_link("board_has_pins", board, pin)
         assert (board in store.links("pin_owned_by_board", pin)) == linked
