@@ -245,7 +245,13 @@ def test_deleted_objects_leave_their_lists(store: Store) -> None:
 
 @pytest.mark.parametrize(
     ("caches", "face"),
-    [("none", "sync"), ("shared", "sync"), ("shared, followed", "sync"), ("shared", "async")],
+    [
+        ("none", "sync"),
+        ("shared", "sync"),
+        ("shared, followed", "sync"),
+        ("shared", "async"),
+        ("shared", "native"),
+    ],
 )
 def test_deletes_racing_links_leave_no_deleted_object_in_any_list(
     mariadb_ready: StoreConfig, request: pytest.FixtureRequest, caches: str, face: str
