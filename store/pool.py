@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -242,7 +243,7 @@ class ConnectionPool:
                     conn, born = self._idle.pop()
                 except IndexError:
                     break
-                if time.monotonic() - born < self._recycle_s:
+                if time.monotonic() - born < self._recycle_s and not (green.active() and _blocking(conn)):
                     return conn, born
                 _close_quietly(conn)
             conn = PooledConnection(self._connect())
@@ -391,6 +392,14 @@ class ConnectionPool:
 
 
 _getpid = os.getpid
+
+
+def _blocking(conn: Any) -> bool:
+    """Whether ``conn`` talks over a plain blocking Python socket (opened outside an event loop's
+    call: PyMySQL's ``_sock``). Such a connection is not used inside one, where it would hold the
+    loop for each reply (and, waiting for a lock another call on the loop holds, stall it until
+    the server's lock wait timeout): it is closed, and one of the loop's is opened."""
+    return type(getattr(getattr(conn, "raw", conn), "_sock", None)) is socket.socket
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -15,6 +15,7 @@ import contextvars
 import inspect
 import multiprocessing
 import random
+import socket
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
@@ -503,6 +504,50 @@ def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_cou
                 assert store.get(counter) == {"n": applied[0]}, (name, k)
             assert applied[0] - before == (1 if name == "update" else 0), (name, k)
         print(f"{name}: its caller cancelled at each of its {total} awaits")
+
+
+def test_a_store_used_by_threads_first_gives_native_calls_only_the_loop_s_sockets(
+    cached_raw: dict[str, Any],
+) -> None:
+    """A `Store` used by plain code first (its pools then hold blocking sockets), then driven
+    natively (`AsyncStore.from_store(..., io="native")`): the native calls never use a blocking
+    socket, which would hold the loop at each reply (or stall it, waiting for a lock another call
+    on the loop holds). MariaDB connections, memcached clients and Redis connections opened
+    outside the loop are replaced by the loop's own; plain code may use the loop's afterwards."""
+    store = Store.from_config(cached_raw)
+    board = store.create("board", {}, shard=1)  # MySQL001A
+    pins = [store.create("pin", {"i": i}, shard=5) for i in range(3)]  # MySQL002A
+    for p in pins:
+        store.link(BHP, board, p)
+    assert store.board_pins(board).ids  # (the caches filled: memcached and Redis sockets opened)
+    ctx = store.admin_context()
+
+    def sockets() -> list[type]:
+        kinds = [type(c.raw._sock) for pool in ctx.engines.pools().values() for c, _ in pool._idle]
+        for server in ctx.caches.objects.store.servers:  # type: ignore[union-attr]
+            kinds += [type(c.sock) for c in server._idle if c.sock is not None]
+        lists = ctx.caches.lists.backend  # type: ignore[union-attr]
+        for backend in getattr(lists, "servers", [lists]):
+            kinds += [type(c._sock) for c in backend._idle if c._sock is not None]
+        return kinds
+
+    assert socket.socket in sockets()
+    native = AsyncStore.from_store(store, io="native")
+
+    async def main() -> None:
+        for p in pins:
+            await native.unlink(BHP, board, p)
+            await native.link(BHP, board, p)
+        page = await native.board_pins(board)
+        assert sorted(page.ids) == sorted(pins)
+        used = sockets()
+        assert used
+        assert set(used) == {green.GreenSocket}, used
+
+    run(main())
+    assert store.count(BHP, board) == 3  # plain code on the loop's sockets
+    assert sorted(store.links(BHP, board)) == sorted(pins)
+    run(native.aclose())
 
 
 def test_get_many_of_hundreds_of_ids(cached_raw: dict[str, Any]) -> None:

@@ -118,19 +118,26 @@ class MemcachedServer:
     def _take(self) -> _Client:
         if self._pid != _getpid():  # a fork the hook missed
             self._after_fork()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            client = _Client(
-                self._server,
-                connect_timeout=self._connect_timeout_s,
-                timeout=self._timeout_s,
-                no_delay=True,
-                default_noreply=False,
-                socket_module=green.socket_module(),  # an event loop's call: the loop's waits
-            )
-            client.store_pid = self._pid
-            return client
+        wanted = green.socket_module()  # an event loop's call: sockets whose waits are the loop's
+        while True:
+            try:
+                client = self._idle.pop()
+            except IndexError:
+                break
+            if client.socket_module is wanted or wanted is socket:
+                return client
+            # Opened outside an event loop's call: inside one it would hold the loop at each reply.
+            client.close()
+        client = _Client(
+            self._server,
+            connect_timeout=self._connect_timeout_s,
+            timeout=self._timeout_s,
+            no_delay=True,
+            default_noreply=False,
+            socket_module=wanted,
+        )
+        client.store_pid = self._pid
+        return client
 
     def _give_back(self, client: _Client) -> None:
         if client.store_pid != self._pid:  # taken before this process was forked

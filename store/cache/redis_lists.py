@@ -35,6 +35,7 @@ process id check: a child of ``os.fork()`` closes the ones it inherited
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -483,6 +484,12 @@ class RedisListBackend:
             conn = self._idle.pop()
         except IndexError:
             conn = self.client.connection_pool.make_connection()
+        else:
+            if type(conn._sock) is socket.socket and green.active():
+                # Opened outside an event loop's call: inside one it would hold the loop at each
+                # reply. Replaced (what it owed is dropped: fills only hoped to store).
+                conn.disconnect()
+                conn = self.client.connection_pool.make_connection()
         try:
             owed: list[tuple[int, Callable[[list[Any]], None]]] | None = getattr(conn, "store_owed", None)
             replies: list[Any] = []
