@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 from sqlalchemy.engine import URL
 
 from store.backends import backend_for
-from store.config.checks import _HOST_PORT, _int, _keys
+from store.config.checks import _host_port, _int, _keys
 from store.exceptions import ConfigError, brief
 
 DEFAULT_MAX_STALE_S = 5.0
@@ -198,8 +198,10 @@ def _cache(raw: object) -> CacheConfig:
     mc = raw.get("memcached") or []
     if isinstance(mc, str):
         mc = [mc]
-    if not isinstance(mc, list) or not all(isinstance(s, str) and _HOST_PORT.fullmatch(s) for s in mc):
-        raise ConfigError(f"cache.memcached must be a list of host:port strings, got {brief(mc)}")
+    if not isinstance(mc, list) or not all(_host_port(s) for s in mc):
+        raise ConfigError(
+            f"cache.memcached must be a list of host:port strings (port 1-65535), got {brief(mc)}"
+        )
     redis = _redis_urls(raw.get("redis"))
     memory = raw.get("memory", False)
     if not isinstance(memory, bool):

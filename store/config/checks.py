@@ -15,6 +15,15 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _HOST_PORT = re.compile(r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
 
 
+def _host_port(text: object) -> bool:
+    """Whether ``text`` is ``host:port`` with a port from 1 to 65535."""
+    return (
+        isinstance(text, str)
+        and bool(_HOST_PORT.fullmatch(text))
+        and 1 <= int(text.rsplit(":", 1)[1]) <= 65535
+    )
+
+
 def _key(key: object) -> str:
     """A key for a message: as it is if it is a short printable str, else quoted and cut short."""
     if isinstance(key, str) and len(key) <= 64 and key.isprintable():

@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from store.backends import backend_for, backend_named, backend_names
-from store.config.checks import _ENV_NAME, _HOST_NAME, _HOST_PORT, _keys
+from store.config.checks import _ENV_NAME, _HOST_NAME, _host_port, _keys
 from store.exceptions import ConfigError, brief
 
 
@@ -241,8 +241,10 @@ def _map_source(raw: object, env: Mapping[str, str], base: Path) -> _MapSource:
         raise ConfigError(f"map_source.poll_s must be a number of seconds in (0, 3600], got {brief(poll)}")
     if "zookeeper" in raw:
         hosts = raw["zookeeper"]
-        if not isinstance(hosts, str) or not all(_HOST_PORT.fullmatch(h) for h in hosts.split(",")):
-            raise ConfigError(f"map_source.zookeeper must be host:port[,host:port...], got {brief(hosts)}")
+        if not isinstance(hosts, str) or not all(_host_port(h) for h in hosts.split(",")):
+            raise ConfigError(
+                f"map_source.zookeeper must be host:port[,host:port...] (port 1-65535), got {brief(hosts)}"
+            )
         return ("zookeeper", hosts), float(poll), None
     if "file" in raw:
         if not isinstance(raw["file"], str) or not raw["file"]:
