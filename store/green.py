@@ -21,11 +21,13 @@ helper here blocks as plain code does, so one store, one pool and one
 socket serve both kinds of caller.
 
 The sockets: `GreenSocket` is a socket whose reads, writes and connect
-wait through `wait_fd` in a greenlet `start` runs, and poll as a socket
-with a timeout does anywhere else. The store makes its MariaDB (PyMySQL),
-memcached and Redis sockets of that class when it opens them inside such a
-greenlet (`socket_class`, `connect_tcp`); PostgreSQL's connections are
-libpq's, and their waits go through `wait_fd` on libpq's socket.
+wait on the loop in a greenlet `start` runs (a read parks the call on the
+socket, which the loop watches for the rest of the call), and poll as a
+socket with a timeout does anywhere else. The store makes its MariaDB
+(PyMySQL), memcached and Redis sockets of that class when it opens them
+inside such a greenlet (`connect_tcp`, `socket_module`); PostgreSQL's
+connections are libpq's, and their waits go through `wait_fd` on libpq's
+socket.
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ def _drive(child: _Bridged, value: Any = None, error: BaseException | None = Non
                 done.set_exception(what)
 
 
-def _unwatch(child: _Bridged) -> None:
+def _end_fd_wait(child: _Bridged) -> None:
     assert child.waiting is not None
     fd, writing, timer = child.waiting
     child.waiting = None
@@ -184,12 +186,12 @@ def _parked_expired(child: _Bridged, sock: GreenSocket) -> None:
 
 
 def _fd_ready(child: _Bridged) -> None:
-    _unwatch(child)
+    _end_fd_wait(child)
     _drive(child)
 
 
 def _fd_expired(child: _Bridged) -> None:
-    _unwatch(child)
+    _end_fd_wait(child)
     _drive(child, error=TimeoutError("timed out"))
 
 

@@ -196,7 +196,7 @@ class ConnectionPool:
         self._cond = threading.Condition(threading.Lock())
         self._in_use = 0
         self._waiting = 0
-        #: Callers inside an event loop's call waiting for a connection (`_wait_green`).
+        #: Callers inside an event loop's call waiting for a connection (`_wait_handed`).
         self._green_waiters: deque[asyncio.Future[bool]] = deque()
         self._max_open = max_open
         self._max_idle = max_idle

@@ -350,6 +350,39 @@ def test_cancelled_writes_leave_both_sides_and_counts_whole(cached_raw: dict[str
         assert store.get_with_version(counter) == ({"n": applied}, applied + 1)
 
 
+class _Writes:
+    """The writes the cancellation tests cancel, on MariaDB under two host names: a board on
+    MySQL001A, a counter (a board too) on MySQL002A, and a fresh pin on MySQL002A for each run,
+    so that every pair spans the hosts. ``applied``: how many times the update's function ran."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        with Store.from_config(raw) as setup:
+            self.board = setup.create("board", {}, shard=1)  # MySQL001A
+            self.counter = setup.create("board", {"n": 0}, shard=6)  # MySQL002A
+        self.applied = 0
+        board, counter = self.board, self.counter
+        self.ops: dict[str, Any] = {
+            "link": lambda s, p: s.link(BHP, board, p),
+            "unlink": lambda s, p: s.unlink(BHP, board, p),
+            "update": lambda s, _p: s.update(counter, self.bump),
+            "delete": lambda s, p: s.delete(p),
+        }
+
+    def bump(self, old: dict[str, Any]) -> dict[str, Any]:
+        """The update's function: counts its runs."""
+        self.applied += 1
+        return {"n": old["n"] + 1}
+
+    def fresh_pin(self, name: str) -> int:
+        """A new pin for op ``name``, already linked to the board where the op takes it away."""
+        with Store.from_config(self.raw) as st:
+            pin = st.create("pin", {}, shard=5)  # MySQL002A: the pair spans the hosts
+            if name in ("unlink", "delete"):
+                st.link(BHP, self.board, pin)
+            return pin
+
+
 @pytest.mark.parametrize("io", IO_MODES)
 def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_whole(
     cached_raw: dict[str, Any], io: str
@@ -361,28 +394,8 @@ def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_who
     the pair and the counts agree, and an update function was applied once or not at all. With
     ``io="native"`` each step is an await of the write's greenlet on the loop, where it stands
     while the task is cancelled."""
-    with Store.from_config(cached_raw) as setup:
-        board = setup.create("board", {}, shard=1)  # MySQL001A
-        counter = setup.create("board", {"n": 0}, shard=6)  # MySQL002A
-    applied = [0]
-
-    def bump(old: dict[str, Any]) -> dict[str, Any]:
-        applied[0] += 1
-        return {"n": old["n"] + 1}
-
-    ops: dict[str, Any] = {
-        "link": lambda s, p: s.link(BHP, board, p),
-        "unlink": lambda s, p: s.unlink(BHP, board, p),
-        "update": lambda s, _p: s.update(counter, bump),
-        "delete": lambda s, p: s.delete(p),
-    }
-
-    def fresh_pin(name: str) -> int:
-        with Store.from_config(cached_raw) as st:
-            pin = st.create("pin", {}, shard=5)  # MySQL002A: the pair spans the hosts
-            if name in ("unlink", "delete"):
-                st.link(BHP, board, pin)
-            return pin
+    w = _Writes(cached_raw)
+    board, counter, ops, fresh_pin = w.board, w.counter, w.ops, w.fresh_pin
 
     async def once(name: str, pin: int, stop_at: int | None) -> list[str]:
         """Run op ``name``; ``stop_at``: cancel it while its worker stands at that step (-1:
@@ -420,12 +433,12 @@ def test_a_write_cancelled_at_each_of_its_steps_leaves_both_sides_and_counts_who
         assert steps, name
         for stop_at in range(-1, len(steps)):
             pin = fresh_pin(name)
-            before = applied[0]
+            before = w.applied
             run(once(name, pin, stop_at))  # (`async with` waits for a write its worker started)
             with Store.from_config(_uncached(cached_raw)) as store:
                 _check_pairs(store, board, [pin])
-                assert store.get(counter) == {"n": applied[0]}, (name, stop_at)
-            assert applied[0] - before == (0 if name != "update" or stop_at == -1 else 1), (name, stop_at)
+                assert store.get(counter) == {"n": w.applied}, (name, stop_at)
+            assert w.applied - before == (0 if name != "update" or stop_at == -1 else 1), (name, stop_at)
         print(f"{name}: cancelled before it started and at each of its {len(steps)} steps: {steps}")
 
 
@@ -438,21 +451,8 @@ def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_cou
     (a reply already there when read costs none, so a run may have fewer). The caller
     gets `CancelledError`; the call runs to its end; after each, both sides and the counts agree,
     and the update function was applied exactly once."""
-    with Store.from_config(cached_raw) as setup:
-        board = setup.create("board", {}, shard=1)  # MySQL001A
-        counter = setup.create("board", {"n": 0}, shard=6)  # MySQL002A
-    applied = [0]
-
-    def bump(old: dict[str, Any]) -> dict[str, Any]:
-        applied[0] += 1
-        return {"n": old["n"] + 1}
-
-    ops: dict[str, Any] = {
-        "link": lambda s, p: s.link(BHP, board, p),
-        "unlink": lambda s, p: s.unlink(BHP, board, p),
-        "update": lambda s, _p: s.update(counter, bump),
-        "delete": lambda s, p: s.delete(p),
-    }
+    w = _Writes(cached_raw)
+    board, counter, ops, fresh_pin = w.board, w.counter, w.ops, w.fresh_pin
     waits = [0]
     cancel_at: list[int | None] = [None]
     caller: list[asyncio.Task[Any] | None] = [None]
@@ -467,13 +467,6 @@ def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_cou
             waits[0] += 1
 
     monkeypatch.setattr(green, "_drive", counted_drive)
-
-    def fresh_pin(name: str) -> int:
-        with Store.from_config(cached_raw) as st:
-            pin = st.create("pin", {}, shard=5)  # MySQL002A: the pair spans the hosts
-            if name in ("unlink", "delete"):
-                st.link(BHP, board, pin)
-            return pin
 
     async def once(name: str, pin: int, k: int | None) -> bool:
         """Op ``name``, its caller cancelled at its ``k``-th await (None: never); whether it was."""
@@ -495,14 +488,14 @@ def test_a_native_call_cancelled_at_each_of_its_awaits_leaves_both_sides_and_cou
         assert total >= 2, (name, total)
         for k in range(total):
             pin = fresh_pin(name)
-            before = applied[0]
+            before = w.applied
             cancelled = run(once(name, pin, k))  # (`async with` waits for the call's end)
             # A reply already there when it is read costs no wait: a run may wait fewer times.
             assert cancelled or waits[0] <= k, (name, k, waits[0])
             with Store.from_config(_uncached(cached_raw)) as store:
                 _check_pairs(store, board, [pin])
-                assert store.get(counter) == {"n": applied[0]}, (name, k)
-            assert applied[0] - before == (1 if name == "update" else 0), (name, k)
+                assert store.get(counter) == {"n": w.applied}, (name, k)
+            assert w.applied - before == (1 if name == "update" else 0), (name, k)
         print(f"{name}: its caller cancelled at each of its {total} awaits")
 
 
