@@ -185,8 +185,10 @@ class AsyncStore:
     # -- what runs the calls --------------------------------------------------------
 
     def _forget_executor(self) -> None:
-        """In a forked child: the parent's workers are gone; a new executor is made on next use."""
+        """In a forked child: the parent's workers and native calls are not this process's; a new
+        executor is made on next use."""
         self._executor = None
+        self._native = set()
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
