@@ -465,7 +465,8 @@ def test_cpu_per_call_vs_the_floor_counts_the_client_and_every_server() -> None:
     assert cpu_vs({**store, "server_cpu_us_per_call": {}}, floor) is None  # the servers not measured
 
 
-def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io", ["threads", "native"])
+def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Path, io: str) -> None:
     for name, port in (("MariaDB", 3306), ("memcached", 11211), ("Redis", 6379)):
         require_port(name, port)
     from store.tools.mix import bench
@@ -473,12 +474,14 @@ def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Pat
     options = bench.MixOptions(
         shape=bench.QUICK_SHAPE,
         threads=[2],
-        concurrency=[24],  # more tasks than the async store has workers
+        concurrency=[24],  # more tasks than the async store has workers, or connections
         requests=25,
         rounds=1,
         systems=("store", bench.ASYNC_SYSTEM),
         trips=30,
         out=tmp_path / "mix",
+        async_io=io,
+        async_pool=2 if io == "native" else None,
     )
     doc = bench.run_mix(options, say=lambda _msg: None)
     phases = {(p["system"], p["threads"], p["temperature"]): p for p in doc["phases"]}
@@ -498,8 +501,10 @@ def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Pat
 
     workers = default_max_workers(mix_config(options))
     assert workers < 24
+    # Native: no workers; the pools bound the connections (pool_size 2: 4 open a host, 2 hosts).
+    most = 2 * workers if io == "threads" else 2 * 4
     for temperature in ("cold", "warm"):
-        assert phases[("store:async", 24, temperature)]["connections"] <= 2 * workers
+        assert phases[("store:async", 24, temperature)]["connections"] <= most
     for check in doc["checks"]:
         assert check["checked"] > 100
         assert check["mismatches"] == [], check
