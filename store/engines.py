@@ -468,6 +468,7 @@ class Engines:
             max_idle=c.pool_size,
             timeout_s=c.pool_timeout_s,
             recycle_s=c.pool_recycle_s,
+            idle_s=c.pool_idle_s,
         )
         if backend.made_on_first_use:
             conn, born = pool.checkout()

@@ -516,7 +516,7 @@ def test_a_store_used_by_threads_first_gives_native_calls_only_the_loop_s_socket
     ctx = store.admin_context()
 
     def sockets() -> list[type]:
-        kinds = [type(c.raw._sock) for pool in ctx.engines.pools().values() for c, _ in pool._idle]
+        kinds = [type(c.raw._sock) for pool in ctx.engines.pools().values() for c in pool.idle_connections()]
         for server in ctx.caches.objects.store.servers:  # type: ignore[union-attr]
             kinds += [type(c.sock) for c in server._idle if c.sock is not None]
         lists = ctx.caches.lists.backend  # type: ignore[union-attr]

@@ -133,11 +133,18 @@ DELETE = object()
         ("limits", {"max_object_bytes": 1 << 30}, "max_object_bytes must be an int in 2..16777215"),
         ("limits", {"max_objects": 5}, "unknown limits key"),
         ("shard_count", 5, "unknown config key\\(s\\) shard_count"),
+        ("pool_idle_s", 0, r"pool_idle_s must be a number of seconds"),
+        ("pool_idle_s", "soon", r"pool_idle_s must be a number of seconds"),
     ],
 )
 def test_broken_config_names_the_key(path: str, value: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         StoreConfig.from_dict(broken(path, value))
+
+
+def test_pool_idle_s_defaults_to_ten_seconds() -> None:
+    assert StoreConfig.from_dict(broken("pool_size", 4)).pool_idle_s == 10.0
+    assert StoreConfig.from_dict(broken("pool_idle_s", 2.5)).pool_idle_s == 2.5
 
 
 def test_inverse_declared_twice_must_agree() -> None:

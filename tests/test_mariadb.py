@@ -138,7 +138,7 @@ def test_a_read_survives_a_killed_connection(mariadb_ready: StoreConfig) -> None
         pin = store.create("pin", {"a": 1}, shard=0)
         assert store.get(pin) == {"a": 1}
         pool = store.admin_context().engines.shard(0, store.locate(pin).host).pool
-        victims = [c.thread_id() for c, _born in list(pool._idle)]
+        victims = [c.thread_id() for c in pool.idle_connections()]
         assert victims
         conn = root()
         try:
@@ -162,7 +162,7 @@ def test_pool_recycle_s_replaces_old_connections(mariadb_ready: StoreConfig) -> 
         pin = store.create("pin", {"a": 1}, shard=0)
         pool = store.admin_context().engines.shard(0, store.locate(pin).host).pool
         store.get(pin)
-        first = {c.thread_id() for c, _born in list(pool._idle)}
+        first = {c.thread_id() for c in pool.idle_connections()}
         assert first
         opened = pool.opened
         store.get(pin)
@@ -170,7 +170,7 @@ def test_pool_recycle_s_replaces_old_connections(mariadb_ready: StoreConfig) -> 
         time.sleep(0.6)
         assert store.get(pin) == {"a": 1}
         assert pool.opened == opened + 1  # old: replaced
-        assert not first & {c.thread_id() for c, _born in list(pool._idle)}
+        assert not first & {c.thread_id() for c in pool.idle_connections()}
     with pytest.raises(ConfigError, match="pool_recycle_s must be a number of seconds"):
         StoreConfig.from_dict({**raw, "pool_recycle_s": 0})
 
@@ -332,7 +332,7 @@ def test_a_refused_write_gives_its_connections_back(mariadb_ready: StoreConfig) 
                 store.update(kept, {"a": 4}, if_version=version)
         assert {h: p.opened for h, p in pools.items()} == opened
         for p in pools.values():
-            for conn, _born in list(p._idle):
+            for conn in p.idle_connections():
                 cur = conn.cursor()
                 cur.execute("SELECT @@in_transaction")
                 assert cur.fetchone()[0] == 0

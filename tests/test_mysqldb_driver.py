@@ -88,7 +88,7 @@ def test_a_mysqldb_url_selects_the_mariadb_backend_and_driver(mysqldb_store: Sto
     pin = mysqldb_store.create("pin", {"a": 1}, shard=0)
     pool = mysqldb_store.admin_context().engines.shard(0, mysqldb_store.locate(pin).host).pool
     assert mysqldb_store.get(pin) == {"a": 1}
-    raws = [c.raw for c, _born in list(pool._idle)]
+    raws = [c.raw for c in pool.idle_connections()]
     assert raws
     assert all(type(raw).__module__.startswith("MySQLdb") for raw in raws)
 
@@ -145,7 +145,7 @@ def test_a_read_survives_a_killed_mysqldb_connection(mysqldb_store: Store) -> No
     pin = s.create("pin", {"a": 1}, shard=0)
     assert s.get(pin) == {"a": 1}
     pool = s.admin_context().engines.shard(0, s.locate(pin).host).pool
-    victims = [c.thread_id() for c, _born in list(pool._idle)]
+    victims = [c.thread_id() for c in pool.idle_connections()]
     assert victims
     killer = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,28 @@ def test_old_connections_are_recycled(tmp_path: Path) -> None:
     assert pool.opened == 2
 
 
-def test_keeps_at_most_max_idle(tmp_path: Path) -> None:
-    pool = make(tmp_path, max_idle=1)
+def test_keeps_at_most_max_idle_past_idle_s(tmp_path: Path) -> None:
+    pool = make(tmp_path, max_idle=1, idle_s=0.0)
     a, b = pool.checkout(), pool.checkout()
     pool.checkin(*a)
     pool.checkin(*b)
     assert pool.idle == 1
+    assert pool.idle_connections() == [b[0]]  # the one unused longest went
+
+
+def test_a_burst_past_max_idle_is_kept_until_idle_s(tmp_path: Path) -> None:
+    """Connections beyond max_idle are not closed at each return (a load around max_idle
+    would open and close one every few calls); one unused for idle_s is."""
+    pool = make(tmp_path, max_open=4, max_idle=1, idle_s=0.3)
+    for _ in range(20):  # a load of 3 at once, again and again: no connection made twice
+        held = [pool.checkout() for _ in range(3)]
+        for conn, born in held:
+            pool.checkin(conn, born)
+    assert pool.opened == 3
+    assert pool.idle == 3
+    time.sleep(0.35)
+    conn, born = pool.checkout()  # the most recent; the two others have sat for idle_s
+    pool.checkin(conn, born)
+    assert pool.idle == 1
+    assert pool.idle_connections() == [conn]
+    assert pool.opened == 3

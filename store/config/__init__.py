@@ -89,6 +89,7 @@ DEFAULT_POOL_TIMEOUT_S = 30.0
 DEFAULT_WRITE_TIMEOUT_S = 10.0
 #: Connections older than this are replaced at checkout (below MariaDB's default wait_timeout of 8 h).
 DEFAULT_POOL_RECYCLE_S = 3600.0
+DEFAULT_POOL_IDLE_S = 10.0
 #: Keys of the ``limits:`` section.
 LIMIT_KEYS = frozenset(
     {"max_object_bytes", "max_page", "max_ids", "id_chunk", "max_cursor_bytes", "max_depth"}
@@ -96,7 +97,7 @@ LIMIT_KEYS = frozenset(
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s", "unique", "write_timeout_s", "namespace", "cursor_secret",
+     "pool_timeout_s", "pool_recycle_s", "pool_idle_s", "unique", "write_timeout_s", "namespace", "cursor_secret",
      "cursor_secret_env", "cursor_secret_file"}
 )  # fmt: skip
 
@@ -197,6 +198,9 @@ class StoreConfig:
     #: A pooled connection older than this is closed and replaced at checkout (set it below the
     #: servers' ``wait_timeout`` and any proxy's idle cut-off).
     pool_recycle_s: float = DEFAULT_POOL_RECYCLE_S
+    #: Connections beyond ``pool_size`` (a burst opens up to twice it) are closed once one of
+    #: them has sat idle this long; ``pool_size`` of them are kept however long they wait.
+    pool_idle_s: float = DEFAULT_POOL_IDLE_S
     tickets: TicketsConfig | None = None
     #: Where running stores read the live map: None (the map above), ("file", path),
     #: ("table", url) or ("zookeeper", hosts).
@@ -342,6 +346,7 @@ class StoreConfig:
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
             write_timeout_s=_seconds(raw, "write_timeout_s", DEFAULT_WRITE_TIMEOUT_S),
             pool_recycle_s=_seconds(raw, "pool_recycle_s", DEFAULT_POOL_RECYCLE_S, 365 * 86400.0),
+            pool_idle_s=_seconds(raw, "pool_idle_s", DEFAULT_POOL_IDLE_S, 365 * 86400.0),
             tickets=(
                 None
                 if raw.get("tickets") is None
