@@ -151,7 +151,8 @@ class AsyncStore:
         #: How calls run: ``"threads"`` or ``"native"`` (see the module's text).
         self.io = _io_mode(io)
         #: The outcomes of the calls running with ``io="native"`` (`aclose` waits for them).
-        self._native: set[asyncio.Future[Any]] = set()
+        #: The native calls still running (`store.green.begin`), cancelled callers' too.
+        self._native: set[Any] = set()
         self._store = store
         self._executor: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
@@ -214,10 +215,9 @@ class AsyncStore:
         if self.io == "native":
             # A caller cancelled at any await gets CancelledError at once, while the call runs to
             # its end on the loop (no pair half written, no connection left mid-reply).
-            call = green.start(fn, *args, **kwargs)
-            self._native.add(call)
-            call.add_done_callback(self._native.discard)
-            return await asyncio.shield(call)
+            # (Awaited as it is: a cancelled await cancels the future, which only drops the
+            # outcome; the call stays listed in _native until it ends, for aclose.)
+            return await green.begin(self._native, fn, *args, **kwargs)
         executor = self._workers()
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -510,8 +510,8 @@ class AsyncStore:
                 return
             self._closed = True
             executor, self._executor = self._executor, None
-        if self._native:
-            await asyncio.gather(*self._native, return_exceptions=True)
+        while self._native:  # (each ends on its own: nothing of theirs to await but the end)
+            await asyncio.sleep(0.005)
         if executor is not None:
             await asyncio.to_thread(executor.shutdown, wait=True)
         await asyncio.to_thread(self._store.close)

@@ -68,36 +68,42 @@ def test_a_socket_read_waits_for_the_loop_that_sends_it_its_data(listener: socke
     assert asyncio.run(main()) == b"hello"
 
 
-def test_a_socket_stays_watched_for_its_call_only(listener: socket.socket) -> None:
-    """The loop watches a socket from its call's first wait on it to the call's end: the call's
-    later reads reuse the watch, a reply that comes while the call does not wait ends it (no
-    level-triggered callback spins on it), and nothing is left watched after the call or after a
-    close within it."""
+def test_a_socket_stays_watched_by_its_loop_from_call_to_call(listener: socket.socket) -> None:
+    """A loop watches a socket from the first wait one of its calls makes on it: that call's later
+    reads and a later call's reuse the watch (no registration with the selector each); a reply that
+    comes while no call waits ends it (no level-triggered callback spins on it)."""
     listener.setblocking(False)
     seen: dict[str, Any] = {}
 
-    def call(port: int) -> None:
+    def first(port: int) -> None:
         loop = asyncio.get_running_loop()
         sock = green.connect_tcp("127.0.0.1", port, 2.0)
         seen["sock"] = sock
         assert sock.recv(5) == b"first"
-        watched = sock._watch
-        assert watched is not None
+        assert sock._watch is loop
         fd = sock.fileno()
         assert fd in loop._selector.get_map()  # type: ignore[attr-defined]
+        key = loop._selector.get_key(fd)  # type: ignore[attr-defined]
         assert sock.recv(6) == b"second"
-        assert sock._watch is watched  # the same watch, not a new one
+        assert loop._selector.get_key(fd) is key  # the same watch, not a new one
         green.sleep(0.1)  # the peer sends "third" while the call does not wait on the socket
         assert sock._watch is None  # readable with no one waiting: no longer watched
         assert fd not in loop._selector.get_map()  # type: ignore[attr-defined]
         assert sock.recv(5) == b"third"  # (there already: read with no wait)
         assert sock.recv(6) == b"fourth"  # watched again for this wait
-        assert sock._watch is not None
-        seen["fd"] = fd
+        assert sock._watch is loop
+        seen["fd"], seen["key"] = fd, loop._selector.get_key(fd)  # type: ignore[attr-defined]
+
+    def second() -> None:
+        loop = asyncio.get_running_loop()
+        sock = seen["sock"]
+        assert loop._selector.get_key(seen["fd"]) is seen["key"]  # type: ignore[attr-defined]
+        assert sock.recv(5) == b"fifth"  # waited for on the watch the first call left
+        assert loop._selector.get_key(seen["fd"]) is seen["key"]  # type: ignore[attr-defined]
 
     async def main() -> None:
         port = listener.getsockname()[1]
-        task = asyncio.ensure_future(green.run(call, port))
+        task = asyncio.ensure_future(green.run(first, port))
         peer, _ = await asyncio.get_running_loop().sock_accept(listener)
         with peer:
             # (the call's sleep, 0.1 s, spans "third" and ends well before "fourth")
@@ -105,12 +111,65 @@ def test_a_socket_stays_watched_for_its_call_only(listener: socket.socket) -> No
                 await asyncio.sleep(pause)
                 peer.send(word)
             await task
+            task = asyncio.ensure_future(green.run(second))
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            peer.send(b"fifth")
+            await task
             loop = asyncio.get_running_loop()
-            assert seen["sock"]._watch is None  # the call ended: not watched
-            assert seen["fd"] not in loop._selector.get_map()  # type: ignore[attr-defined]
+            assert seen["sock"]._watch is loop  # still watched, for the next call
             seen["sock"].close()
+            assert seen["fd"] not in loop._selector.get_map()  # type: ignore[attr-defined]
 
     asyncio.run(main())
+
+
+def test_a_socket_a_call_of_another_loop_waits_on_leaves_the_first_loop(listener: socket.socket) -> None:
+    """Two loops in two threads take turns at one socket: each wait is woken by its own loop,
+    and the loop a socket has left no longer watches it."""
+    listener.setblocking(True)
+    client = green.connect_tcp("127.0.0.1", listener.getsockname()[1], 2.0)
+    peer, _ = listener.accept()
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def read(word: bytes) -> bytes:
+        loops.append(asyncio.get_running_loop())
+        return client.recv(len(word))
+
+    def in_thread(word: bytes) -> bytes:
+        async def main() -> bytes:
+            task = asyncio.ensure_future(green.run(read, word))
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            peer.send(word)
+            got = await task
+            assert client._watch is asyncio.get_running_loop()
+            return got
+
+        return asyncio.run(main())
+
+    with peer, client:
+        held = asyncio.new_event_loop()  # a loop that stays open while the others take the socket
+        try:
+            async def first() -> bytes:
+                task = asyncio.ensure_future(green.run(read, b"one"))
+                await asyncio.sleep(0.05)
+                peer.send(b"one")
+                return await task
+
+            assert held.run_until_complete(first()) == b"one"
+            assert client._watch is held
+            out: list[bytes] = []
+            t = threading.Thread(target=lambda: out.append(in_thread(b"two")))
+            t.start()
+            t.join()
+            assert out == [b"two"]
+            assert client._watch is not held
+            assert client.fileno() not in held._selector.get_map()  # type: ignore[attr-defined]
+            assert held.run_until_complete(first()) == b"one"  # back on the first loop
+            assert client._watch is held
+        finally:
+            held.close()
 
 
 def test_a_socket_closed_within_its_call_is_no_longer_watched(listener: socket.socket) -> None:
