@@ -48,18 +48,22 @@ import greenlet  # type: ignore[import-untyped]
 
 __all__ = [
     "GreenSocket",
+    "Pause",
     "active",
     "await_",
     "begin",
     "connect_tcp",
     "gather",
+    "pause",
     "run",
     "sleep",
     "socket_class",
     "socket_module",
     "start",
+    "wait",
     "wait_event",
     "wait_fd",
+    "wake",
 ]
 
 T = TypeVar("T")
@@ -71,29 +75,38 @@ class _Bridged(greenlet.greenlet):  # type: ignore[misc]
     """A greenlet `start` runs: it asks its loop for each wait (`_drive` arranges the wake-up)."""
 
     loop: asyncio.AbstractEventLoop
-    #: The loop's timeouts (`_Deadlines`), which its waits with a timeout join.
-    deadlines: _Deadlines
-    #: The call's outcome, set when the greenlet ends.
-    done: asyncio.Future[Any]
+    #: What its loop keeps for the calls it runs (`_LoopCalls`): their deadlines, idle greenlets.
+    on_loop: _LoopCalls
+    #: The call's outcome, (True, value) or (False, error), from its end until `_drive` reads it.
+    outcome: tuple[int, Any] | None = None
+    #: The outcome of the call it runs now, settled when the call ends.
+    done: asyncio.Future[Any] | None
     #: While it waits on a socket: (fd, writing).
     waiting: tuple[int, bool] | None = None
     #: While it waits on a `GreenSocket` it keeps watched: that socket.
     parked: GreenSocket | None = None
+    #: While it waits to be woken (`pause`): that pause.
+    pausing: Pause | None = None
     #: Where it stays listed until it ends (`begin`), if anywhere.
     live: set[Any] | None = None
 
 
-class _Deadlines:
-    """The timeouts of one loop's waits, behind one timer of the loop's at the earliest of them.
+class _LoopCalls:
+    """What one loop keeps for the calls it runs: the timeouts of their waits, behind one timer of
+    the loop's at the earliest of them, and the greenlets of calls that ended, for the next calls.
 
     A wait with a timeout costs a dict entry here, not a timer of its own: a
     loop timer per wait (made, pushed on the loop's heap, cancelled, swept
     off it) cost 2-5 us each, and a call waits 1-15 times. The timer fires
     at the earliest deadline it was set for; waits that ended meanwhile are
     gone from the dict, and it is set again for the earliest one left.
+
+    A greenlet runs one call after another (`_serve`): a new greenlet per
+    call had its Python frame stack made and dropped with it, an ``mmap``
+    and a ``munmap`` of 16 KB (and their page faults) per call.
     """
 
-    __slots__ = ("at", "loop", "timer", "waits")
+    __slots__ = ("at", "idle", "loop", "timer", "waits")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -101,6 +114,8 @@ class _Deadlines:
         self.waits: dict[_Bridged, float] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.at = float("inf")
+        #: Greenlets whose call ended, each waiting for the next call (`_start`).
+        self.idle: list[_Bridged] = []
 
     def add(self, child: _Bridged, timeout: float) -> None:
         when = self.loop.time() + timeout
@@ -124,25 +139,28 @@ class _Deadlines:
         for child in expired:
             if child.parked is not None:
                 _parked_expired(child)
+            elif child.pausing is not None:
+                _pause_expired(child)
             elif child.waiting is not None:
                 _fd_expired(child)
 
 
 _RESOLUTION = time.get_clock_info("monotonic").resolution
-_loop_deadlines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = (
-    weakref.WeakKeyDictionary()
-)
+#: The most idle greenlets a loop keeps for its next calls.
+IDLE_GREENLETS = 1024
+_loop_calls: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopCalls] = weakref.WeakKeyDictionary()
 
 
-def _deadlines(loop: asyncio.AbstractEventLoop) -> _Deadlines:
-    found = _loop_deadlines.get(loop)
+def _calls_of(loop: asyncio.AbstractEventLoop) -> _LoopCalls:
+    found = _loop_calls.get(loop)
     if found is None:
-        found = _loop_deadlines[loop] = _Deadlines(loop)
+        found = _loop_calls[loop] = _LoopCalls(loop)
     return found
 
 
 # What a bridged greenlet hands its loop when it switches out: a wait, or its end.
-_FD, _PARKED, _AWAIT, _RETURNED, _RAISED = range(5)
+_FD, _PARKED, _PAUSED, _AWAIT, _END = range(5)
+_ENDED = (_END, None)
 
 
 def active() -> bool:
@@ -187,16 +205,23 @@ def _start(
     here = _getcurrent()
     if type(here) is _Bridged:
         raise RuntimeError("store.green.start inside a call it runs: use store.green.gather")
-    child = _Bridged(_body, parent=here)
+    calls = _calls_of(loop)
+    if calls.idle:
+        child = calls.idle.pop()
+        if child.parent is not here:
+            child.parent = here
+    else:
+        child = _Bridged(_serve, parent=here)
+        child.loop = loop
+        child.on_loop = calls
     child.gr_context = contextvars.copy_context()
-    child.loop = loop
-    child.deadlines = _deadlines(loop)
-    child.done = loop.create_future()
+    done: asyncio.Future[T] = loop.create_future()
+    child.done = done
     if live is not None:
         child.live = live
         live.add(child)
     _drive(child, (fn, args, kwargs))
-    return child.done
+    return done
 
 
 async def run(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -204,12 +229,16 @@ async def run(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return await start(fn, *args, **kwargs)
 
 
-def _body(call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]) -> tuple[int, Any]:
-    fn, args, kwargs = call
-    try:
-        return _RETURNED, fn(*args, **kwargs)
-    except BaseException as exc:  # the call's outcome, raised to whoever awaits it
-        return _RAISED, exc
+def _serve(call: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None) -> None:
+    """A greenlet's life: run each call it is given, its outcome left on it (`_drive` reads it)."""
+    me = _getcurrent()
+    while call is not None:
+        try:
+            me.outcome = (True, call[0](*call[1], **call[2]))
+        except BaseException as exc:  # the call's outcome, raised to whoever awaits it
+            me.outcome = (False, exc)
+        call = None  # (an idle greenlet holds nothing of its last call)
+        call = me.parent.switch(_ENDED)
 
 
 def _drive(child: _Bridged, value: Any = None, error: BaseException | None = None) -> None:
@@ -221,13 +250,18 @@ def _drive(child: _Bridged, value: Any = None, error: BaseException | None = Non
         child.parked = what
         timeout = asked[2]
         if timeout is not None:
-            child.deadlines.add(child, timeout)
+            child.on_loop.add(child, timeout)
+    elif kind == _PAUSED:  # (`wake` resumes it)
+        child.pausing = what
+        timeout = asked[2]
+        if timeout is not None:
+            child.on_loop.add(child, timeout)
     elif kind == _FD:
         fd, writing, timeout = what, asked[2], asked[3]
         loop = child.loop
         child.waiting = (fd, writing)
         if timeout is not None:
-            child.deadlines.add(child, timeout)
+            child.on_loop.add(child, timeout)
         if writing:
             loop.add_writer(fd, _fd_ready, child)
         else:
@@ -235,15 +269,22 @@ def _drive(child: _Bridged, value: Any = None, error: BaseException | None = Non
     elif kind == _AWAIT:
         future = asyncio.ensure_future(what, loop=child.loop)
         future.add_done_callback(functools.partial(_awaited, child))
-    else:
-        if child.live is not None:
-            child.live.discard(child)
-        done = child.done
+    else:  # (_ENDED: the call ran to its end; its greenlet waits for the next one)
+        outcome, child.outcome = child.outcome, None
+        live, child.live = child.live, None
+        if live is not None:
+            live.discard(child)
+        done, child.done = child.done, None
+        calls = child.on_loop
+        if len(calls.idle) < IDLE_GREENLETS:
+            child.gr_context = None
+            calls.idle.append(child)
+        assert outcome is not None and done is not None
         if not done.done():  # (cancelled by its caller: the outcome is dropped)
-            if kind == _RETURNED:
-                done.set_result(what)
+            if outcome[0]:
+                done.set_result(outcome[1])
             else:
-                done.set_exception(what)
+                done.set_exception(outcome[1])
 
 
 def _end_fd_wait(child: _Bridged) -> None:
@@ -257,16 +298,24 @@ def _end_fd_wait(child: _Bridged) -> None:
 
 
 def _parked_expired(child: _Bridged) -> None:
-    """Its wait's deadline passed (`_Deadlines`): it leaves the socket and gets `TimeoutError`."""
+    """Its wait's deadline passed (`_LoopCalls`): it leaves the socket and gets `TimeoutError`."""
     sock, child.parked = child.parked, None
     if sock is not None:
         sock._waiter = None
     _drive(child, error=TimeoutError("timed out"))
 
 
+def _pause_expired(child: _Bridged) -> None:
+    """Its pause's deadline passed (`_LoopCalls`): `wait` returns False."""
+    pause, child.pausing = child.pausing, None
+    if pause is not None:
+        pause.state = _TIMED_OUT
+    _drive(child, False)
+
+
 def _fd_ready(child: _Bridged) -> None:
     _end_fd_wait(child)
-    child.deadlines.waits.pop(child, None)
+    child.on_loop.waits.pop(child, None)
     _drive(child)
 
 
@@ -282,6 +331,63 @@ def _awaited(child: _Bridged, future: asyncio.Future[Any]) -> None:
         _drive(child, error=exc)
     else:
         _drive(child, future.result())
+
+
+_WAITING, _WOKEN, _TIMED_OUT = range(3)
+
+
+class Pause:
+    """A call's pause (`pause`): it waits (`wait`) until something on its loop wakes it (`wake`),
+    or its timeout passes. Waking it costs one callback of the loop: no future, no timer, no
+    task (a queue of calls waiting for a pooled connection is the use)."""
+
+    __slots__ = ("child", "state")
+
+    def __init__(self, child: _Bridged) -> None:
+        self.child = child
+        #: _WAITING, then _WOKEN or _TIMED_OUT, once.
+        self.state = _WAITING
+
+    @property
+    def waiting(self) -> bool:
+        """Neither woken nor timed out yet."""
+        return self.state == _WAITING
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop of the call that pauses: `wake` is called on its thread."""
+        loop: asyncio.AbstractEventLoop = self.child.loop
+        return loop
+
+
+def pause() -> Pause:
+    """A pause of the calling call (inside `run`; `RuntimeError` elsewhere), to `wait` on."""
+    current = _getcurrent()
+    if type(current) is not _Bridged:
+        raise RuntimeError("store.green.pause is for functions run by store.green.run")
+    return Pause(current)
+
+
+def wait(pause: Pause, timeout: float | None) -> bool:
+    """Let the loop run on until ``pause`` is woken (True) or ``timeout`` seconds pass (False)."""
+    if pause.state != _WAITING:
+        return pause.state == _WOKEN
+    woken: bool = pause.child.parent.switch((_PAUSED, pause, timeout))
+    return woken
+
+
+def wake(pause: Pause) -> bool:
+    """On the pause's loop thread: wake the call that waits on ``pause`` (it resumes at the loop's
+    next turn) and True; False if it has timed out or was woken already."""
+    if pause.state != _WAITING:
+        return False
+    pause.state = _WOKEN
+    child = pause.child
+    if child.pausing is pause:  # (else `wait` has not switched out yet: it returns at once)
+        child.pausing = None
+        child.on_loop.waits.pop(child, None)
+        child.loop.call_soon(_drive, child, True)
+    return True
 
 
 def wait_fd(fd: int, *, writing: bool, timeout: float | None) -> None:
@@ -414,7 +520,7 @@ class GreenSocket(socket.socket):
             return
         self._waiter = None
         child.parked = None
-        child.deadlines.waits.pop(child, None)
+        child.on_loop.waits.pop(child, None)
         _drive(child)
 
     def _unwatch(self) -> None:
@@ -461,7 +567,14 @@ class GreenSocket(socket.socket):
 
     def sendall(self, data: Any, flags: int = 0, /) -> None:
         """`socket.socket.sendall`, waiting for room as described in the class's text."""
-        view = memoryview(data).cast("B")
+        try:
+            sent = super().send(data, flags)
+        except BlockingIOError:
+            sent = 0
+        size = len(data) if isinstance(data, bytes | bytearray) else memoryview(data).nbytes
+        if sent == size:  # (a request fits the socket's buffer: all of it at once)
+            return
+        view = memoryview(data).cast("B")[sent:]
         while view:
             view = view[self.send(view, flags) :]
 

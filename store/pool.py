@@ -210,7 +210,7 @@ class ConnectionPool:
         self._in_use = 0
         self._waiting = 0
         #: Callers inside an event loop's call waiting for a connection (`_wait_handed`).
-        self._green_waiters: deque[asyncio.Future[bool]] = deque()
+        self._green_waiters: deque[green.Pause] = deque()
         self._max_open = max_open
         self._max_idle = max_idle
         self._timeout_s = timeout_s
@@ -293,52 +293,46 @@ class ConnectionPool:
 
         A slot given back while such calls wait is handed to the first of them (`_release`),
         still counted in use, so no call arriving meanwhile takes it and the woken one never
-        has to queue again. `BackendError` after ``timeout_s``; a call cancelled while it
-        waits passes a slot it was handed on."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        self._green_waiters.append(future)
+        has to queue again. `BackendError` after ``timeout_s`` (a wait that times out is never
+        handed a slot: the hand-off and the timeout both happen on the waiter's loop thread, and
+        only one of them can end the wait)."""
+        pause = green.pause()
+        self._green_waiters.append(pause)
         self._waiting += 1
         self._cond.release()
-        timer = loop.call_later(self._timeout_s, _settle, future, False)
         handed = False
         try:
-            handed = green.await_(future)
+            handed = green.wait(pause, self._timeout_s)
         finally:
-            timer.cancel()
             self._cond.acquire()
             self._waiting -= 1
             if not handed:
-                if future.done() and not future.cancelled() and future.result():
-                    self._pass_on()  # handed a slot just as the wait ended: not this call's
                 with suppress(ValueError):
-                    self._green_waiters.remove(future)
+                    self._green_waiters.remove(pause)
         if not handed:
             raise self._exhausted()
 
     def _pass_on(self) -> None:
         """Give a slot back, the lock held: to the first waiting loop call if any, else free."""
         while self._green_waiters:
-            future = self._green_waiters.popleft()
-            if future.done():
+            pause = self._green_waiters.popleft()
+            if not pause.waiting:  # (it timed out meanwhile)
                 continue
-            loop = future.get_loop()
+            loop = pause.loop
             if _running_loop() is loop:  # given back on the waiter's own loop: handed at once
-                future.set_result(True)  # (the waiter runs later, as the loop's callback)
+                green.wake(pause)  # (the waiter runs later, as the loop's callback)
             else:
-                loop.call_soon_threadsafe(self._hand, future)
+                loop.call_soon_threadsafe(self._hand, pause)
             return
         self._in_use -= 1
         if self._waiting:
             self._cond.notify()
 
-    def _hand(self, future: asyncio.Future[bool]) -> None:
+    def _hand(self, pause: green.Pause) -> None:
         """On the waiter's loop: the slot is its, unless its wait has ended (then it goes on)."""
         with self._cond:
-            if future.done():
+            if not green.wake(pause):
                 self._pass_on()
-            else:
-                future.set_result(True)
 
     def _release(self) -> None:
         with self._cond:
@@ -432,11 +426,6 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _settle(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():
-        future.set_result(value)
 
 
 def _close_quietly(conn: Any) -> None:

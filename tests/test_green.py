@@ -483,3 +483,38 @@ def test_a_call_waiting_for_an_event_lets_the_loop_run_the_task_that_sets_it() -
 
     assert asyncio.run(main()) is True
     assert ticks == [0, 1, 2]
+
+
+def test_a_pause_ends_once_woken_or_timed_out_never_both() -> None:
+    """`green.wait` returns True when woken, False when its timeout passes; a pause that timed out
+    cannot be woken afterwards (had it been resumed twice, the second resumption would land in the
+    call's next wait, the sleep below, and end it early with a wrong value)."""
+    seen: dict[str, Any] = {}
+
+    def times_out() -> tuple[bool, bool]:
+        pause = green.pause()
+        seen["late"] = pause
+        ended = green.wait(pause, 0.05)
+        green.sleep(0.1)  # a second resumption would land here
+        return ended, pause.waiting
+
+    def woken() -> bool:
+        pause = green.pause()
+        seen["early"] = pause
+        return green.wait(pause, 5.0)
+
+    async def main() -> None:
+        late = asyncio.ensure_future(green.run(times_out))
+        early = asyncio.ensure_future(green.run(woken))
+        await asyncio.sleep(0.02)
+        assert not early.done()
+        assert green.wake(seen["early"])
+        assert not green.wake(seen["early"])  # once
+        assert await early is True
+        await asyncio.sleep(0.08)  # the late one has timed out: its wake comes too late
+        assert not green.wake(seen["late"])
+        assert await late == (False, False)
+
+    asyncio.run(main())
+    with pytest.raises(RuntimeError, match=r"store\.green\.run"):
+        green.pause()

@@ -198,6 +198,15 @@ def _task_counts(text: str) -> list[int]:
     "(native), or an executor's worker threads (threads: see --async-workers).",
 )
 @click.option(
+    "--async-loop",
+    "async_loop",
+    type=click.Choice(["asyncio", "uvloop"]),
+    default="asyncio",
+    show_default=True,
+    help="store:async's event loop: asyncio's own, or uvloop (what uvicorn runs when it is "
+    "installed; pip install 'shardstore[bench]').",
+)
+@click.option(
     "--async-pool",
     "async_pool",
     type=click.IntRange(1, 1000),
@@ -230,6 +239,7 @@ def bench_mix(
     concurrency_text: str,
     async_workers: int | None,
     async_io: str,
+    async_loop: str,
     async_pool: int | None,
     quick: bool,
     out: Path,
@@ -266,6 +276,7 @@ def bench_mix(
         concurrency=[4, 32] if quick and concurrency_text == "16,64,256" else _task_counts(concurrency_text),
         async_workers=async_workers,
         async_io=async_io,
+        async_loop=async_loop,
         async_pool=async_pool,
         mysqldb_url=mysqldb_url,
         trips=100 if quick else 400,

@@ -17,18 +17,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from store.aio import AsyncStore
-from store.exceptions import NotFound
+from store.exceptions import ConfigError, NotFound
 from store.store import Store
 from store.tools.mix.dataset_db import Copy
 from store.tools.mix.runner import OpSamples, Phase, _combined
 from store.tools.mix.store_system import StoreSystem
 from store.tools.mix.workload import MIX, PAGE, DataSet, Request, requests
 
-__all__ = ["AsyncStoreSystem", "connections_in_use", "run_async_phase"]
+__all__ = ["AsyncStoreSystem", "connections_in_use", "event_loop_factory", "run_async_phase"]
+
+T = TypeVar("T")
 
 
 def connections_in_use(store: Store, *, restart: bool = False) -> int:
@@ -46,14 +48,43 @@ class AsyncStoreSystem(StoreSystem):
     """`AsyncStore` calls for the phases; the sync methods (check, round trips) are its store's."""
 
     def __init__(
-        self, store: Store, *, name: str = "store:async", max_workers: int | None = None, io: str = "native"
+        self,
+        store: Store,
+        *,
+        name: str = "store:async",
+        max_workers: int | None = None,
+        io: str = "native",
+        loop: str = "asyncio",
     ) -> None:
         super().__init__(store, name=name)
         self.astore = AsyncStore.from_store(store, max_workers=max_workers, io=io)
+        #: Makes the event loop each phase runs on (`event_loop_factory`).
+        self.new_loop = event_loop_factory(loop)
+
+    def run(self, main: Coroutine[Any, Any, T]) -> T:
+        """``main`` run to its end on a new event loop of this system's kind."""
+        with asyncio.Runner(loop_factory=self.new_loop) as runner:
+            return runner.run(main)
 
     def close(self) -> None:
         """`AsyncStore.aclose` (which closes the store)."""
-        asyncio.run(self.astore.aclose())
+        self.run(self.astore.aclose())
+
+
+def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes a new event loop of kind ``name``: ``asyncio`` (the standard library's) or
+    ``uvloop`` (`ConfigError` naming the package to install where it is missing)."""
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError as exc:
+            raise ConfigError(
+                "--async-loop uvloop needs the uvloop package: pip install 'shardstore[bench]'"
+            ) from exc
+        return uvloop.new_event_loop  # type: ignore[no-any-return]
+    raise ConfigError(f"unknown event loop {name!r}: choose asyncio or uvloop")
 
 
 async def _gone_is_none(call: Awaitable[Any]) -> None:
@@ -145,7 +176,7 @@ def run_async_phase(
         await asyncio.gather(*running)
         return time.perf_counter() - started, time.process_time() - cpu0
 
-    took, cpu_s = asyncio.run(main())
+    took, cpu_s = system.run(main())
     if tick is not None:
         tick(1.0)
     return Phase(system.name, tasks, temperature, took, cpu_s, _combined(results))

@@ -234,6 +234,8 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
     if ASYNC_SYSTEM in names and options.processes > 1:
         raise ConfigError(f"{ASYNC_SYSTEM} runs in this process: leave out --processes, or {ASYNC_SYSTEM}")
     _check_connections(schema, names, max(options.threads), max(1, options.processes))
+    if ASYNC_SYSTEM in names:
+        say(f"{ASYNC_SYSTEM}: io={options.async_io}, on the {options.async_loop} event loop")
     systems: dict[str, System] = {}
     daemons: dict[str, DaemonProcess] = {}
     copies: dict[str, Copy] = {}
@@ -359,6 +361,11 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         "hosts": sorted(set(schema.masters.values())),
         "threads": options.threads,
         "processes": max(1, options.processes),
+        "async": (
+            {"io": options.async_io, "loop": options.async_loop, "pool_size": options.async_pool}
+            if ASYNC_SYSTEM in names
+            else None
+        ),
         "seconds": options.seconds,
         "requests_per_thread": options.requests,
     }

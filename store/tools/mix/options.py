@@ -87,6 +87,8 @@ class MixOptions:
     async_workers: int | None = None
     #: How ``store:async`` runs its calls: `store.aio.IO_MODES` (``native``: greenlets on the loop).
     async_io: str = "native"
+    #: ``store:async``'s event loop: ``asyncio`` (the standard library's) or ``uvloop``.
+    async_loop: str = "asyncio"
     #: ``store:async``'s ``pool_size`` (None: the threaded store's).
     async_pool: int | None = None
 

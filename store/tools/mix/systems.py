@@ -48,6 +48,7 @@ def make_system(name: str, config: StoreConfig, schema: MixSchema, options: MixO
             name=name,
             max_workers=options.async_workers,
             io=options.async_io,
+            loop=options.async_loop,
         )
     cfg = system_config(name, config, options)
     assert cfg is not None
