@@ -279,7 +279,8 @@ def _drive(child: _Bridged, value: Any = None, error: BaseException | None = Non
         if len(calls.idle) < IDLE_GREENLETS:
             child.gr_context = None
             calls.idle.append(child)
-        assert outcome is not None and done is not None
+        assert outcome is not None
+        assert done is not None
         if not done.done():  # (cancelled by its caller: the outcome is dropped)
             if outcome[0]:
                 done.set_result(outcome[1])

@@ -151,6 +151,7 @@ def test_a_socket_a_call_of_another_loop_waits_on_leaves_the_first_loop(listener
     with peer, client:
         held = asyncio.new_event_loop()  # a loop that stays open while the others take the socket
         try:
+
             async def first() -> bytes:
                 task = asyncio.ensure_future(green.run(read, b"one"))
                 await asyncio.sleep(0.05)
