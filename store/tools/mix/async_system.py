@@ -83,7 +83,7 @@ def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
             raise ConfigError(
                 "--async-loop uvloop needs the uvloop package: pip install 'shardstore[bench]'"
             ) from exc
-        return uvloop.new_event_loop  # type: ignore[no-any-return]
+        return uvloop.new_event_loop
     raise ConfigError(f"unknown event loop {name!r}: choose asyncio or uvloop")
 
 
