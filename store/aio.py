@@ -7,7 +7,8 @@ greenlet (`store.green`): the sync store's code, unchanged, with each
 socket wait (MariaDB through PyMySQL, memcached, Redis, PostgreSQL through
 libpq) and each wait for a pooled connection an await on the loop. Many
 calls are in flight at once with no thread per call, and the database
-connections open are bounded by the pool (``pool_size`` per host), not by
+connections open are bounded by the pool (``pool_size`` + ``pool_overflow``
+per host), not by
 the number of tasks: a call that finds every connection of a host in use
 waits for one on the loop. Opening a connection, a TLS handshake, and
 MariaDB through mysqlclient or a Unix socket still block the loop while

@@ -464,7 +464,7 @@ class Engines:
         pool = ConnectionPool(
             open_one,
             name=name,
-            max_open=2 * c.pool_size,
+            max_open=c.max_open,
             max_idle=c.pool_size,
             timeout_s=c.pool_timeout_s,
             recycle_s=c.pool_recycle_s,

@@ -134,12 +134,21 @@ DELETE = object()
         ("limits", {"max_objects": 5}, "unknown limits key"),
         ("shard_count", 5, "unknown config key\\(s\\) shard_count"),
         ("pool_idle_s", 0, r"pool_idle_s must be a number of seconds"),
+        ("pool_overflow", -1, r"pool_overflow must be an int in 0..1000"),
+        ("pool_overflow", "many", r"pool_overflow must be an int in 0..1000"),
         ("pool_idle_s", "soon", r"pool_idle_s must be a number of seconds"),
     ],
 )
 def test_broken_config_names_the_key(path: str, value: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         StoreConfig.from_dict(broken(path, value))
+
+
+def test_pool_overflow_sets_how_many_a_host_opens_past_pool_size() -> None:
+    assert StoreConfig.from_dict(broken("pool_size", 4)).max_open == 8  # as many again by default
+    overflow = {**broken("pool_size", 2), "pool_overflow": 1}
+    assert StoreConfig.from_dict(overflow).max_open == 3
+    assert StoreConfig.from_dict({**overflow, "pool_overflow": 0}).max_open == 2
 
 
 def test_pool_idle_s_defaults_to_ten_seconds() -> None:

@@ -90,3 +90,15 @@ def test_a_burst_past_max_idle_is_kept_until_idle_s(tmp_path: Path) -> None:
     assert pool.idle == 1
     assert pool.idle_connections() == [conn]
     assert pool.opened == 3
+
+
+def test_a_store_s_pools_open_pool_size_plus_pool_overflow(tmp_path: Path) -> None:
+    from store import Store
+    from tests.conftest import sqlite_config
+
+    raw = {**sqlite_config(tmp_path), "pool_size": 2, "pool_overflow": 1}
+    with Store.from_config(raw) as store:
+        store.create("pin", {"i": 1}, shard=0)
+        pools = list(store.admin_context().engines.pools().values())
+        assert pools
+        assert {p.max_open for p in pools} == {3}

@@ -211,7 +211,15 @@ def _task_counts(text: str) -> list[int]:
     "async_pool",
     type=click.IntRange(1, 1000),
     default=None,
-    help="store:async's pool_size (each host opens at most twice it); default: the threaded store's.",
+    help="store:async's pool_size (connections kept per host); default: the threaded store's.",
+)
+@click.option(
+    "--async-overflow",
+    "async_overflow",
+    type=click.IntRange(0, 1000),
+    default=None,
+    help="store:async's pool_overflow (connections a host may open past --async-pool); default: as "
+    "many again as --async-pool.",
 )
 @click.option("--quick", is_flag=True, help="A small data set, threads 1,2, 2 s phases: under a minute.")
 @click.option(
@@ -241,6 +249,7 @@ def bench_mix(
     async_io: str,
     async_loop: str,
     async_pool: int | None,
+    async_overflow: int | None,
     quick: bool,
     out: Path,
     keep: bool,
@@ -278,6 +287,7 @@ def bench_mix(
         async_io=async_io,
         async_loop=async_loop,
         async_pool=async_pool,
+        async_overflow=async_overflow,
         mysqldb_url=mysqldb_url,
         trips=100 if quick else 400,
         out=out,

@@ -97,7 +97,7 @@ LIMIT_KEYS = frozenset(
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s", "pool_idle_s", "unique", "write_timeout_s", "namespace",
+     "pool_timeout_s", "pool_recycle_s", "pool_idle_s", "pool_overflow", "unique", "write_timeout_s", "namespace",
      "cursor_secret", "cursor_secret_env", "cursor_secret_file"}
 )  # fmt: skip
 
@@ -186,6 +186,9 @@ class StoreConfig:
     max_depth: int = DEFAULT_MAX_DEPTH
     instagram_epoch_ms: int = INSTAGRAM_EPOCH_MS
     pool_size: int = DEFAULT_POOL_SIZE
+    #: Connections a host may open beyond ``pool_size`` at a busy moment (SQLAlchemy's
+    #: ``max_overflow``); None: as many again as ``pool_size``.
+    pool_overflow: int | None = None
     #: Bounds on every database call of the request path: opening a connection, waiting for
     #: one reply (a host that stops answering fails its shards' calls after this), and waiting
     #: for a free pooled connection.
@@ -198,7 +201,7 @@ class StoreConfig:
     #: A pooled connection older than this is closed and replaced at checkout (set it below the
     #: servers' ``wait_timeout`` and any proxy's idle cut-off).
     pool_recycle_s: float = DEFAULT_POOL_RECYCLE_S
-    #: Connections beyond ``pool_size`` (a burst opens up to twice it) are closed once one of
+    #: Connections beyond ``pool_size`` (a burst opens up to `max_open`) are closed once one of
     #: them has sat idle this long; ``pool_size`` of them are kept however long they wait.
     pool_idle_s: float = DEFAULT_POOL_IDLE_S
     tickets: TicketsConfig | None = None
@@ -230,6 +233,11 @@ class StoreConfig:
     def namespace(self) -> str | None:
         """The config's ``namespace:`` (None: none)."""
         return self.names.namespace
+
+    @property
+    def max_open(self) -> int:
+        """The most connections one host's pool opens at once: ``pool_size`` + ``pool_overflow``."""
+        return self.pool_size + (self.pool_size if self.pool_overflow is None else self.pool_overflow)
 
     def for_admin(self) -> StoreConfig:
         """This config with every host's admin URL in place of its application URL.
@@ -341,6 +349,7 @@ class StoreConfig:
             max_depth=_int(limits, "max_depth", DEFAULT_MAX_DEPTH, 1, 1000, "limits."),
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62, "instagram."),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
+            pool_overflow=None if raw.get("pool_overflow") is None else _int(raw, "pool_overflow", 0, 0, 1000),
             connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
             query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),

@@ -362,7 +362,12 @@ def run_mix(options: MixOptions, say: Callable[[str], None]) -> dict[str, Any]:
         "threads": options.threads,
         "processes": max(1, options.processes),
         "async": (
-            {"io": options.async_io, "loop": options.async_loop, "pool_size": options.async_pool}
+            {
+                "io": options.async_io,
+                "loop": options.async_loop,
+                "pool_size": options.async_pool,
+                "pool_overflow": options.async_overflow,
+            }
             if ASYNC_SYSTEM in names
             else None
         ),

@@ -91,6 +91,8 @@ class MixOptions:
     async_loop: str = "asyncio"
     #: ``store:async``'s ``pool_size`` (None: the threaded store's).
     async_pool: int | None = None
+    #: ``store:async``'s ``pool_overflow`` (None: as many again as its ``pool_size``).
+    async_overflow: int | None = None
 
 
 def mix_config(options: MixOptions) -> StoreConfig:

@@ -44,7 +44,7 @@ def make_system(name: str, config: StoreConfig, schema: MixSchema, options: MixO
 
         size = options.async_pool if options.async_pool is not None else max(config.pool_size, pool)
         return AsyncStoreSystem(
-            Store(replace(config, pool_size=size)),
+            Store(replace(config, pool_size=size, pool_overflow=options.async_overflow)),
             name=name,
             max_workers=options.async_workers,
             io=options.async_io,
