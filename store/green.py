@@ -53,6 +53,7 @@ __all__ = [
     "await_",
     "begin",
     "connect_tcp",
+    "current",
     "gather",
     "pause",
     "run",
@@ -89,6 +90,9 @@ class _Bridged(greenlet.greenlet):  # type: ignore[misc]
     pausing: Pause | None = None
     #: Where it stays listed until it ends (`begin`), if anywhere.
     live: set[Any] | None = None
+    #: Pooled database connections it holds now (`store.pool`: one waiting for another host's
+    #: connection while it holds one goes first in that host's queue).
+    holding: int = 0
 
 
 class _LoopCalls:
@@ -166,6 +170,13 @@ _ENDED = (_END, None)
 def active() -> bool:
     """Whether the caller runs inside `run` (its waits must go through the event loop)."""
     return type(_getcurrent()) is _Bridged
+
+
+def current() -> Any:
+    """The call `run` runs that the caller is in (its ``holding`` counts the pooled connections
+    it has checked out), or None outside one."""
+    here = _getcurrent()
+    return here if type(here) is _Bridged else None
 
 
 def await_(awaitable: Awaitable[T]) -> T:

@@ -380,6 +380,40 @@ def test_calls_waiting_for_a_connection_get_it_in_the_order_they_came() -> None:
     assert (pool.in_use, pool.waiting, pool.peak_in_use) == (0, 0, 1)
 
 
+def test_a_call_holding_another_pool_s_connection_goes_first_in_the_queue() -> None:
+    """Ten calls queue for host B's one connection; then a call that already holds host A's (a
+    pair write takes both before it begins) joins the queue: it is served next, not after the
+    ten, so A's connection does not sit idle behind B's whole queue."""
+    pool_a = ConnectionPool(_Conn, name="a", max_open=1, max_idle=1, timeout_s=10.0)
+    pool_b = ConnectionPool(_Conn, name="b", max_open=1, max_idle=1, timeout_s=10.0)
+    order: list[str] = []
+
+    def use_b(name: str) -> None:
+        conn, born = pool_b.checkout()
+        order.append(name)
+        green.sleep(0.001)
+        pool_b.checkin(conn, born)
+
+    def pair() -> None:
+        a = pool_a.checkout()
+        assert green.current().holding == 1
+        use_b("pair")
+        assert green.current().holding == 1
+        pool_a.checkin(*a)
+        assert green.current().holding == 0
+
+    async def main() -> None:
+        first = asyncio.ensure_future(green.run(use_b, "first"))  # takes B's connection
+        await asyncio.sleep(0)
+        queued = [asyncio.ensure_future(green.run(use_b, f"q{i}")) for i in range(10)]
+        await asyncio.sleep(0)
+        await asyncio.gather(first, *queued, green.run(pair))
+
+    asyncio.run(main())
+    assert order == ["first", "pair", *(f"q{i}" for i in range(10))]
+    assert green.current() is None
+
+
 def test_a_call_whose_caller_is_cancelled_runs_to_its_end_and_gives_its_connection_back() -> None:
     """Callers waiting for the one connection are cancelled: they get `CancelledError` at once,
     while their calls queue on, each takes the connection in turn and gives it back, and the pool
