@@ -349,7 +349,9 @@ class StoreConfig:
             max_depth=_int(limits, "max_depth", DEFAULT_MAX_DEPTH, 1, 1000, "limits."),
             instagram_epoch_ms=_int(insta, "epoch_ms", INSTAGRAM_EPOCH_MS, 0, 1 << 62, "instagram."),
             pool_size=_int(raw, "pool_size", DEFAULT_POOL_SIZE, 1, 1000),
-            pool_overflow=None if raw.get("pool_overflow") is None else _int(raw, "pool_overflow", 0, 0, 1000),
+            pool_overflow=None
+            if raw.get("pool_overflow") is None
+            else _int(raw, "pool_overflow", 0, 0, 1000),
             connect_timeout_s=_seconds(raw, "connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S),
             query_timeout_s=_seconds(raw, "query_timeout_s", DEFAULT_QUERY_TIMEOUT_S),
             pool_timeout_s=_seconds(raw, "pool_timeout_s", DEFAULT_POOL_TIMEOUT_S),
