@@ -97,8 +97,8 @@ LIMIT_KEYS = frozenset(
 _TOP_KEYS = frozenset(
     {"ids", "shards", "open_shards", "hosts", "map", "types", "relations", "cache", "limits",
      "instagram", "pool_size", "tickets", "map_source", "connect_timeout_s", "query_timeout_s",
-     "pool_timeout_s", "pool_recycle_s", "pool_idle_s", "pool_overflow", "unique", "write_timeout_s", "namespace",
-     "cursor_secret", "cursor_secret_env", "cursor_secret_file"}
+     "pool_timeout_s", "pool_recycle_s", "pool_idle_s", "pool_overflow", "unique", "write_timeout_s",
+     "namespace", "cursor_secret", "cursor_secret_env", "cursor_secret_file"}
 )  # fmt: skip
 
 
