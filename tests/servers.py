@@ -519,11 +519,19 @@ def give_back_postgres_template(template: Path) -> None:
 class PostgresServer:
     """A PostgreSQL of the tests' own (a copy of `take_postgres_template` in a temporary folder) with TLS
     on ``files``' server certificate, on 127.0.0.1 and 127.0.0.2. ``pg_hba.conf``: TLS connections
-    are trusted, others refused. Runs as ``postgres`` when the tests run as root.
-    ``wal_level="logical"``: a server that can publish and subscribe (moves), with room for a
-    move's table copies."""
+    are trusted (replication connections too), others refused. Runs as ``postgres`` when the tests
+    run as root. ``wal_level="logical"``: a server that can publish and subscribe (moves), with room
+    for a move's table copies. ``standby_of``: a streaming hot standby of that running server
+    (``pg_basebackup -R`` of it, its ``pg_hba.conf`` the primary's), not a copy of the template."""
 
-    def __init__(self, port: int | None, files: TLSFiles, *, wal_level: str = "replica") -> None:
+    def __init__(
+        self,
+        port: int | None,
+        files: TLSFiles,
+        *,
+        wal_level: str = "replica",
+        standby_of: PostgresServer | None = None,
+    ) -> None:
         port = free_port() if port is None else port
         postgres = _postgres_bin("postgres")
         self.port = port
@@ -533,16 +541,26 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.base, "postgres", "postgres")
         data = self.base / "data"
-        # cp -a keeps the postgres user's ownership and the folder's mode (0700, which it requires).
-        self._template = take_postgres_template()
-        try:
-            subprocess.run(["cp", "-a", "--reflink=auto", str(self._template), str(data)], check=True)
-        except BaseException:
-            give_back_postgres_template(self._template)
-            raise
-        (data / "pg_hba.conf").write_text(
-            "local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostnossl all all 127.0.0.0/8 reject\n"
-        )
+        self._template: Path | None = None
+        if standby_of is not None:
+            subprocess.run(
+                [_postgres_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(standby_of.port),
+                 "-U", "postgres", "-D", str(data), "-R", "-X", "stream", "-c", "fast", "--no-sync"],
+                check=True, capture_output=True, env={**os.environ, "HOME": str(self.base),
+                "PGSSLMODE": "require"}, **user,
+            )  # fmt: skip
+        else:
+            # cp -a keeps the postgres user's ownership and the folder's mode (0700, which it requires).
+            self._template = take_postgres_template()
+            try:
+                subprocess.run(["cp", "-a", "--reflink=auto", str(self._template), str(data)], check=True)
+            except BaseException:
+                give_back_postgres_template(self._template)
+                raise
+            (data / "pg_hba.conf").write_text(
+                "local all all trust\nhostssl all all 127.0.0.0/8 trust\n"
+                "hostssl replication all 127.0.0.0/8 trust\nhostnossl all all 127.0.0.0/8 reject\n"
+            )
         key = self.base / "server-key.pem"  # libpq's server wants its key private to its user
         shutil.copy(files.server_key, key)
         os.chmod(key, 0o600)
@@ -583,6 +601,14 @@ class PostgresServer:
         self.proc.wait(timeout=30)
         self.proc = self._run()
 
+    def kill(self) -> None:
+        """An immediate shutdown (``pg_ctl stop -m immediate``, SIGQUIT): nothing is written and the
+        port closes, as in a crash; the files stay."""
+        import signal
+
+        self.proc.send_signal(signal.SIGQUIT)
+        self.proc.wait(timeout=30)
+
     def create_database(self, name: str = "store", *, within_s: float = 30.0) -> None:
         """``CREATE DATABASE name`` once the server takes connections (its port opens first)."""
         import psycopg
@@ -612,7 +638,8 @@ class PostgresServer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.base, ignore_errors=True)
-        give_back_postgres_template(self._template)
+        if self._template is not None:
+            give_back_postgres_template(self._template)
 
 
 def start_redis_tls(port: int, files: TLSFiles) -> subprocess.Popen[bytes]:
