@@ -45,6 +45,7 @@ __all__ = [
     "live_map",
     "load_or_seed",
     "open_map_source",
+    "require_changeable",
 ]
 
 
@@ -81,6 +82,17 @@ class StaticMapSource:
     def write(self, new: ShardMap, *, expected_version: int) -> None:
         """Refused: a static map cannot change."""
         raise ConfigError("the shard map comes from the config file; configure map_source to change it live")
+
+
+def require_changeable(source: MapSource, what: str) -> None:
+    """`ConfigError` if ``source`` is the config's own map (`StaticMapSource`), which ``what`` (a
+    command that writes a new map: "a move", "a rebalance", "a promote") cannot change; checked
+    before that command plans or touches a server."""
+    if isinstance(source, StaticMapSource):
+        raise ConfigError(
+            f"{what} must publish a new map to every running store, and the config has no map_source: "
+            "configure one (map_source: {file: PATH}, {table: URL} or {zookeeper: HOST:2181})"
+        )
 
 
 def _check_next(new: ShardMap, current: int, expected: int) -> None:

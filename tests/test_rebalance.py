@@ -29,9 +29,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import Store, StoreConfig
+from store import ConfigError, Store, StoreConfig
 from store.admin import init_shards
-from store.admin.rebalance import PlannedMove, apply_plan, minimum_shards_moved, plan_rebalance
+from store.admin.rebalance import PlannedMove, apply_plan, minimum_shards_moved, plan_rebalance, run_rebalance
 from store.cli import main
 from store.shardmap import ShardMap, ShardRange
 from tests.conftest import base_config
@@ -185,6 +185,45 @@ def test_dry_run_of_4096_shards_over_four_hosts_needs_no_server(tmp_path: Path) 
     bad = CliRunner().invoke(main, ["rebalance", "--config", str(config), "--hosts", "A,X,Y", "--dry-run"])
     assert bad.exit_code == 1
     assert "unknown host(s) X, Y" in bad.output
+
+
+def test_without_a_map_source_the_dry_run_refuses_as_the_real_run_does(tmp_path: Path) -> None:
+    # Nothing listens on these ports: neither run gets as far as a server.
+    raw = base_config(
+        shards=64,
+        hosts={h: f"mysql+pymysql://root@127.0.0.1:{p}" for h, p in zip("AB", (1, 2), strict=True)},
+        map=[{"range": [0, 63], "master": "A"}],
+    )
+    config = write_config(tmp_path / "store.yaml", raw)
+    journal = tmp_path / "rebalance.json"
+    common = ["rebalance", "--config", str(config), "--hosts", "A,B", "--journal", str(journal)]
+    dry = CliRunner().invoke(main, [*common, "--dry-run"])
+    real = CliRunner().invoke(main, [*common, "--yes"])
+    refusal = (
+        "error: a rebalance must publish a new map to every running store, and the config has no "
+        "map_source: configure one (map_source: {file: PATH}, {table: URL} or {zookeeper: HOST:2181})\n"
+    )
+    assert (dry.exit_code, dry.output) == (1, refusal)
+    assert (real.exit_code, real.output) == (1, refusal)
+    assert not journal.exists(), "a refused rebalance left a journal to --resume"
+    resumed = CliRunner().invoke(
+        main, ["rebalance", "--config", str(config), "--resume", "--journal", str(journal)]
+    )
+    assert (resumed.exit_code, resumed.output) == (1, refusal)
+    # The library refuses the same, before it writes the journal.
+    with (
+        Store(StoreConfig.from_dict(raw)) as store,
+        pytest.raises(ConfigError, match="a rebalance must publish"),
+    ):
+        run_rebalance(store, [PlannedMove(32, 63, "A", "B")], journal, say=lambda _m: None)
+    assert not journal.exists()
+    # With a map_source, the dry run prints its plan and changes nothing.
+    raw["map_source"] = {"file": str(tmp_path / "map.yaml")}
+    write_config(config, raw)
+    planned = CliRunner().invoke(main, [*common, "--dry-run"])
+    assert planned.exit_code == 0, planned.output
+    assert "move shards 32-63 from A to B (rows not measured)" in planned.output.splitlines()
+    assert not journal.exists()
 
 
 def test_rebalance_refuses_hosts_that_are_not_mariadb(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ from typing import Any
 from store.backends import backend_for
 from store.config import StoreConfig
 from store.exceptions import ConfigError, MoveError
+from store.mapsource import require_changeable
 from store.shardmap import ShardMap
 from store.store import Store
 
@@ -409,10 +410,14 @@ def run_rebalance(
     then the remaining moves run. A new plan is refused while the journal
     holds an unfinished rebalance. A move whose range the live map already
     gives its target counts as done; one whose source no longer holds its
-    range stops the rebalance with `MoveError` (plan again).
+    range stops the rebalance with `MoveError` (plan again). Without a
+    ``map_source`` (`require_changeable`) it is refused with `ConfigError`
+    before the journal is written.
     """
     from store.admin.move import Journal, Mover
 
+    # Before the journal is written: a plan that cannot run leaves no journal to --resume.
+    require_changeable(store.map_source, "a rebalance")
     path = Path(journal_path)
     if plan is None:
         if not path.exists():
@@ -488,6 +493,8 @@ def cleanup_rebalance(
     """
     from store.admin.move import Journal, Mover
 
+    # Before the journal is written: a plan that cannot run leaves no journal to --resume.
+    require_changeable(store.map_source, "a rebalance")
     path = Path(journal_path)
     if not path.exists():
         raise MoveError(f"no rebalance journal at {path}: nothing to clean up")

@@ -244,6 +244,7 @@ def rebalance(
         plan_summary,
         run_rebalance,
     )
+    from store.mapsource import require_changeable
 
     log = admin_log("rebalance")
 
@@ -272,6 +273,8 @@ def rebalance(
         store.refresh_map(force=True)
         m = store.shard_map
         check_hosts(store.config, hosts, m)
+        # A dry run refuses what the real run would: a plan that cannot run is not printed.
+        require_changeable(store.map_source, "a rebalance")
         rows, why = estimate_shard_rows(store, m)
         plan = plan_rebalance(m, hosts, rows)
         summary = plan_summary(m, hosts, plan)

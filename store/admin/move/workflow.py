@@ -40,7 +40,8 @@ from store.admin.move.mariadb import MariaDBEngine
 from store.admin.move.postgres import PostgresEngine
 from store.admin.move.progress import MoveProgress
 from store.backends import backend_for
-from store.exceptions import ConfigError, MoveError
+from store.exceptions import MoveError
+from store.mapsource import require_changeable
 
 if TYPE_CHECKING:
     from store.naming import Names
@@ -180,8 +181,7 @@ class Mover:
         m = self.store.shard_map  # as refreshed just now
         engine = self._choose(self._host_kind(source))
         engine.check_hosts(source, to, slave)
-        if self.store.config.map_source is None:
-            raise ConfigError("a move must publish a new map to every running store: configure map_source")
+        require_changeable(self.store.map_source, "a move")
         plan = MovePlan(low, high, source, to, slave, names=self.names, units=engine.units(low, high))
         engine.survey(plan, m.version)
         return plan
