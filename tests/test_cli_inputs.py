@@ -169,8 +169,8 @@ def test_export_to_a_missing_folder_says_which_file(run: Run, tmp_path: Path) ->
     assert not target.parent.exists()
 
 
-def _unreachable_mariadb(tmp_path: Path) -> str:
-    """A config of two MariaDB hosts, master and slave, on ports nothing listens on."""
+def _unreachable_mariadb(tmp_path: Path, **changes: Any) -> str:
+    """A config of two MariaDB hosts, master and slave, on ports nothing listens on (and ``changes``)."""
     a, b = free_port(), free_port()
     raw = _config(
         tmp_path,
@@ -180,6 +180,7 @@ def _unreachable_mariadb(tmp_path: Path) -> str:
         },
         map=[{"range": [0, 15], "master": "MySQL001A", "slave": "MySQL001B"}],
         connect_timeout_s=2,
+        **changes,
     )
     return _write(tmp_path, raw)
 
@@ -199,11 +200,42 @@ def test_an_unreachable_host_is_one_line(run: Run, tmp_path: Path, args: tuple[s
 
 
 def test_promote_with_an_unreachable_slave_is_one_line(run: Run, tmp_path: Path) -> None:
-    config = _unreachable_mariadb(tmp_path)
+    config = _unreachable_mariadb(tmp_path, map_source={"file": str(tmp_path / "map.yaml")})
     out = run.fails("promote", "--shards", "0-15", "--yes", "--config", config, message="Connection refused")
     assert "promote of shards 0-15 stopped, the map unchanged: the slave's server failed" in out
     shown = run("map", "show", "--json", "--config", config).output
     assert json.loads(shown)["ranges"][0]["master"] == "MySQL001A"
+
+
+def test_promote_with_an_unreachable_postgresql_slave_is_one_line(run: Run, tmp_path: Path) -> None:
+    # psycopg's refusal ends in a hint on a line of its own; the master is down too (nothing
+    # answers its port), so the slave is the one tried.
+    hosts = {
+        name: f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/store" for name in ("PG001A", "PG001B")
+    }
+    raw = _config(
+        tmp_path,
+        ids="instagram",
+        hosts=hosts,
+        map=[{"range": [0, 15], "master": "PG001A", "slave": "PG001B"}],
+        map_source={"file": str(tmp_path / "map.yaml")},
+        connect_timeout_s=2,
+    )
+    config = _write(tmp_path, raw)
+    out = run.fails("promote", "--shards", "0-15", "--yes", "--config", config, message="Connection refused")
+    assert "promote of shards 0-15 stopped, the map unchanged: the slave's server failed" in out
+    assert "promote needs the slave PG001B up and reachable" in out
+    shown = run("map", "show", "--json", "--config", config).output
+    assert json.loads(shown)["ranges"][0]["master"] == "PG001A"
+
+
+def test_promote_without_a_map_source_is_refused_before_any_server(run: Run, tmp_path: Path) -> None:
+    # Before, the slave's replication was stopped and only then did the map write fail.
+    out = run.fails(
+        "promote", "--shards", "0-15", "--yes", "--config", _unreachable_mariadb(tmp_path),
+        message="a promote must publish a new map to every running store",
+    )  # fmt: skip
+    assert "configure one (map_source: {file: PATH}" in out
 
 
 def test_a_multi_line_driver_message_is_one_line(run: Run, tmp_path: Path) -> None:

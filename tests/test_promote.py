@@ -1,4 +1,8 @@
-"""`store promote` with a real master and slave (GTID replication) started by the test."""
+"""`store promote` with a real MariaDB master and slave (GTID replication) started by the test; hosts that
+cannot be promoted, a config without a map_source, and a master whose probe a live server refuses.
+
+PostgreSQL standbys: tests/test_promote_postgres.py.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,14 @@ from pathlib import Path
 
 import pymysql
 import pytest
+from sqlalchemy.engine import make_url
 
-from store import Store, StoreConfig
+from store import ConfigError, Store, StoreConfig
 from store.admin import init_shards
 from store.admin.promote import PromoteError, promote
-from tests.conftest import base_config
-from tests.servers import MariaDBServer
+from store.backends import backend_named
+from tests.conftest import base_config, require_port
+from tests.servers import MariaDBServer, free_port
 
 
 @pytest.fixture
@@ -95,3 +101,75 @@ def test_promote_refuses_a_slave_that_has_not_applied_what_it_received(
         assert any(m.startswith("WARNING") for m in said)
         assert store.shard_map.master(0) == "S"
     s.close()
+
+
+# -- what cannot be promoted, and a probe a live server refuses ------------------------------------
+
+
+def promote_config(tmp_path: Path, master: str, slave: str) -> StoreConfig:
+    return StoreConfig.from_dict(
+        base_config(
+            shards=4,
+            hosts={"M": master, "S": slave},
+            map=[{"range": [0, 3], "master": "M", "slave": "S"}],
+            map_source={"file": str(tmp_path / "map.yaml")},
+            connect_timeout_s=2,
+        )
+    )
+
+
+def test_a_sqlite_slave_cannot_be_promoted(tmp_path: Path) -> None:
+    config = promote_config(tmp_path, f"sqlite:///{tmp_path}/m", f"sqlite:///{tmp_path}/s")
+    with Store(config) as store:
+        with pytest.raises(
+            PromoteError, match="the slave S is a sqlite host, which has no slaves to promote"
+        ) as exc:
+            promote(store, 0, 3, force=True, say=lambda _m: None)
+        assert "store promote works on mysql, postgresql hosts" in str(exc.value)
+        assert store.shard_map.version == 1
+
+
+def test_promote_needs_a_map_source_before_it_touches_a_server(tmp_path: Path) -> None:
+    # Both hosts on ports nothing listens on: refused before the probe or the slave are tried.
+    raw = base_config(
+        shards=4,
+        hosts={
+            "M": f"mysql+pymysql://root@127.0.0.1:{free_port()}",
+            "S": f"mysql+pymysql://root@127.0.0.1:{free_port()}",
+        },
+        map=[{"range": [0, 3], "master": "M", "slave": "S"}],
+    )
+    with (
+        Store(StoreConfig.from_dict(raw)) as store,
+        pytest.raises(ConfigError, match="a promote must publish a new map to every running store"),
+    ):
+        promote(store, 0, 3, force=True, say=lambda _m: None)
+
+
+def test_a_master_that_refuses_the_probes_login_may_be_up(tmp_path: Path) -> None:
+    require_port("MariaDB", 3306)
+    master = "mysql+pymysql://no_such_user@127.0.0.1:3306"
+    config = promote_config(tmp_path, master, f"mysql+pymysql://root@127.0.0.1:{free_port()}")
+    with Store(config) as store:
+        with pytest.raises(PromoteError, match="the master M may still answer: its probe failed") as exc:
+            promote(store, 0, 3, say=lambda _m: None)
+        assert "Access denied" in str(exc.value)
+        assert store.shard_map.version == 1
+
+
+@pytest.mark.parametrize("driver", ["pymysql", "mysqldb"])
+def test_which_connect_errors_say_nothing_answered(driver: str) -> None:
+    require_port("MariaDB", 3306)
+    backend = backend_named("mysql")
+
+    def error(host: str, port: int, user: str = "root") -> Exception:
+        url = make_url(f"mysql+{driver}://{user}@{host}:{port}")
+        try:
+            backend.admin_connector(url)().close()
+        except Exception as exc:
+            return exc
+        raise AssertionError(f"{url} connected")
+
+    assert backend.unreachable(error("127.0.0.1", free_port()))
+    assert not backend.unreachable(error("127.0.0.1", 3306, "no_such_user"))
+    assert not backend.unreachable(error("no-such-host.invalid", 3306))

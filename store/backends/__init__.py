@@ -6,7 +6,8 @@ column types and DDL of the store's tables (defined once as SQLAlchemy Core
 `Table` objects in `store.backends.tables`), how statements are compiled for
 its driver, how to connect (timeouts included), how its errors read
 (disconnect, missing table, duplicate key, retryable, tombstone), and what
-it can do (make Instagram IDs, move shards, lock a shard for admin work).
+it can do (make Instagram IDs, move shards, lock a shard for admin work,
+promote a slave: `ReplicaState`).
 
 Nothing outside this package branches on a backend's name: the rest of the
 store asks the host's `Backend` (``backend_for(url)``).
@@ -15,11 +16,11 @@ store asks the host's `Backend` (``backend_for(url)``).
       dialect.py      MySQLBackend: names, types, DDL, errors, grants, inventory
       driver.py       opening a driver's connection, TLS, timeouts
       pymysql_fast.py the store's shortcuts through PyMySQL's internals
-      admin.py        Instagram IDs' counter and trigger, tombstones, dump and load
+      admin.py        Instagram IDs' counter and trigger, tombstones, dump and load, a slave's state
     postgres/     PostgreSQL (psycopg 3): Instagram IDs, a schema per shard
       dialect.py      PostgresBackend: names, types, DDL, errors, grants, inventory
       driver.py       opening a psycopg connection, its ``$n`` cursor
-      admin.py        advisory lock keys, the tombstone's error
+      admin.py        advisory lock keys, the tombstone's error, a standby's state and promotion
     sqlite.py     SQLite: a folder of shard files, the embedded default
     tables.py     the store's tables, once, as SQLAlchemy Core `Table` objects
     statements.py the statements, built with Core, compiled once per backend and table
@@ -38,6 +39,7 @@ import enum
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -57,6 +59,7 @@ __all__ = [
     "SHARD",
     "Backend",
     "ErrorKind",
+    "ReplicaState",
     "access_denied",
     "backend_for",
     "backend_named",
@@ -80,6 +83,17 @@ class ErrorKind(enum.Enum):
     TOMBSTONE = "the shard moved away: a tombstone answered"
     RETRYABLE = "the transaction was rolled back whole (deadlock, lock wait): run it again"
     DUPLICATE = "a primary or unique key refused the row"
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """A slave as `store promote` finds it before promoting it (`Backend.replica_state`)."""
+
+    #: Why the server is not replicating from a master at all (not a standby), or None.
+    not_replicating: str | None = None
+    #: What it received from its master and has not applied yet, one entry per stream, in words
+    #: (``default read 1234 executed 1200``); empty: caught up with all it received.
+    unapplied: tuple[str, ...] = ()
 
 
 class Backend:
@@ -208,6 +222,28 @@ class Backend:
     def denies(self, exc: BaseException) -> bool:
         """True if ``exc`` (one exception, not its causes) is this server refusing a privilege."""
         return False
+
+    # -- promoting a slave (`store.admin.promote`) --------------------------------
+
+    #: `store promote` can make a slave of this kind the master of its master's ranges
+    #: (`unreachable`, `replica_state`, `promote_replica`).
+    can_promote: ClassVar[bool] = False
+
+    def unreachable(self, exc: BaseException) -> bool:
+        """True if ``exc``, raised opening an admin connection (`admin_connector`), says that nothing
+        answered at the server's address: refused, timed out, no route. `store promote` takes a
+        master for dead only then; any other failure (a login or database refused, a name that
+        does not resolve, a driver missing) may come from a server that is up."""
+        return False
+
+    def replica_state(self, url: URL) -> ReplicaState:
+        """Whether the slave at admin URL ``url`` replicates, and what it received and has not applied."""
+        raise NotImplementedError(f"a {self.name} host has no slaves to promote")
+
+    def promote_replica(self, url: URL) -> None:
+        """Make the slave at admin URL ``url`` stop replicating and take writes (a no-op where it
+        replicates nothing); `store.exceptions.PromoteError` if it did not finish."""
+        raise NotImplementedError(f"a {self.name} host has no slaves to promote")
 
     # -- hooks each backend provides ---------------------------------------------
 

@@ -4,13 +4,15 @@ The Instagram ID counter and its trigger (made by `store init`, put back by a
 move on a table it renamed), the triggers of a shard's tables, the tombstone a
 moved shard leaves on its old host (and reading one back from its error), and
 a consistent dump of shard databases and its load, through MariaDB's
-command-line clients.
+command-line clients; and what `store promote` asks of a slave (how far it is
+behind what it received, stopping it) and of a dead master's connect error.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -25,13 +27,17 @@ from store.tls import mysql_tls
 __all__ = [
     "STASH_SUFFIX",
     "TOMBSTONE_ERRNO",
+    "UNREACHABLE_ERRNOS",
     "dump_databases",
     "id_trigger",
     "leave_tombstones",
     "load_dump",
     "parse_tombstone",
+    "slave_lag",
+    "stop_slaves",
     "table_triggers",
     "tombstone_statements",
+    "unreachable",
 ]
 
 #: The error number every read of a tombstone raises (a user SIGNAL; MariaDB's own numbers stay below).
@@ -276,3 +282,46 @@ def load_dump(url: URL, dump: bytes) -> None:
     load = subprocess.run(["mariadb", *args], input=dump, capture_output=True, env=env)
     if load.returncode != 0:
         raise BackendError(f"loading failed: {load.stderr.decode(errors='replace').strip()[:500]}")
+
+
+# -- promoting a slave (`store promote`) -------------------------------------------------------
+
+#: Client errors of a connect that no server answered: can't connect through the socket (2002) or
+#: TCP, refused or timed out (2003), gone (2006), lost in the handshake, a hung server's (2013, 2055).
+#: Not 2005 (unknown host), nor a 2003 whose cause is a name that does not resolve: a config's
+#: typo, not a dead server.
+UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2006, 2013, 2055})
+
+
+def unreachable(exc: BaseException) -> bool:
+    """True if ``exc`` (a driver's error opening a connection) says no server answered there."""
+    if isinstance(exc, socket.gaierror):
+        return False
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    args = getattr(exc, "args", ())
+    code = args[0] if args and isinstance(args[0], int) else None
+    # PyMySQL reports a failed lookup as 2003 too, the socket's error kept beside it.
+    return code in UNREACHABLE_ERRNOS and not isinstance(
+        getattr(exc, "original_exception", None), socket.gaierror
+    )
+
+
+def slave_lag(cur: Any) -> list[str]:
+    """Each replication connection of the slave on ``cur`` that has not executed all it read from
+    its master (its relay log behind its read position), as ``NAME read POS executed POS``."""
+    cur.execute("SHOW ALL SLAVES STATUS")
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
+    return [
+        f"{row.get('Connection_name') or 'default'} read {row.get('Read_Master_Log_Pos')} "
+        f"executed {row.get('Exec_Master_Log_Pos')}"
+        for row in rows
+        if (row.get("Master_Log_File"), row.get("Read_Master_Log_Pos"))
+        != (row.get("Relay_Master_Log_File"), row.get("Exec_Master_Log_Pos"))
+    ]
+
+
+def stop_slaves(cur: Any) -> None:
+    """Stop every replication connection of the server on ``cur`` (``STOP ALL SLAVES``)."""
+    cur.execute("STOP ALL SLAVES")

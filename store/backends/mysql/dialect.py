@@ -19,7 +19,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.dialects.mysql import pymysql as mysql_pymysql
 from sqlalchemy.engine import URL, Dialect
 
-from store.backends import Backend, ErrorKind
+from store.backends import Backend, ErrorKind, ReplicaState
 from store.backends.inventory import ServerInventory, ShardCopy, shard_number
 from store.backends.mysql.admin import (
     _ID_COUNTER,
@@ -27,7 +27,10 @@ from store.backends.mysql.admin import (
     TOMBSTONE_ERRNO,
     id_trigger,
     parse_tombstone,
+    slave_lag,
+    stop_slaves,
 )
+from store.backends.mysql.admin import unreachable as connect_unreachable
 from store.backends.mysql.driver import _load_tls_files, _mysql_driver, mysql_connector
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
@@ -275,6 +278,30 @@ class MySQLBackend(Backend):
         """MariaDB's access-denied error numbers."""
         args: tuple[Any, ...] = getattr(exc, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in _DENIED
+
+    # -- promoting a slave ---------------------------------------------------------
+
+    can_promote = True
+
+    def unreachable(self, exc: BaseException) -> bool:
+        """A client error of a connect no server answered (`store.backends.mysql.admin.unreachable`)."""
+        return connect_unreachable(exc)
+
+    def replica_state(self, url: URL) -> ReplicaState:
+        """``SHOW ALL SLAVES STATUS``: each connection whose executed position is behind what it read."""
+        conn = mysql_connector(url)()
+        try:
+            return ReplicaState(unapplied=tuple(slave_lag(conn.cursor())))
+        finally:
+            conn.close()
+
+    def promote_replica(self, url: URL) -> None:
+        """``STOP ALL SLAVES``."""
+        conn = mysql_connector(url)()
+        try:
+            stop_slaves(conn.cursor())
+        finally:
+            conn.close()
 
     upsert_style = "on_duplicate_key"
     invalidation_modes = ("log", "binlog")

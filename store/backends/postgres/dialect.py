@@ -4,8 +4,8 @@ Each schema has its own ``next_id()`` and counter; every object table's
 ``id`` defaults to it, and a create reads the ID back with ``INSERT ...
 RETURNING id``. Thousands of logical shards map to a few databases.
 `PostgresBackend` is the dialect; opening a connection is
-`store.backends.postgres.driver`'s; the advisory lock keys and the
-tombstone's error are `store.backends.postgres.admin`'s.
+`store.backends.postgres.driver`'s; the advisory lock keys, the
+tombstone's error and a standby's promotion are `store.backends.postgres.admin`'s.
 """
 
 from __future__ import annotations
@@ -22,9 +22,18 @@ from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.engine import URL, Dialect
 from sqlalchemy.sql.elements import ClauseElement
 
-from store.backends import COUNTED_TAIL, Backend, ErrorKind
+from store.backends import COUNTED_TAIL, Backend, ErrorKind, ReplicaState
 from store.backends.inventory import ServerInventory, ShardCopy, shard_number
-from store.backends.postgres.admin import PG_LOCK_BASE, TOMBSTONE_SQLSTATE, _admin_key, parse_tombstone
+from store.backends.postgres.admin import (
+    PG_LOCK_BASE,
+    PROMOTE_WAIT_S,
+    TOMBSTONE_SQLSTATE,
+    _admin_key,
+    parse_tombstone,
+    promote_standby,
+    standby_state,
+)
+from store.backends.postgres.admin import unreachable as connect_unreachable
 from store.backends.postgres.driver import postgres_connector
 from store.backends.tables import VERSION_COLUMN, ColumnTypes
 from store.exceptions import BackendError, ConfigError
@@ -233,6 +242,30 @@ class PostgresBackend(Backend):
     def denies(self, exc: BaseException) -> bool:
         """SQLSTATE 42501, insufficient_privilege."""
         return getattr(exc, "sqlstate", None) == "42501"
+
+    # -- promoting a streaming standby ----------------------------------------------
+
+    can_promote = True
+
+    def unreachable(self, exc: BaseException) -> bool:
+        """libpq's words for a connect no server answered (`store.backends.postgres.admin.unreachable`)."""
+        return connect_unreachable(exc)
+
+    def replica_state(self, url: URL) -> ReplicaState:
+        """In recovery, and the WAL received against the WAL replayed (`standby_state`)."""
+        conn = postgres_connector(url)()
+        try:
+            return standby_state(conn.cursor())
+        finally:
+            conn.close()
+
+    def promote_replica(self, url: URL) -> None:
+        """``pg_promote`` (`promote_standby`), on a connection that outlasts its wait."""
+        conn = postgres_connector(url, query_timeout_s=2 * PROMOTE_WAIT_S)()
+        try:
+            promote_standby(conn.cursor())
+        finally:
+            conn.close()
 
     schema_shards = True
     move_kind = "postgres"
