@@ -11,6 +11,13 @@ very code `Store` runs: routing, statements, the pair plan, leases and trust
 rules are not written a second time (SQLAlchemy's asyncio extension drives
 its ORM in greenlets the same way).
 
+Any asyncio event loop serves: asyncio's own, or one written in C such as
+uvloop (the loop uvicorn runs when it is installed). On asyncio's own a
+wake-up switches into its call from the loop's callback that saw it; on a
+loop in C it reaches the call through the loop's ready queue
+(`_LoopCalls.direct`: libuv keeps a pointer into its own C stack while it
+polls, which a call switched into from the poll would overwrite).
+
 A started call always runs to its end: whoever awaits it may be cancelled
 (and gets `asyncio.CancelledError` at once), but the call's own waits are
 the loop's callbacks, not the caller's, so a write is never cut between
@@ -110,10 +117,17 @@ class _LoopCalls:
     and a ``munmap`` of 16 KB (and their page faults) per call.
     """
 
-    __slots__ = ("at", "idle", "loop", "timer", "waits")
+    __slots__ = ("at", "direct", "idle", "loop", "timer", "waits")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        #: Whether a wait's wake-up may switch into its call from the callback itself: on
+        #: asyncio's own loops (written in Python). A loop in C may hold pointers into its own C
+        #: stack while it runs callbacks (libuv, under uvloop, into the events array of its poll
+        #: and the queue of its idle handles), and a call switched into from deeper in the stack
+        #: than where its greenlet began would overwrite that stack: such a loop's wake-ups
+        #: reach the call through its ready queue (`_resume`), where every call's greenlet began.
+        self.direct = isinstance(loop, asyncio.BaseEventLoop)
         #: Each waiting call's deadline, in the loop's time.
         self.waits: dict[_Bridged, float] = {}
         self.timer: asyncio.TimerHandle | None = None
@@ -299,6 +313,15 @@ def _drive(child: _Bridged, value: Any = None, error: BaseException | None = Non
                 done.set_exception(outcome[1])
 
 
+def _resume(child: _Bridged, value: Any = None, error: BaseException | None = None) -> None:
+    """`_drive` from a callback of the loop's own: at once on a loop that allows it, else from
+    the loop's ready queue (`_LoopCalls.direct`)."""
+    if child.on_loop.direct:
+        _drive(child, value, error)
+    else:
+        child.loop.call_soon(_drive, child, value, error)
+
+
 def _end_fd_wait(child: _Bridged) -> None:
     assert child.waiting is not None
     fd, writing = child.waiting
@@ -314,7 +337,7 @@ def _parked_expired(child: _Bridged) -> None:
     sock, child.parked = child.parked, None
     if sock is not None:
         sock._waiter = None
-    _drive(child, error=TimeoutError("timed out"))
+    _resume(child, error=TimeoutError("timed out"))
 
 
 def _pause_expired(child: _Bridged) -> None:
@@ -322,18 +345,18 @@ def _pause_expired(child: _Bridged) -> None:
     pause, child.pausing = child.pausing, None
     if pause is not None:
         pause.state = _TIMED_OUT
-    _drive(child, False)
+    _resume(child, False)
 
 
 def _fd_ready(child: _Bridged) -> None:
     _end_fd_wait(child)
     child.on_loop.waits.pop(child, None)
-    _drive(child)
+    _resume(child)
 
 
 def _fd_expired(child: _Bridged) -> None:
     _end_fd_wait(child)
-    _drive(child, error=TimeoutError("timed out"))
+    _resume(child, error=TimeoutError("timed out"))
 
 
 def _awaited(child: _Bridged, future: asyncio.Future[Any]) -> None:
@@ -533,7 +556,7 @@ class GreenSocket(socket.socket):
         self._waiter = None
         child.parked = None
         child.on_loop.waits.pop(child, None)
-        _drive(child)
+        _resume(child)
 
     def _unwatch(self) -> None:
         """Stop the loop watching this socket (on that loop's thread but when the socket is closed)."""

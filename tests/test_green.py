@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import uvloop
 from sqlalchemy.engine import make_url
 
 from store import StoreConfig, green
@@ -238,7 +240,12 @@ def _closed_port() -> int:
     return port
 
 
-def test_a_mariadb_query_that_runs_long_lets_other_calls_finish_meanwhile() -> None:
+#: The event loops the native face is shown on: asyncio's own, and uvloop (what uvicorn runs).
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_a_mariadb_query_that_runs_long_lets_other_calls_finish_meanwhile(loop: str) -> None:
     require_port("MariaDB", 3306)
     connect = mysql_connector(make_url("mysql+pymysql://root@127.0.0.1:3306"))
 
@@ -252,12 +259,13 @@ def test_a_mariadb_query_that_runs_long_lets_other_calls_finish_meanwhile() -> N
         finally:
             conn.close()
 
-    _slow_one_lets_five_finish(query, "SELECT SLEEP(1.5)", 0)
+    _slow_one_lets_five_finish(query, "SELECT SLEEP(1.5)", 0, LOOPS[loop])
 
 
+@pytest.mark.parametrize("loop", sorted(LOOPS))
 @pytest.mark.parametrize("way", ["execute", "pipeline"])
 def test_a_postgres_statement_that_runs_long_lets_other_calls_finish_meanwhile(
-    postgres_ready: StoreConfig, way: str
+    postgres_ready: StoreConfig, way: str, loop: str
 ) -> None:
     """Both ways the store sends PostgreSQL statements: psycopg's cursor (its waits are the
     connection's) and the store's own libpq pipeline (`run_pipeline`)."""
@@ -277,10 +285,15 @@ def test_a_postgres_statement_that_runs_long_lets_other_calls_finish_meanwhile(
         finally:
             conn.close()
 
-    _slow_one_lets_five_finish(query, "SELECT pg_sleep(1.5)::text", "")
+    _slow_one_lets_five_finish(query, "SELECT pg_sleep(1.5)::text", "", LOOPS[loop])
 
 
-def _slow_one_lets_five_finish(query: Callable[[str], Any], slow_sql: str, slow_answer: Any) -> None:
+def _slow_one_lets_five_finish(
+    query: Callable[[str], Any],
+    slow_sql: str,
+    slow_answer: Any,
+    new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
+) -> None:
     """``query(slow_sql)`` on the loop, then five quick ``SELECT i`` beside it: the five end
     whole while the slow one still waits for its answer."""
 
@@ -291,7 +304,60 @@ def _slow_one_lets_five_finish(query: Callable[[str], Any], slow_sql: str, slow_
         assert not slow.done()  # still waiting for its answer while five others ran whole
         assert await slow == slow_answer
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        runner.run(main())
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_a_loop_in_c_reaches_a_waiting_call_through_its_ready_queue(
+    loop: str, listener: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On asyncio's own loops a wake-up switches into its call from the callback that saw it (a
+    socket readable, a timeout); on a loop written in C (uvloop) it goes through the loop's ready
+    queue, where every call's greenlet began. libuv keeps a pointer into its own C stack while it
+    polls, and a call switched into from the poll that then watched a socket made libuv write
+    through that pointer into the call's stack: the mix's async store died of a segmentation
+    fault in `uv__platform_invalidate_fd` in about one uvloop run of three."""
+    wakers = {"_readable", "_fd_ready", "_fire"}
+    from_callbacks: list[str] = []
+    drive = green._drive
+
+    def spy(child: Any, value: Any = None, error: BaseException | None = None) -> None:
+        frame = sys._getframe(1)
+        for _ in range(3):  # (`_resume`, then the callback that saw the wake-up)
+            if frame is None:
+                break
+            if frame.f_code.co_name in wakers:
+                from_callbacks.append(frame.f_code.co_name)
+            frame = frame.f_back
+        drive(child, value, error)
+
+    monkeypatch.setattr(green, "_drive", spy)
+    listener.setblocking(False)
+
+    def call(port: int) -> bytes:
+        sock = green.connect_tcp("127.0.0.1", port, 2.0)
+        with sock:
+            got = sock.recv(5)  # woken by the socket
+            sock.settimeout(0.05)
+            with pytest.raises(TimeoutError):
+                sock.recv(5)  # woken by its timeout
+            return got
+
+    async def main() -> bytes:
+        task = asyncio.ensure_future(green.run(call, listener.getsockname()[1]))
+        peer, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with peer:
+            await asyncio.sleep(0.02)
+            peer.send(b"hello")
+            return await task
+
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        assert runner.run(main()) == b"hello"
+    if loop == "asyncio":
+        assert {"_readable", "_fire"} <= set(from_callbacks)  # (the spy sees the direct path)
+    else:
+        assert not from_callbacks
 
 
 class _Conn:
