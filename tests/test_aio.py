@@ -236,7 +236,13 @@ def test_contextvars_reach_the_worker(tmp_path: Path) -> None:
 
 @pytest.fixture
 def cached_raw(mariadb_ready: StoreConfig, memcached_pair: list[str], redis_ready: str) -> dict[str, Any]:
-    return cached_mariadb_config(memcached_pair, redis_ready)
+    # These tests check that caches agree with the database after every round, which holds
+    # "without faults": a cache reply later than the default 50 ms (a loaded machine) is a
+    # fault, the delete counted lost and the entry stale up to max_stale_s. Cancellation, not
+    # cache faults, is what they test (tests/test_cache_faults.py has those).
+    raw = cached_mariadb_config(memcached_pair, redis_ready)
+    raw["cache"] |= {"timeout_ms": 2000, "connect_timeout_ms": 2000}
+    return raw
 
 
 def _check_pairs(store: Store, board: int, pins: list[int]) -> list[int]:
