@@ -9,6 +9,7 @@ meta only; one at a time and many in one pipeline.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from store import green
 from store.cache.lists import (
     IN_PLACE_MAX,
     ListRead,
@@ -250,3 +252,42 @@ def test_a_script_argument_of_another_type_is_refused(bad: object) -> None:
 
     with pytest.raises(redis.DataError, match="str, bytes or int"):
         _evalsha("0" * 40, ["k"], [bad])
+
+
+def test_connections_made_again_past_redis_pys_count(redis_ready: str) -> None:
+    """A connection closed outside redis-py's pool (an error, a fork, `close`) and made again is
+    not counted against the pool's ``max_connections`` (100): the 101st is a connection too."""
+    red = RedisListBackend(REDIS_TEST_URL, prefix=PREFIX, timeout_s=2, connect_timeout_s=2)
+    key = f"{PREFIX}l:churn"
+    try:
+        red.invalidate([key], 60)
+        for i in range(130):
+            seen = red.read(key, ("meta",))
+            assert seen is not None, i
+            red.close()  # its connection closed: the next call makes one
+        assert red.stats.errors == 0, red.stats.last_error
+    finally:
+        red.close()
+
+
+def test_more_calls_at_once_than_redis_pys_count(redis_ready: str) -> None:
+    """200 reads at once, each a call on one event loop parked on its reply: 200 connections
+    open together, each read answered."""
+    red = RedisListBackend(REDIS_TEST_URL, prefix=PREFIX, timeout_s=5, connect_timeout_s=5)
+    key = f"{PREFIX}l:wide"
+    red.invalidate([key], 60)
+    assert red.fill(key, red.read(key, ("meta",)).version, 1, encode_members([(1, 2)]), 60, 1)  # type: ignore[union-attr]
+
+    def read() -> ListRead | None:
+        return red.read(key, ("all",))
+
+    async def main() -> list[ListRead | None]:
+        return await asyncio.gather(*(green.run(read) for _ in range(200)))
+
+    try:
+        got = asyncio.run(main())
+        assert all(g is not None and g.members == [encode_member(1, 2)] for g in got)
+        assert red.stats.errors == 0, red.stats.last_error
+        assert len(red._idle) > 100  # (they were open at once)
+    finally:
+        red.close()

@@ -338,6 +338,15 @@ class RedisListBackend:
         for conn in inherited:
             conn.disconnect()
 
+    def _new_connection(self) -> Any:
+        """A connection for `_script`, made as redis-py's pool would make one but not counted by
+        it: the pool counts every connection it ever made against ``max_connections`` (100 in
+        redis-py 8) and never uncounts one closed outside it, so replaced connections, and more
+        than 100 calls at once (tasks on an event loop), would end in ``MaxConnectionsError``.
+        How many are open is bounded by the calls in flight, as for memcached's."""
+        pool = self.client.connection_pool
+        return pool.connection_class(**pool.connection_kwargs)
+
     def _keys(self, key: str) -> tuple[str, str, str]:
         return key, key + ":m", key + ":v"
 
@@ -483,13 +492,13 @@ class RedisListBackend:
         try:
             conn = self._idle.pop()
         except IndexError:
-            conn = self.client.connection_pool.make_connection()
+            conn = self._new_connection()
         else:
             if type(conn._sock) is socket.socket and green.active():
                 # Opened outside an event loop's call: inside one it would hold the loop at each
                 # reply. Replaced (what it owed is dropped: fills only hoped to store).
                 conn.disconnect()
-                conn = self.client.connection_pool.make_connection()
+                conn = self._new_connection()
         try:
             owed: list[tuple[int, Callable[[list[Any]], None]]] | None = getattr(conn, "store_owed", None)
             replies: list[Any] = []
