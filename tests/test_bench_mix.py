@@ -495,6 +495,7 @@ def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Pat
         assert p["errors"] == 0, (p["system"], {k: v["first_error"] for k, v in p["operations"].items()})
         assert p["calls"] == p["threads"] * 25
         assert p["connections"] >= 1
+        assert "cache_faults" not in p, p["cache_faults"]  # every cache call answered
     # 24 tasks, min(32, pool_size) workers, two host names: at most one connection per worker per host.
     from store.aio import default_max_workers
     from store.tools.mix.options import mix_config
@@ -510,3 +511,24 @@ def test_mix_runs_the_async_store_by_tasks_and_reports_connections(tmp_path: Pat
         assert check["mismatches"] == [], check
     assert "store:async: its thread count is tasks" in doc["report"]
     assert "most database connections in use at once" in doc["report"]
+
+
+def test_a_phase_whose_cache_failed_says_so_in_its_summary_and_tables() -> None:
+    """Cache calls that failed or were skipped in a phase (a breaker open: the phase ran partly
+    uncached) are summed over its slices and named in the JSON and the tables; none, nothing."""
+    from store.tools.mix.report import as_json, markdown, summary
+    from store.tools.mix.runner import OpSamples, Phase, merge
+
+    def phase(faults: dict[str, int]) -> Phase:
+        ops = {op: OpSamples() for op in MIX}
+        ops["get_node"].wall_ns.extend([1_000_000] * 10)
+        p = Phase("store:async", 256, "warm", 1.0, 0.5, ops)
+        p.cache_faults = faults
+        return p
+
+    merged = merge([phase({"redis": 30, "memcached": 0}), phase({"redis": 12, "memcached": 0})])
+    assert summary(merged)["cache_faults"] == {"redis": 42, "memcached": 0}
+    assert "- store:async, 256 warm: redis 42" in markdown(as_json([merged], [], {}, {}))
+    clean = merge([phase({"redis": 0}), phase({})])
+    assert "cache_faults" not in summary(clean)
+    assert "Cache calls failed" not in markdown(as_json([clean], [], {}, {}))

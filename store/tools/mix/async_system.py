@@ -28,7 +28,7 @@ from store.tools.mix.runner import OpSamples, Phase, _combined
 from store.tools.mix.store_system import StoreSystem
 from store.tools.mix.workload import MIX, PAGE, DataSet, Request, requests
 
-__all__ = ["AsyncStoreSystem", "connections_in_use", "event_loop_factory", "run_async_phase"]
+__all__ = ["AsyncStoreSystem", "cache_faults", "connections_in_use", "event_loop_factory", "run_async_phase"]
 
 T = TypeVar("T")
 
@@ -42,6 +42,11 @@ def connections_in_use(store: Store, *, restart: bool = False) -> int:
             pool.peak_in_use = pool.in_use
         return 0
     return sum(pool.peak_in_use for pool in pools)
+
+
+def cache_faults(store: Store) -> dict[str, int]:
+    """The calls each of ``store``'s caches failed or skipped so far (`Store.stats`), by cache."""
+    return {name: c.get("errors", 0) + c.get("skipped", 0) for name, c in store.stats().items()}
 
 
 class AsyncStoreSystem(StoreSystem):

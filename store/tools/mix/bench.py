@@ -183,12 +183,13 @@ def _timed(
             "seed": seed,
             "tick": tick,
         }
-        from store.tools.mix.async_system import connections_in_use
+        from store.tools.mix.async_system import cache_faults, connections_in_use
 
         # A store's connections, where the phase runs in this process.
         store = system.store if isinstance(system, StoreSystem) and workers is None else None
         if store is not None:
             connections_in_use(store, restart=True)
+            faults = cache_faults(store)
         before = server_cpu_s()
         deleted = cache_deletes(config)
         if workers is not None:
@@ -206,6 +207,7 @@ def _timed(
         phase.cache_deletes = {k: after[k] - deleted[k] for k in after if k in deleted}
         if store is not None:
             phase.connections = connections_in_use(store)
+            phase.cache_faults = {k: n - faults.get(k, 0) for k, n in cache_faults(store).items()}
         return phase
 
 

@@ -43,6 +43,8 @@ def summary(phase: Phase) -> dict[str, Any]:
     per_process: dict[str, Any] = {"process_calls": phase.process_calls} if phase.processes > 1 else {}
     if phase.connections is not None:
         per_process["connections"] = phase.connections
+    if any(phase.cache_faults.values()):
+        per_process["cache_faults"] = phase.cache_faults
     return {
         "system": phase.system,
         "threads": phase.threads,
@@ -186,6 +188,15 @@ def tables(
         ]
         if conns:
             lines.append(f"most database connections in use at once (all hosts): {', '.join(conns)}")
+        faults = [
+            f"{name} {cache} {n:,}"
+            for name in systems
+            if (p := by.get((name, threads, temp))) is not None
+            for cache, n in p.cache_faults.items()
+            if n
+        ]
+        if faults:
+            lines.append(f"cache calls failed or skipped (a breaker open): {', '.join(faults)}")
     if keys:
         threads, temp = max(k[0] for k in keys), "warm"
         lines.append(
@@ -403,6 +414,12 @@ def markdown(doc: dict[str, Any], floor: str = "floor") -> str:
                 cells.append("-" if d is None else f"{d:.2f}")
             q = rest.get(name)
             out.append(f"| {name} | " + " | ".join(cells) + f" | {'-' if q is None else f'{q:.1f}'} |")
+    faulted = [p for p in phases if p.get("cache_faults")]
+    if faulted:
+        out += ["", "Cache calls failed or skipped (a breaker open): those phases ran partly uncached", ""]
+        for p in faulted:
+            what = ", ".join(f"{cache} {n:,}" for cache, n in p["cache_faults"].items() if n)
+            out.append(f"- {p['system']}, {p['threads']} {p['temperature']}: {what}")
     out.append("")
     for c in doc.get("checks", []):
         verdict = "all match the database" if not c["mismatches"] else f"{len(c['mismatches'])} mismatches"

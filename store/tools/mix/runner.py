@@ -72,6 +72,10 @@ class Phase:
     #: The most database connections the system had in use at once, summed over its hosts' pools
     #: (None: not known; a merged phase keeps its slices' highest).
     connections: int | None = None
+    #: The cache calls that failed or were skipped (a breaker open) during the phase, by cache,
+    #: where the system is a store in this process (empty elsewhere): a phase whose cache was
+    #: off for a while measured another system.
+    cache_faults: dict[str, int] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -119,6 +123,11 @@ def merge(parts: list[Phase]) -> Phase:
         merged.server_cpu_s = {
             name: sum(p.server_cpu_s.get(name, 0.0) for p in parts) for name in first.server_cpu_s
         }
+    faults: dict[str, int] = {}
+    for p in parts:
+        for name, n in p.cache_faults.items():
+            faults[name] = faults.get(name, 0) + n
+    merged.cache_faults = faults
     if all(p.cache_deletes for p in parts):
         merged.cache_deletes = {
             name: sum(p.cache_deletes.get(name, 0) for p in parts) for name in first.cache_deletes
