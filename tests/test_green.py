@@ -13,6 +13,7 @@ import asyncio
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -619,3 +620,58 @@ def test_a_pause_ends_once_woken_or_timed_out_never_both() -> None:
     asyncio.run(main())
     with pytest.raises(RuntimeError, match=r"store\.green\.run"):
         green.pause()
+
+
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+@pytest.mark.parametrize("kind", ["parked", "fd"])
+def test_a_reply_that_came_in_time_is_read_when_the_loop_was_late(
+    listener: socket.socket, loop: str, kind: str
+) -> None:
+    """The peer answers at once, then something holds the loop past the read's timeout: when
+    the loop turns again the deadline has passed, but the reply is there, so it is read (on
+    uvloop the timers run before the poll in a turn; a busy loop of many calls is this case).
+    ``kind``: a read parked on a watched `GreenSocket`, or a plain `green.wait_fd`."""
+
+    def call(port: int) -> bytes:
+        sock = green.connect_tcp("127.0.0.1", port, 2.0)
+        with sock:
+            sock.settimeout(0.05)
+            if kind == "fd":
+                green.wait_fd(sock.fileno(), writing=False, timeout=0.05)
+            return sock.recv(5)
+
+    async def main() -> bytes:
+        task = asyncio.ensure_future(green.run(call, listener.getsockname()[1]))
+        peer, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with peer:
+            await asyncio.sleep(0.01)  # (the call waits on its read now)
+            peer.send(b"hello")
+            time.sleep(0.2)  # the loop held: four timeouts pass before it polls again
+            return await task
+
+    listener.setblocking(False)
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        assert runner.run(main()) == b"hello"
+
+
+def test_a_read_that_got_nothing_still_times_out_after_a_late_loop(listener: socket.socket) -> None:
+    """The other side of the check above: nothing came, so the late deadline is a timeout."""
+
+    def call(port: int) -> bytes:
+        sock = green.connect_tcp("127.0.0.1", port, 2.0)
+        with sock:
+            sock.settimeout(0.05)
+            return sock.recv(5)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(green.run(call, listener.getsockname()[1]))
+        peer, _ = await asyncio.get_running_loop().sock_accept(listener)
+        with peer:
+            await asyncio.sleep(0.01)
+            time.sleep(0.2)
+            with pytest.raises(TimeoutError):
+                await task
+
+    listener.setblocking(False)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
