@@ -374,7 +374,8 @@ def test_the_daemon_cut_off_from_the_caches_sends_its_deletes_again_once_back(
     made around the store land: the slot has moved past them, so the source keeps their keys and
     sends them again each tick, its heartbeat held (no T past the cut), its lead and term kept.
     Once the caches are back, the keys are deleted and the heartbeat moves on."""
-    raw = _raw(servers)
+    # (The reader's reads must not time out on a loaded machine: a miss would read the new value.)
+    raw = _raw(servers, timeout_ms=1000, connect_timeout_ms=1000)
     mc_port = int(servers["memcached"].rpartition(":")[2])
     redis_port = int(servers["redis"].rpartition(":")[2].partition("/")[0])
     mc, rd = FaultProxy(mc_port).start(), FaultProxy(redis_port).start()
