@@ -16,8 +16,11 @@ a server that fails is skipped (its keys are misses) and never silently
 replaced by another server that would then hold copies no invalidation
 reaches. Each server has a `Breaker`: after repeated failures it is left
 alone for a cool-down, and a timeout leaves it alone at once. A delete that
-could not be delivered marks the server dirty; before it is used again it is
-flushed, since it may hold a value the database no longer has.
+could not be delivered marks the server dirty: it may hold a value the
+database no longer has. Before it is used again the deletes it may have
+missed are sent again (the keys are remembered, up to `LOST_DELETES_MAX`);
+only past that many is it flushed. A reply that came late (a pause of the
+process, a loaded machine) thus costs one more request, not the whole cache.
 
 The idle clients are the process's own: a child of ``os.fork()`` closes the
 ones it inherited (locally: nothing is sent) and connects its own
@@ -43,12 +46,14 @@ from store.cache.leases import Lookup
 from store.cache.stats import Breaker, CacheStats
 from store.forks import at_fork
 
-__all__ = ["MemcachedLeaseStore", "MemcachedServer", "POOL_SIZE"]
+__all__ = ["LOST_DELETES_MAX", "MemcachedLeaseStore", "MemcachedServer", "POOL_SIZE"]
 
 T = TypeVar("T")
 #: Idle sockets kept per server and process (as many are open as calls use the server at once:
 #: a thread each, or with `AsyncStore(io="native")` a task each; one closed is made again).
 POOL_SIZE = 256
+#: The most keys whose lost deletes a server remembers to send again; past it, it is flushed.
+LOST_DELETES_MAX = 1000
 _END = b"MN\r\n"
 _END_LEN = len(_END)
 _LAST = b"\r\n" + _END
@@ -100,6 +105,11 @@ class MemcachedServer:
         self.breaker = breaker
         self._stats = stats
         self._flush_lock = threading.Lock()
+        #: Keys whose deletes may not have arrived (`lose`), sent again before the server is
+        #: used (`_flush`); ``_lost_all``: more than `LOST_DELETES_MAX` of them, so it is flushed.
+        self._lost: set[str] = set()
+        self._lost_all = False
+        self._lost_lock = threading.Lock()
         #: The process whose sockets ``_idle`` holds.
         self._pid = os.getpid()
         at_fork(self, MemcachedServer._after_fork)
@@ -110,6 +120,7 @@ class MemcachedServer:
         if self._pid == os.getpid():
             return
         self._flush_lock = threading.Lock()
+        self._lost_lock = threading.Lock()
         inherited, self._idle = self._idle, deque()
         self._pid = os.getpid()
         for client in inherited:
@@ -294,8 +305,20 @@ class MemcachedServer:
             self.breaker.failure()
         self._stats.error(self.address, exc)
 
+    def lose(self, keys: Sequence[str]) -> None:
+        """The deletes of ``keys`` may not have arrived: the server is dirty until they are sent
+        again (or, past `LOST_DELETES_MAX` keys, until it is flushed)."""
+        with self._lost_lock:  # (never held across I/O)
+            if self._lost_all or len(self._lost) + len(keys) > LOST_DELETES_MAX:
+                self._lost_all = True
+                self._lost.clear()
+            else:
+                self._lost.update(keys)
+            self.breaker.dirty = True
+
     def _flush(self) -> bool:
-        """Empty a server that may hold values whose invalidation was lost."""
+        """Clean a server that may hold values whose invalidation was lost: its lost deletes sent
+        again, or (too many of them, or not known) the server flushed."""
         # Inside an event loop's call a lock held across I/O must not be waited for (the holder
         # may be another call on this very thread): the server counts as not yet emptied.
         if not self._flush_lock.acquire(blocking=not green.active()):
@@ -309,6 +332,10 @@ class MemcachedServer:
         """`_flush`, its lock held."""
         if not self.breaker.dirty:
             return True
+        if self._lost and not self._lost_all:
+            return self._delete_lost()
+        with self._lost_lock:
+            before = set(self._lost)
         client = self._take()
         try:
             _settle(client)
@@ -320,7 +347,31 @@ class MemcachedServer:
         self._give_back(client)
         self.breaker.success()
         if flushed is True:
-            self.breaker.dirty = False
+            with self._lost_lock:  # (deletes lost during the flush stay)
+                self._lost.difference_update(before)
+                if len(self._lost) == 0:
+                    self._lost_all = False
+                    self.breaker.dirty = False
+        return not self.breaker.dirty
+
+    def _delete_lost(self) -> bool:
+        """Send the lost deletes again (`_flush_held`); True once none is left."""
+        with self._lost_lock:
+            keys = list(self._lost)
+        if not keys:
+            return not self.breaker.dirty
+        try:
+            replies = _replies(self._exchange(_request([b"md " + k.encode() for k in keys])))
+        except _FAILURES as exc:
+            self._failed(exc)
+            return False
+        if len(replies) != len(keys) or not all(line[:2] in (b"HD", b"NF") for line, _v in replies):
+            return False  # (a reply that is neither deleted nor not found: try again next time)
+        self.breaker.success()
+        with self._lost_lock:
+            self._lost.difference_update(keys)  # (deletes lost meanwhile stay)
+            if not self._lost and not self._lost_all:
+                self.breaker.dirty = False
         return not self.breaker.dirty
 
     def close(self) -> None:
@@ -576,21 +627,21 @@ class MemcachedLeaseStore:
             got = server.pipeline([b"md " + k.encode() for k in group], _replies)
             if got is None:
                 # The delete may not have arrived: this server may now hold a
-                # stale value. Empty it before it is trusted again.
-                server.breaker.dirty = True
+                # stale value. Delete again before it is trusted again.
+                server.lose(group)
 
     def delete_many_begin(self, keys: Sequence[str]) -> Callable[[], None]:
         """`delete_many`, sent now: the returned function waits for the replies (call it in a
         ``finally``), so the caller's next round trip overlaps this one."""
-        held: list[tuple[MemcachedServer, Callable[[], bool] | None]] = [
-            (server, server.begin([b"md " + k.encode() for k in group]))
+        held: list[tuple[MemcachedServer, list[str], Callable[[], bool] | None]] = [
+            (server, group, server.begin([b"md " + k.encode() for k in group]))
             for server, group in self._group(keys).items()
         ]
 
         def finish() -> None:
-            for server, reply in held:
+            for server, group, reply in held:
                 if reply is None or not reply():
-                    server.breaker.dirty = True  # (as in delete_many)
+                    server.lose(group)  # (as in delete_many)
 
         return finish
 
