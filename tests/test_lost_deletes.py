@@ -4,7 +4,8 @@ A memcached of the test's own is stopped (SIGSTOP) while a writer deletes: the d
 does not come within the timeout, so the server is dirty. Before the process uses it again it
 sends those deletes again: a value put back under a lost key meanwhile (what a stale fill
 would leave) is gone, and every other entry is still cached, where a flush would have emptied
-the server. Past `LOST_DELETES_MAX` lost keys the server is flushed instead.
+the server. Past `LOST_DELETES_MAX` lost keys the server is flushed instead. Redis lists, the
+same: a list whose drop was lost is dropped again, alone; past `LOST_DROPS_MAX`, every list.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from pathlib import Path
 import pytest
 from pymemcache.client.base import Client
 
+from store.cache.lists import encode_members
 from store.cache.memcached import LOST_DELETES_MAX, MemcachedLeaseStore
+from store.cache.redis_lists import LOST_DROPS_MAX, RedisListBackend
+from tests.conftest import REDIS_TEST_URL
 from tests.servers import free_ports, start_memcached
 
 
@@ -101,3 +105,55 @@ def test_more_lost_deletes_than_it_remembers_flush_the_server(
         assert not store.servers[0].breaker.dirty
     finally:
         store.close()
+
+
+@pytest.fixture
+def red(redis_ready: str) -> Iterator[RedisListBackend]:
+    backend = RedisListBackend(
+        REDIS_TEST_URL, prefix=f"lost{time.monotonic_ns()}:", timeout_s=2, connect_timeout_s=2
+    )
+    yield backend
+    backend.close()
+
+
+def _cached(red: RedisListBackend, keys: list[str]) -> list[str]:
+    """Which of ``keys`` have a list cached."""
+    reads = red.read_many(keys, [("meta",)] * len(keys))
+    return [k for k, r in zip(keys, reads, strict=True) if r is not None and r.meta is not None]
+
+
+def _fill(red: RedisListBackend, keys: list[str]) -> None:
+    for key in keys:
+        seen = red.read(key, ("meta",))
+        assert seen is not None
+        assert red.fill(key, seen.version, 1, encode_members([(1, 2)]), 60, 1)
+
+
+def test_lost_list_drops_are_dropped_again_and_nothing_else(red: RedisListBackend) -> None:
+    """Redis: a drop skipped while the breaker was open is redone, alone, before the server is
+    trusted again: the list is gone (a fill begun before it refused), the other lists stay."""
+    kept = [f"{red.prefix}l:kept:{i}" for i in range(10)]
+    lost = [f"{red.prefix}l:lost:{i}" for i in range(2)]
+    _fill(red, kept + lost)
+    before = red.read(lost[0], ("meta",))
+    assert before is not None
+    red.breaker.trip()
+    red.invalidate(lost, 60)  # skipped: the server may still hold them
+    assert red.breaker.dirty
+    red.breaker.success()
+    assert red._clean()
+    assert not red.breaker.dirty
+    assert _cached(red, kept + lost) == kept
+    # A fill read before the lost drop is refused: the drop bumped the list's version.
+    assert not red.fill(lost[0], before.version, 1, encode_members([(1, 2)]), 60, 1)
+
+
+def test_more_lost_list_drops_than_it_remembers_drop_every_list(red: RedisListBackend) -> None:
+    kept = [f"{red.prefix}l:kept:{i}" for i in range(3)]
+    _fill(red, kept)
+    red.breaker.trip()
+    red.invalidate([f"{red.prefix}l:many:{i}" for i in range(LOST_DROPS_MAX + 1)], 60)
+    red.breaker.success()
+    assert red._clean()
+    assert _cached(red, kept) == []
+    assert not red.breaker.dirty

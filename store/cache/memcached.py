@@ -43,7 +43,7 @@ from pymemcache.exceptions import MemcacheError
 
 from store import green
 from store.cache.leases import Lookup
-from store.cache.stats import Breaker, CacheStats
+from store.cache.stats import Breaker, CacheStats, LostInvalidations
 from store.forks import at_fork
 
 __all__ = ["LOST_DELETES_MAX", "MemcachedLeaseStore", "MemcachedServer", "POOL_SIZE"]
@@ -105,11 +105,9 @@ class MemcachedServer:
         self.breaker = breaker
         self._stats = stats
         self._flush_lock = threading.Lock()
-        #: Keys whose deletes may not have arrived (`lose`), sent again before the server is
-        #: used (`_flush`); ``_lost_all``: more than `LOST_DELETES_MAX` of them, so it is flushed.
-        self._lost: set[str] = set()
-        self._lost_all = False
-        self._lost_lock = threading.Lock()
+        #: Keys whose deletes may not have arrived, sent again before the server is used
+        #: (`_flush`); more than `LOST_DELETES_MAX` of them, and it is flushed instead.
+        self.lost = LostInvalidations(breaker, LOST_DELETES_MAX)
         #: The process whose sockets ``_idle`` holds.
         self._pid = os.getpid()
         at_fork(self, MemcachedServer._after_fork)
@@ -120,7 +118,6 @@ class MemcachedServer:
         if self._pid == os.getpid():
             return
         self._flush_lock = threading.Lock()
-        self._lost_lock = threading.Lock()
         inherited, self._idle = self._idle, deque()
         self._pid = os.getpid()
         for client in inherited:
@@ -308,13 +305,7 @@ class MemcachedServer:
     def lose(self, keys: Sequence[str]) -> None:
         """The deletes of ``keys`` may not have arrived: the server is dirty until they are sent
         again (or, past `LOST_DELETES_MAX` keys, until it is flushed)."""
-        with self._lost_lock:  # (never held across I/O)
-            if self._lost_all or len(self._lost) + len(keys) > LOST_DELETES_MAX:
-                self._lost_all = True
-                self._lost.clear()
-            else:
-                self._lost.update(keys)
-            self.breaker.dirty = True
+        self.lost.lose(keys)
 
     def _flush(self) -> bool:
         """Clean a server that may hold values whose invalidation was lost: its lost deletes sent
@@ -329,50 +320,28 @@ class MemcachedServer:
             self._flush_lock.release()
 
     def _flush_held(self) -> bool:
-        """`_flush`, its lock held."""
+        """`_flush`, its lock held: the lost deletes sent again, or the server flushed."""
         if not self.breaker.dirty:
             return True
-        if self._lost and not self._lost_all:
-            return self._delete_lost()
-        with self._lost_lock:
-            before = set(self._lost)
+        generation, keys = self.lost.pending()
         client = self._take()
         try:
             _settle(client)
-            flushed = client.flush_all(noreply=False)
+            if keys is None:
+                done = client.flush_all(noreply=False) is True
+            else:
+                sock = self._connected(client)
+                sock.sendall(_request([b"md " + k.encode() for k in keys]))
+                replies = _replies(_reply(sock, client))
+                # Deleted or not found, each: anything else, and it is tried again next time.
+                done = len(replies) == len(keys) and all(line[:2] in (b"HD", b"NF") for line, _v in replies)
         except _FAILURES as exc:
             client.close()
             self._failed(exc)
             return False
         self._give_back(client)
         self.breaker.success()
-        if flushed is True:
-            with self._lost_lock:  # (deletes lost during the flush stay)
-                self._lost.difference_update(before)
-                if len(self._lost) == 0:
-                    self._lost_all = False
-                    self.breaker.dirty = False
-        return not self.breaker.dirty
-
-    def _delete_lost(self) -> bool:
-        """Send the lost deletes again (`_flush_held`); True once none is left."""
-        with self._lost_lock:
-            keys = list(self._lost)
-        if not keys:
-            return not self.breaker.dirty
-        try:
-            replies = _replies(self._exchange(_request([b"md " + k.encode() for k in keys])))
-        except _FAILURES as exc:
-            self._failed(exc)
-            return False
-        if len(replies) != len(keys) or not all(line[:2] in (b"HD", b"NF") for line, _v in replies):
-            return False  # (a reply that is neither deleted nor not found: try again next time)
-        self.breaker.success()
-        with self._lost_lock:
-            self._lost.difference_update(keys)  # (deletes lost meanwhile stay)
-            if not self._lost and not self._lost_all:
-                self.breaker.dirty = False
-        return not self.breaker.dirty
+        return done and self.lost.sent(generation, keys)
 
     def close(self) -> None:
         """Close every idle socket."""

@@ -24,8 +24,9 @@ fill replaces it.
 redis-py's defaults are unsafe for a cache (no socket timeout; retries that
 stretch a dead server into seconds): this client has explicit short
 timeouts, no retries, and a `Breaker`. An invalidation that fails marks the
-cache dirty: before it is used again, every key under the store's prefix is
-dropped (SCAN + UNLINK, so a shared database is safe).
+cache dirty: before it is used again, the lists it named are dropped again
+(their versions bumped), or, past `LOST_DROPS_MAX` of them, every key under
+the store's prefix (SCAN + UNLINK, so a shared database is safe).
 
 The connections of the script calls bypass redis-py's pool and so its
 process id check: a child of ``os.fork()`` closes the ones it inherited
@@ -48,11 +49,11 @@ from redis.retry import Retry
 
 from store import green
 from store.cache.lists import ListChange, ListRead, split_changes
-from store.cache.stats import Breaker, CacheStats
+from store.cache.stats import Breaker, CacheStats, LostInvalidations
 from store.config import redis_server_name
 from store.forks import at_fork
 
-__all__ = ["RedisListBackend", "RedisListServers"]
+__all__ = ["LOST_DROPS_MAX", "RedisListBackend", "RedisListServers"]
 
 # Lua shared by the scripts: where member m falls among the n packed members of s. Members are
 # compared as four big-endian 32-bit words (struct), never with Lua's string "<", which follows
@@ -120,6 +121,8 @@ return 1
 # (lex only)}. Members are compared by `_CUT`.
 #: Versions outlive the lists they guard, so a slow reader cannot see one vanish and reappear.
 VERSION_TTL_S = 86_400
+#: The most lists whose lost drops a server remembers to drop again; past it, every list is dropped.
+LOST_DROPS_MAX = 1000
 
 # KEYS: list, meta, version. ARGV: version seen ("" for none), the list version the head was
 # read at, the new read ms. The list's read time becomes the new one if it is still cached at
@@ -298,6 +301,9 @@ class RedisListBackend:
         #: ``host:port/db``: the server's name in errors and metrics, and its seed in placement.
         self.address = redis_server_name(url)
         self.breaker = Breaker(failures_to_trip=failures_to_trip, cooldown_s=cooldown_s)
+        #: Lists whose drops may not have arrived, dropped again before the server is trusted
+        #: (`_clean`); more than `LOST_DROPS_MAX` of them, and every list is dropped instead.
+        self.lost = LostInvalidations(self.breaker, LOST_DROPS_MAX)
         self.prefix = prefix
         self.client = redis.Redis.from_url(
             url,
@@ -615,22 +621,35 @@ class RedisListBackend:
         have lost a drop, so the cache is marked dirty (cleaned before it is trusted again)."""
         if not self.breaker.allow():
             self.stats.add(skipped=1)
-            self.breaker.dirty = True
+            self.lost.lose(keys[0::3])  # (each list's three keys: `_keys`)
             return None
         try:
             reply = self._script(script, keys, args)
         except redis.RedisError as exc:
             self._failed(exc)
-            self.breaker.dirty = True
+            self.lost.lose(keys[0::3])
             return None
         self.breaker.success()
         return reply
 
     def _clean(self) -> bool:
-        """Drop every cached list (not the versions) after a lost invalidation."""
+        """After lost invalidations: drop those lists again (their versions bumped, as
+        `invalidate` does), or, past `LOST_DROPS_MAX` of them, every cached list (not the
+        versions)."""
         with self._clean_lock:
             if not self.breaker.dirty:
                 return True
+            generation, lists = self.lost.pending()
+            if lists is not None:
+                try:
+                    if lists:
+                        self._script(
+                            self._invalidate, [k for key in lists for k in self._keys(key)], [VERSION_TTL_S]
+                        )
+                except redis.RedisError as exc:
+                    self._failed(exc)
+                    return False
+                return self.lost.sent(generation, lists)
             try:
                 batch: list[Any] = []
                 for k in self.client.scan_iter(match=self.prefix + "l:*", count=1000):
@@ -644,8 +663,7 @@ class RedisListBackend:
             except redis.RedisError as exc:
                 self._failed(exc)
                 return False
-            self.breaker.dirty = False
-            return True
+            return self.lost.sent(generation, None)
 
     def cache_servers(self) -> list[RedisListBackend]:
         """This one server (`store.cache.stats.CacheServers`)."""

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 from store.forks import at_fork
 from store.threadends import on_thread_end
 
-__all__ = ["Breaker", "CacheServer", "CacheServers", "CacheStats"]
+__all__ = ["Breaker", "CacheServer", "CacheServers", "CacheStats", "LostInvalidations"]
 
 
 #: The counters of a `CacheStats`, in the order `as_dict` lists them.
@@ -184,7 +184,57 @@ class Breaker:
             self._open_until = self._clock() + self._cooldown_s
 
 
-def _new_lock(owner: CacheStats | Breaker) -> None:
+class LostInvalidations:
+    """The keys whose invalidations may not have reached one server, until they are sent again.
+
+    `lose` marks the server's breaker dirty and remembers the keys, up to
+    ``most``; past that it remembers only that there were too many, and the
+    owner must empty the server. The owner takes what to send (`pending`),
+    sends it, and reports it done (`sent`): the server is clean again only
+    if nothing was lost meanwhile (a generation counter says), else what was
+    lost meanwhile stays for the next time. The lock is never held across I/O.
+    """
+
+    def __init__(self, breaker: Breaker, most: int) -> None:
+        self.breaker = breaker
+        self.most = most
+        self._lock = threading.Lock()
+        self._keys: set[str] = set()
+        self._all = False
+        self._generation = 0
+        at_fork(self, _new_lock)
+
+    def lose(self, keys: Sequence[str]) -> None:
+        """The invalidations of ``keys`` may not have arrived: the server is dirty."""
+        with self._lock:
+            self._generation += 1
+            if self._all or len(self._keys) + len(keys) > self.most:
+                self._all = True
+                self._keys.clear()
+            else:
+                self._keys.update(keys)
+            self.breaker.dirty = True
+
+    def pending(self) -> tuple[int, list[str] | None]:
+        """(the generation now, the keys to send again); None for the keys: too many were lost,
+        empty the whole server."""
+        with self._lock:
+            return self._generation, None if self._all else list(self._keys)
+
+    def sent(self, generation: int, keys: list[str] | None) -> bool:
+        """What `pending` gave at ``generation`` was sent (``keys`` None: the server was emptied);
+        True if the server is clean now."""
+        with self._lock:
+            if generation == self._generation:
+                self._keys.clear()
+                self._all = False
+                self.breaker.dirty = False
+            elif keys is not None:
+                self._keys.difference_update(keys)  # (what was lost meanwhile stays)
+            return not self.breaker.dirty
+
+
+def _new_lock(owner: CacheStats | Breaker | LostInvalidations) -> None:
     """In a forked child: a lock of its own (a thread of the parent may have held the old one)."""
     owner._lock = threading.Lock()
 
