@@ -196,6 +196,14 @@ class ObjectRepository:
         """
         sql = self.sql(h, table)
         log_sql = h.log_sql() if logged else None
+        # A transaction run again after a deadlock or a lock wait timeout (`ShardHandle.transaction`)
+        # finds the object at the version an earlier attempt made ``new`` from, unless another
+        # writer committed meanwhile: ``changes`` is then not applied again (a function runs once
+        # per change it makes, and sees again only an object that did change).
+        if known is None:
+            made: list[tuple[int, dict[str, Any]]] = []
+        else:
+            made = [known]
 
         def txn(cur: Cursor) -> dict[str, Any]:
             cur.execute(sql["lock"], (local_id,))
@@ -210,7 +218,12 @@ class ObjectRepository:
                     actual=int(row[2]),
                 )
             old = self._serde.loads(row[0])
-            new = known[1] if known is not None and known[0] == int(row[2]) else applied(changes, old, what)
+            version = int(row[2])
+            if made and made[0][0] == version:
+                new = made[0][1]
+            else:
+                new = applied(changes, old, what)
+                made[:] = [(version, new)]
             text = self._serde.dumps(new)  # refused data raises before any claim
             if before_write is not None:
                 before_write(old, new)
