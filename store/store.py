@@ -390,7 +390,10 @@ class Store:
         ``sequence`` defaults to now in microseconds, so newer entries sort
         after older ones (ties by ``to_id``). Linking an existing pair keeps
         its position unless ``sequence`` is given, which moves it. Returns
-        True if the pair is new.
+        True if the pair is new. A side whose object is deleted is refused
+        (`NotFound`); an ID with no object row at all is linked as given (an
+        object kept elsewhere, such as a user of another system, can be
+        listed; `page_objects` skips entries with no live object).
         """
         return self._relations.link(relation, from_id, to_id, sequence=sequence)
 

@@ -103,6 +103,43 @@ def test_promote_refuses_a_slave_that_has_not_applied_what_it_received(
     s.close()
 
 
+def test_promote_refuses_a_slave_whose_io_thread_was_stopped(
+    replicated: tuple[MariaDBServer, MariaDBServer, StoreConfig],
+) -> None:
+    """A slave that stopped receiving (its IO thread stopped, by hand here) has applied all it
+    received, yet may lack every write since: refused unless forced. (A dead master leaves the
+    IO thread connecting again, not stopped: the test above promotes that slave.)"""
+    master, slave, config = replicated
+    wait_replicated(master, slave)
+    s = pymysql.connect(host="127.0.0.1", port=slave.port, user="root", autocommit=True)
+    with s.cursor() as cur:
+        cur.execute("STOP SLAVE IO_THREAD")
+    s.close()
+    with Store(config) as store:
+        store.create("pin", {"after": "the IO thread stopped"})
+        master.kill()
+        with pytest.raises(
+            PromoteError, match=r"the slave S is not replicating \(default: its IO thread is not running"
+        ):
+            promote(store, 0, 3, say=lambda _m: None)
+        assert store.shard_map.version == 1
+        said: list[str] = []
+        promote(store, 0, 3, force=True, say=said.append)
+        assert said[0].startswith("WARNING: promoting S with --force: it is not replicating (default: its IO")
+        assert store.shard_map.master(0) == "S"
+
+
+def test_a_mariadb_slave_that_has_no_master_is_refused_unless_forced(tmp_path: Path) -> None:
+    require_port("MariaDB", 3306)
+    # The master is down; the "slave" is the shared server, which replicates from nothing.
+    dead = f"mysql+pymysql://root@127.0.0.1:{free_port()}"
+    config = promote_config(tmp_path, dead, "mysql+pymysql://root@127.0.0.1:3306")
+    with Store(config) as store:
+        with pytest.raises(PromoteError, match=r"the slave S is not replicating \(SHOW ALL SLAVES STATUS"):
+            promote(store, 0, 3, say=lambda _m: None)
+        assert store.shard_map.version == 1
+
+
 # -- what cannot be promoted, and a probe a live server refuses ------------------------------------
 
 

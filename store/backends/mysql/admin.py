@@ -33,7 +33,10 @@ __all__ = [
     "leave_tombstones",
     "load_dump",
     "parse_tombstone",
+    "not_replicating",
     "slave_lag",
+    "slave_status",
+    "unapplied",
     "stop_slaves",
     "table_triggers",
     "tombstone_statements",
@@ -310,9 +313,18 @@ def unreachable(exc: BaseException) -> bool:
 def slave_lag(cur: Any) -> list[str]:
     """Each replication connection of the slave on ``cur`` that has not executed all it read from
     its master (its relay log behind its read position), as ``NAME read POS executed POS``."""
+    return unapplied(slave_status(cur))
+
+
+def slave_status(cur: Any) -> list[dict[str, Any]]:
+    """``SHOW ALL SLAVES STATUS``: one dict per replication connection of the server on ``cur``."""
     cur.execute("SHOW ALL SLAVES STATUS")
     names = [d[0] for d in cur.description]
-    rows = [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
+    return [dict(zip(names, row, strict=False)) for row in cur.fetchall()]
+
+
+def unapplied(rows: list[dict[str, Any]]) -> list[str]:
+    """Of `slave_status`'s ``rows``, each whose relay log is behind its read position, in words."""
     return [
         f"{row.get('Connection_name') or 'default'} read {row.get('Read_Master_Log_Pos')} "
         f"executed {row.get('Exec_Master_Log_Pos')}"
@@ -320,6 +332,20 @@ def slave_lag(cur: Any) -> list[str]:
         if (row.get("Master_Log_File"), row.get("Read_Master_Log_Pos"))
         != (row.get("Relay_Master_Log_File"), row.get("Exec_Master_Log_Pos"))
     ]
+
+
+def not_replicating(rows: list[dict[str, Any]]) -> str | None:
+    """Why a server whose `slave_status` is ``rows`` receives nothing from a master, or None: it has
+    no replication connection, or one whose IO thread is stopped (by an error or by hand: what it
+    has may end long before the master's last write). A master that died leaves the IO thread
+    connecting again, not stopped."""
+    if not rows:
+        return "SHOW ALL SLAVES STATUS lists no master: it is no slave"
+    for row in rows:
+        if str(row.get("Slave_IO_Running") or "").lower() == "no":
+            why = row.get("Last_IO_Error") or "stopped, no error"
+            return f"{row.get('Connection_name') or 'default'}: its IO thread is not running ({why})"
+    return None
 
 
 def stop_slaves(cur: Any) -> None:

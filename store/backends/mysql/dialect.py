@@ -26,9 +26,11 @@ from store.backends.mysql.admin import (
     _ID_COUNTER_ROW,
     TOMBSTONE_ERRNO,
     id_trigger,
+    not_replicating,
     parse_tombstone,
-    slave_lag,
+    slave_status,
     stop_slaves,
+    unapplied,
 )
 from store.backends.mysql.admin import unreachable as connect_unreachable
 from store.backends.mysql.driver import _load_tls_files, _mysql_driver, mysql_connector
@@ -288,12 +290,14 @@ class MySQLBackend(Backend):
         return connect_unreachable(exc)
 
     def replica_state(self, url: URL) -> ReplicaState:
-        """``SHOW ALL SLAVES STATUS``: each connection whose executed position is behind what it read."""
+        """``SHOW ALL SLAVES STATUS``: whether it replicates at all (`not_replicating`), and each
+        connection whose executed position is behind what it read."""
         conn = mysql_connector(url)()
         try:
-            return ReplicaState(unapplied=tuple(slave_lag(conn.cursor())))
+            rows = slave_status(conn.cursor())
         finally:
             conn.close()
+        return ReplicaState(not_replicating=not_replicating(rows), unapplied=tuple(unapplied(rows)))
 
     def promote_replica(self, url: URL) -> None:
         """``STOP ALL SLAVES``."""
