@@ -61,12 +61,14 @@ check at each call); the sync store under it reopens its own connections.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import functools
 import inspect
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -115,7 +117,10 @@ class AsyncStore:
     many calls run at once (each on a worker thread of the store's own
     executor, made on first use), default ``min(32, pool_size)``; and ``io``:
     ``"threads"`` (that executor) or ``"native"`` (each call a greenlet on the
-    event loop; ``max_workers`` is then unused).
+    event loop). With ``"native"``, ``max_workers`` given caps the calls
+    running at once on each loop (the others wait their turn, in order, before
+    they start; a caller cancelled meanwhile never starts its call); not
+    given, no cap: the pools alone bound what waits on a database.
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class AsyncStore:
     ) -> None:
         workers = _worker_count(config, max_workers)  # checked before the store starts anything
         _io_mode(io)
+        cap = max_workers
         store = Store(
             config,
             engines=engines,
@@ -144,13 +150,19 @@ class AsyncStore:
             map_source=map_source,
             metrics=metrics,
         )
-        self._attach(store, workers, io)
+        self._attach(store, workers, io, cap)
 
-    def _attach(self, store: Store, max_workers: int, io: str = "threads") -> None:
+    def _attach(self, store: Store, max_workers: int, io: str = "threads", cap: int | None = None) -> None:
         #: How many calls run at once with ``io="threads"``: the executor's workers.
         self.max_workers = max_workers
         #: How calls run: ``"threads"`` or ``"native"`` (see the module's text).
         self.io = _io_mode(io)
+        #: With ``io="native"``: the most calls running at once on a loop (None: no cap), and
+        #: each loop's turns (`_Turns`).
+        self.native_cap = cap if self.io == "native" else None
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = (
+            weakref.WeakKeyDictionary()
+        )
         #: The outcomes of the calls running with ``io="native"`` (`aclose` waits for them).
         #: The native calls still running (`store.green.begin`), cancelled callers' too.
         self._native: set[Any] = set()
@@ -181,7 +193,7 @@ class AsyncStore:
         if not isinstance(store, Store):
             raise TypeError(f"AsyncStore.from_store takes a Store, got {type(store).__name__}")
         self = cls.__new__(cls)
-        self._attach(store, _worker_count(store.config, max_workers), io)
+        self._attach(store, _worker_count(store.config, max_workers), io, max_workers)
         return self
 
     # -- what runs the calls --------------------------------------------------------
@@ -191,6 +203,7 @@ class AsyncStore:
         executor is made on next use."""
         self._executor = None
         self._native = set()
+        self._turns = weakref.WeakKeyDictionary()
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
@@ -218,7 +231,14 @@ class AsyncStore:
             # its end on the loop (no pair half written, no connection left mid-reply).
             # (Awaited as it is: a cancelled await cancels the future, which only drops the
             # outcome; the call stays listed in _native until it ends, for aclose.)
-            return await green.begin(self._native, fn, *args, **kwargs)
+            if self.native_cap is None:
+                return await green.begin(self._native, fn, *args, **kwargs)
+            loop = asyncio.get_running_loop()
+            turns = self._turns.get(loop)
+            if turns is None:
+                turns = self._turns[loop] = _Turns(self.native_cap)
+            await turns.take(loop)
+            return await green.begin(self._native, turns.run, fn, args, kwargs)
         executor = self._workers()
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
@@ -534,6 +554,48 @@ def _io_mode(io: object) -> str:
     if io not in IO_MODES:
         raise ConfigError(f"io must be one of {', '.join(map(repr, IO_MODES))}, got {brief(io)}")
     return str(io)
+
+
+class _Turns:
+    """The calls of one loop that run at once with ``io="native"`` and a cap: a call takes a turn
+    before it starts (or waits for one, first come first served) and gives it to the next caller
+    when it ends. All on the loop's thread: no lock."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, cap: int) -> None:
+        self.free = cap
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def take(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A turn: at once if one is free and nobody waits, else when a call ends."""
+        if self.free > 0 and not self.waiting:
+            self.free -= 1
+            return
+        turn: asyncio.Future[None] = loop.create_future()
+        self.waiting.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self.give()  # handed a turn, cancelled before it could start: to the next one
+            raise
+
+    def give(self) -> None:
+        """An ended call's turn, to the first caller still waiting (or back to the free ones)."""
+        while self.waiting:
+            turn = self.waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.free += 1
+
+    def run(self, fn: Callable[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        """``fn(*args, **kwargs)``, its turn given on when it ends (in the call's greenlet)."""
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.give()
 
 
 def _worker_count(config: StoreConfig | None, max_workers: int | None) -> int:

@@ -186,7 +186,8 @@ def _task_counts(text: str) -> list[int]:
     type=click.IntRange(1, 1024),
     default=None,
     help="store:async's max_workers: how many calls run at once, each holding at most one connection "
-    "per host (default: min(32, pool_size)).",
+    "per host (threads; default: min(32, pool_size)); native: a cap on the calls running at once on "
+    "the loop (default: none).",
 )
 @click.option(
     "--async-io",
