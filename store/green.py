@@ -61,6 +61,7 @@ __all__ = [
     "begin",
     "connect_tcp",
     "current",
+    "current_loop",
     "gather",
     "pause",
     "run",
@@ -191,6 +192,12 @@ def current() -> Any:
     it has checked out), or None outside one."""
     here = _getcurrent()
     return here if type(here) is _Bridged else None
+
+
+def current_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop of the call `run` runs that the caller is in, or None outside one."""
+    here = _getcurrent()
+    return here.loop if type(here) is _Bridged else None
 
 
 def await_(awaitable: Awaitable[T]) -> T:

@@ -40,8 +40,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from store import green
 from store.cache.stats import CacheStats
 from store.forks import at_fork
 
@@ -167,6 +168,16 @@ class ObjectCache:
         self.after_load: Callable[[], None] | None = None
         #: The invalidation log's follower (`store.cache.follower`), once one runs.
         self.follower: TrustSource | None = None
+        #: The reads of this process on their way to the database, by key (`_Reading`): another
+        #: call of this process that finds the same cache item (the same cas) waits for it.
+        self._reading: dict[str, _Reading] = {}
+        self._reading_lock = threading.Lock()
+        at_fork(self, ObjectCache._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's reads on their way are not this process's."""
+        self._reading = {}
+        self._reading_lock = threading.Lock()
 
     def get_many(
         self, keys: Sequence[str], load: Callable[[list[str]], dict[str, bytes]], *, logged: bool = True
@@ -203,6 +214,9 @@ class ObjectCache:
         leased: dict[str, int] = {}
         expired: list[str] = []
         missing: list[str] = []
+        #: Keys another call of this process is reading with the same cas: wait for its read.
+        joined: dict[str, _Reading] = {}
+        mine: dict[str, _Reading] = {}
         for key in keys:
             got = found.get(key)
             if got is None:  # the server failed: a miss, no lease
@@ -228,23 +242,72 @@ class ObjectCache:
                 # again and replace it only if it is still the entry seen here
                 # (its cas), so a writer's delete meanwhile wins.
                 expired.append(key)
-                leased[key] = got.cas
-            elif got.won:
-                leased[key] = got.cas
-            missing.append(key)  # (an empty item won by another: read, do not fill)
-        if not missing:
+            elif not got.won:
+                # An empty item another reader won: read, do not fill; or, if that reader is a
+                # call of this process, wait for its read (`_Reading`).
+                reading = self._reading.get(key)
+                if reading is not None and reading.cas == got.cas and reading.joinable():
+                    joined[key] = reading
+                else:
+                    missing.append(key)
+                continue
+            reading = self._take_reading(key, got.cas)
+            if reading is None:  # (another call of this process reads it: wait for it)
+                joined[key] = self._reading[key]
+                continue
+            mine[key] = reading
+            leased[key] = got.cas
+            missing.append(key)
+        if not missing and not joined:
             self.stats.add(hits=len(hits) + known_absent)
             return hits
-        self.stats.add(hits=len(hits) + known_absent, misses=len(missing), expired=len(expired))
-        read_ms = self._clock_ms()  # before the database read
-        loaded = load(missing)
-        if self.after_load is not None:
-            self.after_load()
-        fills = {k: (entry(read_ms, loaded.get(k, b"")), cas) for k, cas in leased.items()}
-        if fills:
-            self.stats.add(fills=self.store.fill_many(fills, self._ttl_s, later=self._filled))
-        hits.update(loaded)
+        self.stats.add(hits=len(hits) + known_absent, misses=len(missing) + len(joined), expired=len(expired))
+        if missing:
+            read_ms = self._clock_ms()  # before the database read
+            try:
+                loaded = load(missing)
+            except BaseException:
+                self._end_readings(mine, None)
+                raise
+            self._end_readings(mine, loaded)
+            if self.after_load is not None:
+                self.after_load()
+            fills = {k: (entry(read_ms, loaded.get(k, b"")), cas) for k, cas in leased.items()}
+            if fills:
+                self.stats.add(fills=self.store.fill_many(fills, self._ttl_s, later=self._filled))
+            hits.update(loaded)
+        if joined:
+            again: list[str] = []
+            for key, reading in joined.items():
+                got_value = reading.wait(_JOIN_WAIT_S)
+                if got_value is _NOT_READ:
+                    again.append(key)  # its read failed, or took too long: read it here
+                elif got_value is not None:
+                    hits[key] = got_value
+            if again:
+                hits.update(load(again))
         return hits
+
+    def _take_reading(self, key: str, cas: int) -> _Reading | None:
+        """A new `_Reading` of ``key`` at ``cas`` by this call, or None if another call of this process
+        reads it at that cas already (the caller waits for that one)."""
+        with self._reading_lock:
+            other = self._reading.get(key)
+            if other is not None and other.cas == cas and other.joinable():
+                return None
+            reading = self._reading[key] = _Reading(cas)
+            return reading
+
+    def _end_readings(self, mine: dict[str, _Reading], loaded: dict[str, bytes] | None) -> None:
+        """The database read of ``mine``'s keys ended (``loaded``: what it found; None: it failed)."""
+        if not mine:
+            return
+        with self._reading_lock:
+            for key, reading in mine.items():
+                if self._reading.get(key) is reading:
+                    del self._reading[key]
+        for key, reading in mine.items():
+            reading.end(_NOT_READ if loaded is None else loaded.get(key))
 
     def _filled(self, n: int) -> None:
         """``n`` fills were stored (their replies, read after the call, say so)."""
@@ -261,6 +324,60 @@ class ObjectCache:
         ``finally``, before it returns: the keys are gone by then, as with `invalidate`."""
         self.stats.add(invalidations=len(keys))
         return self.store.delete_many_begin(keys)
+
+
+#: How long a read waits for another call's read of the same key before it reads the key itself.
+_JOIN_WAIT_S = 1.0
+#: What a `_Reading` ends with when its read failed: a waiter reads the key itself.
+_NOT_READ: Any = object()
+
+
+class _Reading:
+    """One call's database read of a key it found missing (or expired) in the cache, which other
+    calls of the process that find the same cache item (the same cas) wait for instead of
+    reading the database too (a hot key after a write: a herd of misses).
+
+    Joining keeps read-your-writes: a write deletes the item, so a call whose own write came
+    before its lookup never finds the cas of a read begun before that write. A waiter on the
+    loop of the reading call waits on the loop (`green.pause`); a thread waits on an event. A
+    call on a loop never waits for another thread's read (it reads the key itself).
+    """
+
+    __slots__ = ("cas", "event", "loop", "pauses", "value")
+
+    def __init__(self, cas: int) -> None:
+        self.cas = cas
+        self.event = threading.Event()
+        self.loop = green.current_loop()
+        self.pauses: list[green.Pause] = []
+        self.value: Any = _NOT_READ
+
+    def joinable(self) -> bool:
+        """Whether the calling call may wait for this read (not done; a loop's call: same loop)."""
+        if self.event.is_set():
+            return False
+        here = green.current_loop()
+        return here is None or here is self.loop
+
+    def end(self, value: Any) -> None:
+        """The read ended with ``value`` (bytes, None: no such object, `_NOT_READ`: it failed)."""
+        self.value = value
+        self.event.set()
+        pauses, self.pauses = self.pauses, []
+        for pause in pauses:
+            green.wake(pause)
+
+    def wait(self, timeout: float) -> Any:
+        """What the read found (`end`), or `_NOT_READ` after ``timeout`` seconds."""
+        if not self.event.is_set():
+            if green.current_loop() is None:
+                self.event.wait(timeout)
+            else:
+                pause = green.pause()
+                self.pauses.append(pause)
+                if not self.event.is_set():  # (on the loop's thread: `end` cannot run between)
+                    green.wait(pause, timeout)
+        return self.value if self.event.is_set() else _NOT_READ
 
 
 def nothing_owed() -> None:
