@@ -251,9 +251,9 @@ class ObjectCache:
                 else:
                     missing.append(key)
                 continue
-            reading = self._take_reading(key, got.cas)
-            if reading is None:  # (another call of this process reads it: wait for it)
-                joined[key] = self._reading[key]
+            reading, own = self._take_reading(key, got.cas)
+            if not own:  # (another call of this process reads it: wait for it)
+                joined[key] = reading
                 continue
             mine[key] = reading
             leased[key] = got.cas
@@ -288,15 +288,15 @@ class ObjectCache:
                 hits.update(load(again))
         return hits
 
-    def _take_reading(self, key: str, cas: int) -> _Reading | None:
-        """A new `_Reading` of ``key`` at ``cas`` by this call, or None if another call of this process
-        reads it at that cas already (the caller waits for that one)."""
+    def _take_reading(self, key: str, cas: int) -> tuple[_Reading, bool]:
+        """(a new `_Reading` of ``key`` at ``cas`` by this call, True), or (the one another call of
+        this process makes at that cas already, False: the caller waits for it)."""
         with self._reading_lock:
             other = self._reading.get(key)
             if other is not None and other.cas == cas and other.joinable():
-                return None
+                return other, False
             reading = self._reading[key] = _Reading(cas)
-            return reading
+            return reading, True
 
     def _end_readings(self, mine: dict[str, _Reading], loaded: dict[str, bytes] | None) -> None:
         """The database read of ``mine``'s keys ended (``loaded``: what it found; None: it failed)."""
