@@ -139,7 +139,6 @@ class AsyncStore:
     ) -> None:
         workers = _worker_count(config, max_workers)  # checked before the store starts anything
         _io_mode(io)
-        cap = max_workers
         store = Store(
             config,
             engines=engines,
@@ -150,7 +149,7 @@ class AsyncStore:
             map_source=map_source,
             metrics=metrics,
         )
-        self._attach(store, workers, io, cap)
+        self._attach(store, workers, io, max_workers)
 
     def _attach(self, store: Store, max_workers: int, io: str = "threads", cap: int | None = None) -> None:
         #: How many calls run at once with ``io="threads"``: the executor's workers.

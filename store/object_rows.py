@@ -200,10 +200,7 @@ class ObjectRepository:
         # finds the object at the version an earlier attempt made ``new`` from, unless another
         # writer committed meanwhile: ``changes`` is then not applied again (a function runs once
         # per change it makes, and sees again only an object that did change).
-        if known is None:
-            made: list[tuple[int, dict[str, Any]]] = []
-        else:
-            made = [known]
+        made: list[tuple[int, dict[str, Any]]] = [] if known is None else [known]
 
         def txn(cur: Cursor) -> dict[str, Any]:
             cur.execute(sql["lock"], (local_id,))

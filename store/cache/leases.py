@@ -245,8 +245,8 @@ class ObjectCache:
             elif not got.won:
                 # An empty item another reader won: read, do not fill; or, if that reader is a
                 # call of this process, wait for its read (`_Reading`).
-                reading = self._reading.get(key)
-                if reading is not None and reading.cas == got.cas and reading.joinable():
+                reading = self._joinable(key, got.cas)
+                if reading is not None:
                     joined[key] = reading
                 else:
                     missing.append(key)
@@ -278,8 +278,9 @@ class ObjectCache:
             hits.update(loaded)
         if joined:
             again: list[str] = []
+            deadline = time.monotonic() + _JOIN_WAIT_S  # (one wait for all: not one per key)
             for key, reading in joined.items():
-                got_value = reading.wait(_JOIN_WAIT_S)
+                got_value = reading.wait(max(0.0, deadline - time.monotonic()))
                 if got_value is _NOT_READ:
                     again.append(key)  # its read failed, or took too long: read it here
                 elif got_value is not None:
@@ -292,11 +293,17 @@ class ObjectCache:
         """(a new `_Reading` of ``key`` at ``cas`` by this call, True), or (the one another call of
         this process makes at that cas already, False: the caller waits for it)."""
         with self._reading_lock:
-            other = self._reading.get(key)
-            if other is not None and other.cas == cas and other.joinable():
+            other = self._joinable(key, cas)
+            if other is not None:
                 return other, False
             reading = self._reading[key] = _Reading(cas)
             return reading, True
+
+    def _joinable(self, key: str, cas: int) -> _Reading | None:
+        """The read of ``key`` at ``cas`` another call of this process makes that the caller may wait
+        for (`_Reading.joinable`), or None."""
+        reading = self._reading.get(key)
+        return reading if reading is not None and reading.cas == cas and reading.joinable() else None
 
     def _end_readings(self, mine: dict[str, _Reading], loaded: dict[str, bytes] | None) -> None:
         """The database read of ``mine``'s keys ended (``loaded``: what it found; None: it failed)."""

@@ -302,11 +302,6 @@ class MemcachedServer:
             self.breaker.failure()
         self._stats.error(self.address, exc)
 
-    def lose(self, keys: Sequence[str]) -> None:
-        """The deletes of ``keys`` may not have arrived: the server is dirty until they are sent
-        again (or, past `LOST_DELETES_MAX` keys, until it is flushed)."""
-        self.lost.lose(keys)
-
     def _flush(self) -> bool:
         """Clean a server that may hold values whose invalidation was lost: its lost deletes sent
         again, or (too many of them, or not known) the server flushed."""
@@ -324,24 +319,30 @@ class MemcachedServer:
         if not self.breaker.dirty:
             return True
         generation, keys = self.lost.pending()
-        client = self._take()
         try:
-            _settle(client)
             if keys is None:
-                done = client.flush_all(noreply=False) is True
+                done = self._flush_all()
             else:
-                sock = self._connected(client)
-                sock.sendall(_request([b"md " + k.encode() for k in keys]))
-                replies = _replies(_reply(sock, client))
+                replies = _replies(self._exchange(_request([b"md " + k.encode() for k in keys])))
                 # Deleted or not found, each: anything else, and it is tried again next time.
                 done = len(replies) == len(keys) and all(line[:2] in (b"HD", b"NF") for line, _v in replies)
         except _FAILURES as exc:
-            client.close()
             self._failed(exc)
             return False
-        self._give_back(client)
         self.breaker.success()
         return done and self.lost.sent(generation, keys)
+
+    def _flush_all(self) -> bool:
+        """``flush_all`` on an idle connection; True if the server said it was done."""
+        client = self._take()
+        try:
+            _settle(client)
+            flushed = client.flush_all(noreply=False)
+        except BaseException:
+            client.close()
+            raise
+        self._give_back(client)
+        return flushed is True
 
     def close(self) -> None:
         """Close every idle socket."""
@@ -597,7 +598,7 @@ class MemcachedLeaseStore:
             if got is None:
                 # The delete may not have arrived: this server may now hold a
                 # stale value. Delete again before it is trusted again.
-                server.lose(group)
+                server.lost.lose(group)
 
     def delete_many_begin(self, keys: Sequence[str]) -> Callable[[], None]:
         """`delete_many`, sent now: the returned function waits for the replies (call it in a
@@ -610,7 +611,7 @@ class MemcachedLeaseStore:
         def finish() -> None:
             for server, group, reply in held:
                 if reply is None or not reply():
-                    server.lose(group)  # (as in delete_many)
+                    server.lost.lose(group)  # (as in delete_many)
 
         return finish
 
