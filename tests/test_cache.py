@@ -140,6 +140,55 @@ def test_a_value_the_reply_framing_cannot_carry_is_refused(memcached_pair: list[
     mc.close()
 
 
+def test_a_value_another_client_wrote_with_cr_lf_fails_its_batch_not_the_framing(
+    memcached_pair: list[str],
+) -> None:
+    """A batch's reply lines are read in place (no parsing per key): a value some other client
+    stored with CR LF inside, even one that fakes a reply line, is caught by the checks on the
+    whole reply. The batch is a miss (its keys are left out, an error counted), never values out
+    of place; once the key is gone the server serves again."""
+    import uuid
+
+    from pymemcache.client.base import Client
+
+    mc = MemcachedLeaseStore(memcached_pair[:1], timeout_s=1, connect_timeout_s=1, failures_to_trip=100)
+    good, bad, last = (f"t:{uuid.uuid4().hex}" for _ in range(3))
+    leases = mc.lookup_many([good, last], lease_ttl_s=10)
+    assert mc.fill_many({k: (b"V" + k.encode(), leases[k].cas) for k in (good, last)}, 60) == 2
+    host, port = memcached_pair[0].rsplit(":", 1)
+    other = Client((host, int(port)))
+    for sneaky in (b"x\r\nVA 1 c1\r\ny", b"x\r\nVA 1", b"\r\n", b"a\nb\r\nVA 0 c5 W"):
+        other.set(bad, sneaky)
+        errors = mc.stats.errors
+        got = mc.lookup_many([good, bad, last], lease_ttl_s=10)
+        assert dict(got) == {}, sneaky
+        assert mc.stats.errors == errors + 1
+    other.delete(bad)
+    got = mc.lookup_many([good, bad, last], lease_ttl_s=10)
+    assert [got[good].value, got[last].value, got[bad].won] == [
+        b"V" + good.encode(),
+        b"V" + last.encode(),
+        True,
+    ]
+    assert list(got) == [good, bad, last]
+    other.close()
+    mc.close()
+
+
+def test_lookups_read_a_lease_from_its_reply_line_only_when_asked() -> None:
+    """The raw form the warm path reads, and the `Lookup` a caller that asks gets; a reply line
+    whose cas does not read as one is a lease not won (a miss that fills nothing)."""
+    from store.cache.leases import Lookups
+
+    found = Lookups(["a", "b", "c"], [b"A", b"", b""], [b"VA 1 c7", b"VA 0 c8 W", b"VA 0 cX W"])
+    assert found["a"] == Lookup(b"A", 7, False)
+    assert found["b"] == Lookup(None, 8, True)
+    assert found.lease(2) == (0, False)
+    assert dict(found) == {"a": found["a"], "b": found["b"], "c": Lookup(None, 0, False)}
+    found.extend(Lookups(["d"], [b"D"], [b"VA 1 c9"]))
+    assert (list(found), found["d"]) == (["a", "b", "c", "d"], Lookup(b"D", 9, False))
+
+
 # -- the forced races: a slow reader must not fill after a writer's invalidation ---
 
 

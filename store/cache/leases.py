@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from store import green
@@ -50,6 +50,7 @@ __all__ = [
     "ENTRY_TAG",
     "LeaseStore",
     "Lookup",
+    "Lookups",
     "MemoryLeaseStore",
     "ObjectCache",
     "TrustSource",
@@ -86,6 +87,59 @@ class Lookup(NamedTuple):
     won: bool
 
 
+class Lookups(Mapping[str, Lookup]):
+    """What a batch of lookups found, as a `Lookup` per key, and in the raw form the warm read path
+    reads without making one per key.
+
+    ``order`` holds the keys in the order the servers answered (a server that failed is left
+    out: its keys are misses), ``entries`` each one's item (``b""``: an empty item, a lease) and
+    ``heads`` each one's reply line, ``VA <size> c<cas>``, then ``W`` where this caller won the
+    lease (memcached's meta protocol; `MemoryLeaseStore` writes the same): its cas and lease are
+    read from it only where `lease` asks, on a miss. Heads are checked where they are read from
+    a server; one that does not read as above reads as a lease this caller did not win.
+    """
+
+    __slots__ = ("_index", "entries", "heads", "order")
+
+    def __init__(self, order: list[str], entries: list[bytes], heads: list[bytes]) -> None:
+        self.order = order
+        self.entries = entries
+        self.heads = heads
+        self._index: dict[str, int] | None = None
+
+    def lease(self, i: int) -> tuple[int, bool]:
+        """The cas token of the ``i``-th item and whether this caller won its lease."""
+        parts = self.heads[i].split(b" ")
+        token = parts[2] if len(parts) > 2 else b""
+        if token[:1] != b"c" or not token[1:].isdigit():
+            return 0, False
+        return int(token[1:]), b"W" in parts[3:]
+
+    def extend(self, other: Lookups) -> None:
+        """Add ``other``'s items (another server's) after these."""
+        if not self.order:  # (the one server's: taken as they are)
+            self.order, self.entries, self.heads = other.order, other.entries, other.heads
+            self._index = None
+            return
+        self.order += other.order
+        self.entries += other.entries
+        self.heads += other.heads
+        self._index = None
+
+    def __getitem__(self, key: str) -> Lookup:
+        if self._index is None:
+            self._index = {k: i for i, k in enumerate(self.order)}
+        i = self._index[key]
+        cas, won = self.lease(i)
+        return Lookup(self.entries[i] or None, cas, won)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
 class TrustSource(Protocol):
     """What extends an entry's trust past the window (`store.cache.follower.Follower`)."""
 
@@ -110,9 +164,7 @@ class LeaseStore(Protocol):
 
     stats: CacheStats
 
-    def lookup_many(
-        self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()
-    ) -> dict[str, Lookup]:
+    def lookup_many(self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()) -> Lookups:
         """Each key's entry, or a lease on it (deleting each of ``drop`` first)."""
         ...
 
@@ -201,7 +253,7 @@ class ObjectCache:
         self,
         keys: Sequence[str],
         load: Callable[[list[str]], dict[str, bytes]],
-        found: Mapping[str, Lookup],
+        found: Lookups,
         oldest: bytes,
         oldest_present: bytes,
         by_key: TrustSource | None = None,
@@ -217,12 +269,13 @@ class ObjectCache:
         #: Keys another call of this process is reading with the same cas: wait for its read.
         joined: dict[str, _Reading] = {}
         mine: dict[str, _Reading] = {}
-        for key in keys:
-            got = found.get(key)
-            if got is None:  # the server failed: a miss, no lease
-                missing.append(key)
-                continue
-            value = got.value
+        order = found.order
+        if len(order) != len(keys):  # a server failed: its keys are misses, with no lease
+            answered = set(order)
+            missing += [k for k in keys if k not in answered]
+        # (the warm read path: raw values, a key's lease read from its reply only on a miss)
+        for i, value in enumerate(found.entries):
+            key = order[i]
             if value:
                 if value[:1] == ENTRY_TAG and len(value) >= _HEAD:
                     read = value[1:_HEAD]
@@ -242,21 +295,24 @@ class ObjectCache:
                 # again and replace it only if it is still the entry seen here
                 # (its cas), so a writer's delete meanwhile wins.
                 expired.append(key)
-            elif not got.won:
-                # An empty item another reader won: read, do not fill; or, if that reader is a
-                # call of this process, wait for its read (`_Reading`).
-                reading = self._joinable(key, got.cas)
-                if reading is not None:
-                    joined[key] = reading
-                else:
-                    missing.append(key)
-                continue
-            reading, own = self._take_reading(key, got.cas)
+                cas, won = found.lease(i)
+            else:
+                cas, won = found.lease(i)
+                if not won:
+                    # An empty item another reader won: read, do not fill; or, if that reader is a
+                    # call of this process, wait for its read (`_Reading`).
+                    reading = self._joinable(key, cas)
+                    if reading is not None:
+                        joined[key] = reading
+                    else:
+                        missing.append(key)
+                    continue
+            reading, own = self._take_reading(key, cas)
             if not own:  # (another call of this process reads it: wait for it)
                 joined[key] = reading
                 continue
             mine[key] = reading
-            leased[key] = got.cas
+            leased[key] = cas
             missing.append(key)
         if not missing and not joined:
             self.stats.add(hits=len(hits) + known_absent)
@@ -421,23 +477,23 @@ class MemoryLeaseStore:
         self._data[key] = (value, self._cas, self._clock() + ttl_s, leased)
         return self._cas
 
-    def lookup_many(
-        self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()
-    ) -> dict[str, Lookup]:
+    def lookup_many(self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()) -> Lookups:
         """Each key's value; a miss makes an empty item and wins it, as ``mg ... N`` does."""
-        out: dict[str, Lookup] = {}
+        values: list[bytes] = []
+        heads: list[bytes] = []
         with self._lock:
             for key in drop:
                 self._data.pop(key, None)
             for key in keys:
                 got = self._live(key)
                 if got is None:
-                    out[key] = Lookup(None, self._store(key, b"", lease_ttl_s, leased=True), True)
-                elif got[0]:
-                    out[key] = Lookup(got[0], got[1], False)
-                else:
-                    out[key] = Lookup(None, got[1], False)  # someone else's lease
-        return out
+                    cas = self._store(key, b"", lease_ttl_s, leased=True)
+                    values.append(b"")
+                    heads.append(b"VA 0 c%d W" % cas)
+                else:  # (an empty value: someone else's lease)
+                    values.append(got[0])
+                    heads.append(b"VA %d c%d" % (len(got[0]), got[1]))
+        return Lookups(list(keys), values, heads)
 
     def fill_many(
         self,

@@ -30,6 +30,7 @@ ones it inherited (locally: nothing is sent) and connects its own
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import zlib
@@ -42,7 +43,7 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheError
 
 from store import green
-from store.cache.leases import Lookup
+from store.cache.leases import Lookups
 from store.cache.stats import Breaker, CacheStats, LostInvalidations
 from store.forks import at_fork
 
@@ -440,9 +441,6 @@ def _replies(raw: bytes) -> list[tuple[bytes, bytes | None]]:
     return out
 
 
-_tuple_new = tuple.__new__
-
-
 class _Stored:
     """Reads the replies to fills sent without waiting: tells ``later`` how many were stored (an
     error reply counts as an error of the server, as it would have in the call)."""
@@ -470,27 +468,29 @@ class _LookupParser:
         self.keys = keys
         self.skip = skip
 
-    def __call__(self, raw: bytes) -> dict[str, Lookup]:
-        # One pass over the lines (this is the warm read path): a delete's
-        # reply is one line; N vivifies a miss, so every lookup's reply is
-        # "VA <size> c<cas>" (then W if this caller won) and a value line.
+    def __call__(self, raw: bytes) -> Lookups:
+        # This is the warm read path: no Python work per key here. N vivifies a miss, so every
+        # lookup's reply is a line "VA <size> c<cas>" (then W if this caller won) and a value
+        # line; a delete's reply is one line. Values hold no CR or LF (an entry starts with its
+        # tag), so the lines fall in place: checked by their count, by every head line starting
+        # "VA ", and by the sizes the heads announce adding up to the values' (all in C).
         lines = raw.split(b"\r\n")
-        if len(lines) != self.skip + 2 * len(self.keys) + 1:  # the text ends with CR LF
-            raise _ProtocolError(f"{len(lines) - 1} reply lines to {self.skip + len(self.keys)} commands")
-        for line in lines[: self.skip]:
+        n, skip = len(self.keys), self.skip
+        if len(lines) != skip + 2 * n + 1:  # the text ends with CR LF
+            raise _ProtocolError(f"{len(lines) - 1} reply lines to {skip + n} commands")
+        for line in lines[:skip]:
             if line.startswith(_ERRORS):
                 raise _ProtocolError(line[:80].decode(errors="replace"))
-        found: dict[str, Lookup] = {}
-        i = self.skip
-        for key in self.keys:
-            parts = lines[i].split(b" ")
-            value = lines[i + 1]
-            i += 2
-            if parts[0] != b"VA" or len(parts) < 3 or parts[2][:1] != b"c" or len(value) != int(parts[1]):
-                raise _ProtocolError(f"unexpected reply {lines[i - 2][:80]!r}")
-            # (tuple.__new__: a NamedTuple's own __new__ is one more Python call per key)
-            found[key] = _tuple_new(Lookup, (value or None, int(parts[2][1:]), b"W" in parts[3:]))
-        return found
+        heads = lines[skip:-1:2]
+        values = lines[skip + 1 :: 2]
+        sizes = _HEAD_SIZE.findall(b"\n".join(heads))
+        if len(sizes) != n or sum(map(int, sizes)) != sum(map(len, values)):
+            raise _ProtocolError(f"unexpected replies to lookups: {raw[:80]!r}")
+        return Lookups(self.keys, values, heads)
+
+
+#: A lookup's reply line: its size (the check of `_LookupParser`), then the cas token.
+_HEAD_SIZE = re.compile(rb"^VA (\d+) c\d+(?= |$)", re.MULTILINE)
 
 
 class MemcachedLeaseStore:
@@ -537,20 +537,18 @@ class MemcachedLeaseStore:
             groups.setdefault(self.server_for(key), []).append(key)
         return groups
 
-    def lookup_many(
-        self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()
-    ) -> dict[str, Lookup]:
-        """``mg key v c N<ttl>`` per key (after ``md`` of each of ``drop``): entries, or leases won."""
-        out: dict[str, Lookup] = {}
+    def lookup_many(self, keys: Sequence[str], *, lease_ttl_s: int, drop: Sequence[str] = ()) -> Lookups:
+        """``mg key v c N<ttl>`` per key (after ``md`` of each of ``drop``): entries, or leases won
+        (a server that fails leaves its keys out)."""
+        out = Lookups([], [], [])
         gone = set(drop)
         for server, group in self._group(keys).items():
             deletes = [b"md " + k.encode() for k in group if k in gone]
-            gets = [b"mg " + k.encode() + b" v c N%d" % lease_ttl_s for k in group]
-
-            parse = _LookupParser(group, len(deletes))
-            got = server.pipeline([*deletes, *gets], parse)
+            flags = b" v c N%d" % lease_ttl_s
+            gets = [b"mg " + k.encode() + flags for k in group]
+            got = server.pipeline([*deletes, *gets], _LookupParser(group, len(deletes)))
             if got is not None:
-                out.update(got)
+                out.extend(got)
         return out
 
     def fill_many(
