@@ -408,6 +408,84 @@ def test_a_copy_that_differs_is_caught_before_the_fence_and_the_source_keeps_ser
         assert store.get(pins[1]) == {"n": 100}
 
 
+def test_the_checksums_snapshot_is_at_its_position_while_other_sessions_read_the_status(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    """The position the checksum before the fence stops the target at is its source snapshot's own,
+    while other sessions run SHOW STATUS (a monitoring agent's SHOW GLOBAL STATUS, another
+    snapshot's): MariaDB hands each session its ``binlog_snapshot_position`` through globals of the
+    server that those overwrite, a few transactions off. Every transaction here inserts one row
+    into a moving table, so a snapshot at a position holds one row per GTID since the start."""
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    init_shards(config)
+
+    def session() -> Any:
+        return pymysql.connect(host="127.0.0.1", port=source.port, user="root", autocommit=True)
+
+    def seq(position: str) -> int:
+        return int(position.split("-")[2])
+
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop(statements: list[str], after: list[str]) -> None:
+        conn = session()
+        try:
+            with conn.cursor() as cur:
+                for sql in statements:
+                    cur.execute(sql)
+                while not done.is_set():
+                    for sql in after:
+                        cur.execute(sql)
+                        cur.fetchall()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    with Store(config) as store:
+        engine = MariaDBEngine(Mover(store, tmp_path / "move.json", say=lambda _m: None))
+        j = Journal(8, 15, "A", "B", None)
+        tables = [(d, t) for d, t, _r, _b in engine._tables("A", engine.units(8, 15))]
+        conn = session()
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            start = seq(str(cur.fetchone()[0]))
+            cur.execute("SELECT COUNT(*) FROM db00014.pins")
+            rows = int(cur.fetchone()[0])
+        snapshot_of_long_ago = ["START TRANSACTION WITH CONSISTENT SNAPSHOT"]
+        threads = [
+            threading.Thread(target=loop, args=([], ["INSERT INTO db00014.pins (data) VALUES ('{}')"])),
+            threading.Thread(target=loop, args=([], ["SHOW GLOBAL STATUS"])),
+            *(
+                threading.Thread(
+                    target=loop, args=(snapshot_of_long_ago, ["SHOW STATUS LIKE 'binlog_snapshot_%'"])
+                )
+                for _ in range(3)
+            ),
+        ]
+        for t in threads:
+            t.start()
+        wrong = []
+        try:
+            with conn.cursor() as cur:
+                for _ in range(1000):
+                    at = engine._snapshot_at(j, cur, tables)
+                    cur.execute("SELECT COUNT(*) FROM db00014.pins")
+                    seen = int(cur.fetchone()[0]) - rows
+                    cur.execute("ROLLBACK")
+                    if seen != seq(at) - start:
+                        wrong.append((at, seen, seq(at) - start))
+        finally:
+            done.set()
+            for t in threads:
+                t.join()
+            conn.close()
+        assert errors == [], errors
+        assert wrong == [], f"{len(wrong)} snapshots off their position (at, rows seen, GTIDs): {wrong[:5]}"
+
+
 def test_a_target_that_may_skip_row_events_is_checksummed_in_full_under_the_fence(
     pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
 ) -> None:

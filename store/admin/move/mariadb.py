@@ -10,9 +10,10 @@ Phases, recorded in a journal file so that a crash or Ctrl-C can be resumed
    replication connection with a ``replicate_wild_do_table`` filter, from the
    dump's GTID position) until it is level.
    Then, still unfenced, ``CHECKSUM TABLE`` of every moving table on both
-   sides at one GTID position (a consistent snapshot on the source; the
-   target's replication stopped ``UNTIL`` that position for its snapshot,
-   then resumed), and the target catches up once more.
+   sides at one GTID position (a consistent snapshot on the source, begun
+   while another session holds the moving tables READ locked for a moment;
+   the target's replication stopped ``UNTIL`` that position for its
+   snapshot, then resumed), and the target catches up once more.
 4. fence: `FENCE_SESSIONS` sessions on the source take ``LOCK TABLES ...
    WRITE`` on the moving tables, each on whole databases (writers wait;
    other shards are untouched; if the sessions' locks cross a writer's

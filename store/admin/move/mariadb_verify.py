@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["FENCE_WAIT_TIMEOUT_S", "MariaDBVerify"]
 
 FENCE_WAIT_TIMEOUT_S = 30
+#: How long the checksum's snapshot waits for the moving tables' READ locks (writers wait behind it).
+SNAPSHOT_LOCK_WAIT_S = 2
+#: MariaDB's ER_LOCK_WAIT_TIMEOUT.
+LOCK_WAIT_TIMEOUT_ERRNO = 1205
 
 
 def together(calls: list[Callable[[], object]]) -> None:
@@ -86,7 +90,7 @@ class MariaDBVerify:
         """Compare every table's checksum on both sides at one GTID position, before the fence; that position.
 
         The source takes a consistent snapshot and the GTID position it
-        stands at; the target's replication applies exactly up to that
+        stands at (`_snapshot_at`); the target's replication applies exactly up to that
         position (``START SLAVE UNTIL``), takes its snapshot there and goes
         on. Both checksum in their snapshots while writes go on. The fenced
         check (`_verify_fenced`) then relies on the target replicating
@@ -108,16 +112,7 @@ class MariaDBVerify:
                 f"STOP SLAVE '{self.move.names.replication_name}'"
             )  # UNTIL needs both threads stopped
             try:
-                here.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                here.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                snap = {str(k).lower(): str(v) for k, v in here.fetchall()}
-                here.execute(
-                    "SELECT BINLOG_GTID_POS(%s, %s)",
-                    (snap["binlog_snapshot_file"], int(snap["binlog_snapshot_position"])),
-                )
-                at = str(here.fetchone()[0] or "")
-                if not at:
-                    raise MoveError(f"verify: {j.source} gave no GTID position for its snapshot")
+                at = self._snapshot_at(j, here, tables)
                 there.execute(
                     f"START SLAVE '{self.move.names.replication_name}' UNTIL master_gtid_pos = %s", (at,)
                 )
@@ -144,6 +139,44 @@ class MariaDBVerify:
         self.move.say(
             f"catch up: {len(sums[0])} table checksums equal on both sides at {at}, before the fence"
         )
+        return at
+
+    def _snapshot_at(self, j: Journal, cur: Any, tables: list[tuple[str, str]]) -> str:
+        """Start a consistent snapshot on ``cur`` (a session on the source); the GTID position at
+        which the snapshot holds exactly the transactions on ``tables``.
+
+        Not from the snapshot's ``binlog_snapshot_file`` and ``_position``: MariaDB keeps those
+        status variables in globals of the server, which every ``SHOW STATUS`` of any session (a
+        monitoring agent's ``SHOW GLOBAL STATUS``, another snapshot's own) writes before it reads
+        them back, so a session can be handed another's position, a few transactions off its
+        snapshot: the target then stops elsewhere than the snapshot and a good copy looks wrong.
+        Instead, another session holds ``tables`` READ locked while the snapshot starts and the
+        binlog position is read. A writer keeps its table's metadata lock until its commit is done
+        (in the binlog and visible), so every transaction on ``tables`` up to the position is in the
+        snapshot, and none after it. Transactions on other tables in the position, perhaps not
+        visible yet, are not the target's to apply (its replication filter skips them). Writers
+        of these tables wait for the moment that takes; a transaction that holds one of them
+        longer than `SNAPSHOT_LOCK_WAIT_S` fails the check (resume tries again), not the writes.
+        """
+        with self._conn(j.source) as lock:
+            lock.execute(f"SET SESSION lock_wait_timeout = {SNAPSHOT_LOCK_WAIT_S}")
+            try:
+                lock.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` READ" for d, t in tables))
+            except Exception as exc:
+                if not (exc.args and exc.args[0] == LOCK_WAIT_TIMEOUT_ERRNO):
+                    raise
+                raise MoveError(
+                    f"verify: a transaction on {j.source} held a moving table for over "
+                    f"{SNAPSHOT_LOCK_WAIT_S} s; the source keeps serving: resume to try again, or abort"
+                ) from exc
+            try:
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+                lock.execute("SELECT @@gtid_binlog_pos")
+                at = str(lock.fetchone()[0] or "")
+            finally:
+                lock.execute("UNLOCK TABLES")
+        if not at:
+            raise MoveError(f"verify: {j.source} gave no GTID position for its snapshot")
         return at
 
     def _until_stopped(self, j: Journal, cur: Any, at: str) -> None:
