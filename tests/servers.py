@@ -277,6 +277,33 @@ class MariaDBServer:
         if not wait_port(self.port):
             self.kill()
             pytest.fail(f"mariadbd did not start on port {self.port}")
+        self._check_ours()
+
+    def _check_ours(self) -> None:
+        """Fail unless the server answering on the port serves this data directory, which only this
+        server's process does (the module's `_check_ours` asks memcached and Redis for their pid):
+        where another server held the port, ours exited and the tests would talk to a stranger."""
+        import pymysql
+
+        theirs = None
+        try:
+            conn = pymysql.connect(
+                host="127.0.0.1", port=self.port, user="root", connect_timeout=10, read_timeout=10
+            )
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT @@datadir")
+                    theirs = str(cur.fetchone()[0])
+            finally:
+                conn.close()
+        except pymysql.Error:
+            pass
+        if theirs is None or Path(theirs).resolve() != self.datadir.resolve():
+            self.kill()
+            pytest.fail(
+                f"mariadbd did not start on port {self.port}: the server there is not ours "
+                f"(its datadir: {theirs or 'not told'}; see {self.base}/err.log)"
+            )
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, like a crash."""

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import yaml
 from store import Store, StoreConfig, decode_pinterest
 from store.admin import init_shards
 from store.admin.move import Journal, MariaDBEngine, MoveError, Mover
+from store.admin.move import mariadb as mariadb_engine
 from tests.conftest import MEMCACHED_PORTS, REDIS_TEST_URL, base_config
 from tests.moves import KILL_PHASES, finish_killed_move, kill_move_in_phase
 from tests.servers import MariaDBServer, binlog_pair
@@ -408,6 +411,59 @@ def test_a_copy_that_differs_is_caught_before_the_fence_and_the_source_keeps_ser
         assert store.get(pins[1]) == {"n": 100}
 
 
+def seq(position: str) -> int:
+    """The sequence number of a GTID position of one domain and server (``0-1-42``)."""
+    return int(position.split("-")[2])
+
+
+@contextmanager
+def status_readers(
+    server: MariaDBServer, errors: list[BaseException], *, table: str = "db00014.pins", snapshots: int = 3
+) -> Iterator[None]:
+    """While the block runs, sessions on ``server``: a writer inserting one row into ``table`` each
+    transaction (its only column without a default: ``data``), one running ``SHOW GLOBAL STATUS``
+    (as a monitoring agent does), and ``snapshots`` holding an old consistent snapshot that ask for
+    its binlog position again and again. MariaDB hands a session its ``binlog_snapshot_position``
+    through globals of the server that the others' SHOW STATUS overwrite. Their errors go to
+    ``errors``."""
+    done = threading.Event()
+
+    def loop(statements: list[str], after: list[str]) -> None:
+        conn = pymysql.connect(host="127.0.0.1", port=server.port, user="root", autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                for sql in statements:
+                    cur.execute(sql)
+                while not done.is_set():
+                    for sql in after:
+                        cur.execute(sql)
+                        cur.fetchall()
+        except BaseException as exc:  # surfaced by the caller
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    snapshot_of_long_ago = ["START TRANSACTION WITH CONSISTENT SNAPSHOT"]
+    threads = [
+        threading.Thread(target=loop, args=([], [f"INSERT INTO {table} (data) VALUES ('{{}}')"])),
+        threading.Thread(target=loop, args=([], ["SHOW GLOBAL STATUS"])),
+        *(
+            threading.Thread(
+                target=loop, args=(snapshot_of_long_ago, ["SHOW STATUS LIKE 'binlog_snapshot_%'"])
+            )
+            for _ in range(snapshots)
+        ),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+
+
 def test_the_checksums_snapshot_is_at_its_position_while_other_sessions_read_the_status(
     pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
 ) -> None:
@@ -419,57 +475,20 @@ def test_the_checksums_snapshot_is_at_its_position_while_other_sessions_read_the
     source, target = pair
     config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
     init_shards(config)
-
-    def session() -> Any:
-        return pymysql.connect(host="127.0.0.1", port=source.port, user="root", autocommit=True)
-
-    def seq(position: str) -> int:
-        return int(position.split("-")[2])
-
-    done = threading.Event()
     errors: list[BaseException] = []
-
-    def loop(statements: list[str], after: list[str]) -> None:
-        conn = session()
-        try:
-            with conn.cursor() as cur:
-                for sql in statements:
-                    cur.execute(sql)
-                while not done.is_set():
-                    for sql in after:
-                        cur.execute(sql)
-                        cur.fetchall()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-        finally:
-            conn.close()
-
     with Store(config) as store:
         engine = MariaDBEngine(Mover(store, tmp_path / "move.json", say=lambda _m: None))
         j = Journal(8, 15, "A", "B", None)
         tables = [(d, t) for d, t, _r, _b in engine._tables("A", engine.units(8, 15))]
-        conn = session()
+        conn = pymysql.connect(host="127.0.0.1", port=source.port, user="root", autocommit=True)
         with conn.cursor() as cur:
             cur.execute("SELECT @@gtid_binlog_pos")
             start = seq(str(cur.fetchone()[0]))
             cur.execute("SELECT COUNT(*) FROM db00014.pins")
             rows = int(cur.fetchone()[0])
-        snapshot_of_long_ago = ["START TRANSACTION WITH CONSISTENT SNAPSHOT"]
-        threads = [
-            threading.Thread(target=loop, args=([], ["INSERT INTO db00014.pins (data) VALUES ('{}')"])),
-            threading.Thread(target=loop, args=([], ["SHOW GLOBAL STATUS"])),
-            *(
-                threading.Thread(
-                    target=loop, args=(snapshot_of_long_ago, ["SHOW STATUS LIKE 'binlog_snapshot_%'"])
-                )
-                for _ in range(3)
-            ),
-        ]
-        for t in threads:
-            t.start()
         wrong = []
         try:
-            with conn.cursor() as cur:
+            with status_readers(source, errors), conn.cursor() as cur:
                 for _ in range(1000):
                     at = engine._snapshot_at(j, cur, tables)
                     cur.execute("SELECT COUNT(*) FROM db00014.pins")
@@ -478,12 +497,86 @@ def test_the_checksums_snapshot_is_at_its_position_while_other_sessions_read_the
                     if seen != seq(at) - start:
                         wrong.append((at, seen, seq(at) - start))
         finally:
-            done.set()
-            for t in threads:
-                t.join()
             conn.close()
         assert errors == [], errors
         assert wrong == [], f"{len(wrong)} snapshots off their position (at, rows seen, GTIDs): {wrong[:5]}"
+
+
+#: How long the copy's dumps are taken again and again, and by how many threads at once.
+DUMPING_S = 12
+DUMPERS = 3
+
+
+def test_the_copys_position_is_its_dumps_while_other_sessions_read_the_status(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path
+) -> None:
+    """The GTID position the target replicates from after the copy is the one its dump holds, while
+    other sessions run SHOW STATUS: mariadb-dump reads the position it prints from the same globals
+    of the server as above. Every transaction here inserts one row into the dumped table, so a dump
+    at a position holds one row per GTID since the start: none fewer (replication would never bring
+    the missing rows), none more (strict replication would stop on a duplicate). A database of one
+    table, so that a dump is quick: `DUMPERS` threads take the copy's dump (`MariaDBEngine._dump`)
+    again and again for `DUMPING_S`, the writer writing throughout (a dump's position was wrong
+    about once in a hundred)."""
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    rows(source, "CREATE DATABASE copied")
+    rows(source, "CREATE TABLE copied.t (id BIGINT AUTO_INCREMENT PRIMARY KEY, data TEXT NOT NULL)")
+    ((start,),) = rows(source, "SELECT @@gtid_binlog_pos")
+    errors: list[BaseException] = []
+    dumps: list[tuple[str, int, float]] = []  # (position, rows in the dump, the tables held still for)
+
+    def dump_again_and_again(engine: MariaDBEngine, until: float) -> None:
+        try:
+            while time.monotonic() < until:
+                j = Journal(14, 14, "A", "B", None)
+                dump, at = engine._dump(j, ["copied"])
+                dumps.append((at, len(re.findall(rb"\(\d+,'\{\}'\)", dump)), j.timings["copy_held_s"]))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    with Store(config) as store:
+        engine = MariaDBEngine(Mover(store, tmp_path / "move.json", say=lambda _m: None))
+        with status_readers(source, errors, table="copied.t"):
+            until = time.monotonic() + DUMPING_S
+            threads = [
+                threading.Thread(target=dump_again_and_again, args=(engine, until)) for _ in range(DUMPERS)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    assert errors == [], errors
+    wrong = [(at, n, seq(at) - seq(start)) for at, n, _held in dumps if n != seq(at) - seq(start)]
+    assert wrong == [], (
+        f"{len(wrong)} of {len(dumps)} dumps off their position (at, rows, GTIDs): {wrong[:5]}"
+    )
+    assert len(dumps) >= 100, len(dumps)  # enough to have met a wrong position before
+    assert len({at for at, _n, _held in dumps}) >= 10, dumps[-5:]  # the writer wrote between them
+    assert max(held for *_, held in dumps) < 2, sorted(held for *_, held in dumps)[-5:]  # writers' pause
+
+
+def test_a_wait_for_the_target_longer_than_the_read_timeout_ends_in_its_own_error(
+    pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target is waited for in one statement (``MASTER_GTID_WAIT``): its connection waits for
+    the reply as long as the wait takes, not only a session's read timeout (60 s, under the catch
+    up's 120 s, where it ended in "Lost connection"). Scaled down: a read timeout of 1 s, a wait of
+    3 s for a position the target never reaches."""
+    source, target = pair
+    config = StoreConfig.from_dict(config_for(source, target, tmp_path, poll_s=0.2))
+    rows(source, "CREATE DATABASE db00014")
+    rows(source, "CREATE TABLE db00014.t (id BIGINT PRIMARY KEY)")
+    with Store(config) as store:
+        engine = MariaDBEngine(Mover(store, tmp_path / "move.json", say=lambda _m: None))
+        j = Journal(14, 14, "A", "B", None)
+        engine.copy(j, ["db00014"])
+        engine._start_replication(j, ["db00014"])
+        monkeypatch.setattr(mariadb_engine, "READ_TIMEOUT_S", 1.0)
+        t0 = time.monotonic()
+        with pytest.raises(MoveError, match=r"did not catch up with A within 3 s \(IO Yes, SQL Yes"):
+            engine._wait_level(j, "0-1-999999999", 3)
+        assert time.monotonic() - t0 >= 3
 
 
 def test_a_target_that_may_skip_row_events_is_checksummed_in_full_under_the_fence(

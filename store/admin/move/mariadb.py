@@ -4,8 +4,12 @@ Phases, recorded in a journal file so that a crash or Ctrl-C can be resumed
 (``--resume``) or undone (``--abort``):
 
 1. plan: the shards, tables, rows and bytes that will move (``--dry-run`` stops here).
-2. copy: ``mariadb-dump --single-transaction --gtid`` of the shard databases
-   from the source, loaded into the target, while the application writes.
+2. copy: ``mariadb-dump --single-transaction`` of the shard databases from
+   the source, loaded into the target, while the application writes. The
+   dump's snapshot begins while another session holds the moving tables
+   READ locked (writers wait until mariadb-dump has printed its position,
+   a moment); its GTID position is the one read under that lock, not the
+   one mariadb-dump prints (which can be another session's).
 3. catch up: the target replicates those databases from the source (a named
    replication connection with a ``replicate_wild_do_table`` filter, from the
    dump's GTID position) until it is level.
@@ -70,7 +74,7 @@ from store.backends.mysql.admin import (
     table_triggers,
 )
 from store.backends.mysql.dialect import MySQLBackend
-from store.backends.mysql.driver import mysql_connector
+from store.backends.mysql.driver import READ_TIMEOUT_S, mysql_connector
 from store.exceptions import BackendError, MoveError
 from store.naming import TOMBSTONE_TABLE, like_escape
 
@@ -84,6 +88,8 @@ log = logging.getLogger("store.admin.move")
 #: The move's replication connection on the target (`store.naming.Names.replication_name` in a namespace).
 REPLICATION_NAME = "store_move"
 CATCH_UP_TIMEOUT_S = 120
+#: How much longer than the wait it asks for a reply to ``MASTER_GTID_WAIT`` may take to arrive.
+REPLY_MARGIN_S = 10
 # Moves copy MariaDB shard databases: every host of a move is checked to be one (`_url`).
 _MYSQL = MySQLBackend()
 LOCK_WAIT_TIMEOUT_S = 10
@@ -256,8 +262,11 @@ class MariaDBEngine(MariaDBVerify):
                     )
 
     @contextmanager
-    def _conn(self, host: str) -> Iterator[Any]:
-        conn = mysql_connector(self._url(host))()
+    def _conn(self, host: str, *, timeout_s: float | None = None) -> Iterator[Any]:
+        """A session on ``host``, each reply waited for at most ``timeout_s`` (else `READ_TIMEOUT_S`)."""
+        conn = mysql_connector(
+            self._url(host), query_timeout_s=READ_TIMEOUT_S if timeout_s is None else timeout_s
+        )()
         try:
             yield conn.cursor()
         finally:
@@ -326,7 +335,7 @@ class MariaDBEngine(MariaDBVerify):
     # -- copy and catch up -----------------------------------------------------
 
     def copy(self, j: Journal, dbs: list[str]) -> None:
-        """Dump the shard databases (``--single-transaction --gtid``) and load them into the target."""
+        """Dump the shard databases (``--single-transaction``, `_dump`) and load them into the target."""
         t0 = time.monotonic()
         self.move.say(f"copy: dumping {len(dbs)} shard database(s) from {j.source}")
         if self.move.progress is not None:
@@ -341,8 +350,11 @@ class MariaDBEngine(MariaDBVerify):
         self.move.step(phase="copy", step="dump")
         self._drop_target_copy(j, dbs)
         try:
-            dump, gtid = dump_databases(self._url(j.source), dbs)
-            self.move.say(f"copy: loading {len(dump) / 1e6:.1f} MB into {j.target}")
+            dump, gtid = self._dump(j, dbs)
+            self.move.say(
+                f"copy: loading {len(dump) / 1e6:.1f} MB into {j.target} (writers of the moving tables "
+                f"waited {j.timings.get('copy_held_s', 0):.3f} s while the dump began)"
+            )
             self.move.step(step="load", bytes_copied=0, bytes_total=len(dump))
             load_dump(self._url(j.target), dump)
             self.move.step(step="loaded", bytes_copied=len(dump))
@@ -351,6 +363,30 @@ class MariaDBEngine(MariaDBVerify):
         j.gtid = gtid
         j.timings["copy_bytes"] = len(dump)
         self.move.phase(j, "catch_up", t0, "copy_s")
+
+    def _dump(self, j: Journal, dbs: list[str]) -> tuple[bytes, str]:
+        """A dump of ``dbs`` from the source, and the GTID position at which it holds exactly their
+        transactions: where the target's replication starts.
+
+        Not the position mariadb-dump prints, which can be another session's (`dump_databases`).
+        mariadb-dump starts while another session holds every table of ``dbs`` still (`_held_at`),
+        and they are let go only once it has printed its position, which it does once its snapshot
+        has begun: the snapshot begins under the lock, so it holds exactly the transactions on
+        these tables up to the position read under the lock. Writers of the moving tables wait
+        from the lock until then (``copy_held_s`` in the journal's timings).
+        """
+        tables = [(d, t) for d, t, _r, _b in self._tables(j.source, dbs)]
+        with self._held_at(j, tables, "copy") as (lock, at):
+            held = time.monotonic()
+
+            def begun() -> None:
+                lock.execute("UNLOCK TABLES")
+                j.timings["copy_held_s"] = round(time.monotonic() - held, 3)
+
+            dump, printed = dump_databases(self._url(j.source), dbs, begun=begun)
+        if printed != at:
+            log.debug("copy: mariadb-dump printed the position %s; the copy holds %s", printed, at)
+        return dump, at
 
     def _start_replication(self, j: Journal, dbs: list[str]) -> None:
         src = self._url(j.source)
@@ -375,7 +411,8 @@ class MariaDBEngine(MariaDBVerify):
             cur.execute(f"START SLAVE '{self.move.names.replication_name}'")
 
     def _wait_level(self, j: Journal, position: str, timeout_s: float) -> None:
-        with self._conn(j.target) as cur:
+        """Wait until the target has applied ``position``; `MoveError` if it has not within ``timeout_s``."""
+        with self._conn(j.target, timeout_s=timeout_s + REPLY_MARGIN_S) as cur:  # the wait is one reply
             cur.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout_s))
             if cur.fetchone()[0] != 0:
                 cur.execute(f"SHOW SLAVE '{self.move.names.replication_name}' STATUS")

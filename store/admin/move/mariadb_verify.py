@@ -5,15 +5,17 @@ for its size: `_checksum_before_fence` compares every table's checksum at
 one GTID position while the source serves; under the fence,
 `_verify_fenced` checks that the target replicated strictly from there and
 that each table ends with the same row, or `_verify` compares the checksums
-of everything where the target might skip row events.
+of everything where the target might skip row events. `_held_at` holds the
+moving tables still for the moment a snapshot begins, the checksum's or the
+copy's dump's, and gives the GTID position that snapshot holds.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from store.backends.mysql.driver import mysql_connector
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["FENCE_WAIT_TIMEOUT_S", "MariaDBVerify"]
 
 FENCE_WAIT_TIMEOUT_S = 30
-#: How long the checksum's snapshot waits for the moving tables' READ locks (writers wait behind it).
+#: How long the copy and the checksum wait for the moving tables' READ locks (writers wait behind them).
 SNAPSHOT_LOCK_WAIT_S = 2
 #: MariaDB's ER_LOCK_WAIT_TIMEOUT.
 LOCK_WAIT_TIMEOUT_ERRNO = 1205
@@ -83,7 +85,7 @@ class MariaDBVerify:
     def _url(self, host: str) -> URL:
         raise NotImplementedError
 
-    def _conn(self, host: str) -> AbstractContextManager[Any]:
+    def _conn(self, host: str, *, timeout_s: float | None = None) -> AbstractContextManager[Any]:
         raise NotImplementedError
 
     def _checksum_before_fence(self, j: Journal, tables: list[tuple[str, str]]) -> str:
@@ -150,34 +152,48 @@ class MariaDBVerify:
         monitoring agent's ``SHOW GLOBAL STATUS``, another snapshot's own) writes before it reads
         them back, so a session can be handed another's position, a few transactions off its
         snapshot: the target then stops elsewhere than the snapshot and a good copy looks wrong.
-        Instead, another session holds ``tables`` READ locked while the snapshot starts and the
-        binlog position is read. A writer keeps its table's metadata lock until its commit is done
-        (in the binlog and visible), so every transaction on ``tables`` up to the position is in the
-        snapshot, and none after it. Transactions on other tables in the position, perhaps not
-        visible yet, are not the target's to apply (its replication filter skips them). Writers
-        of these tables wait for the moment that takes; a transaction that holds one of them
-        longer than `SNAPSHOT_LOCK_WAIT_S` fails the check (resume tries again), not the writes.
+        Instead the snapshot starts while ``tables`` are held still (`_held_at`), at the position
+        read then.
         """
-        with self._conn(j.source) as lock:
-            lock.execute(f"SET SESSION lock_wait_timeout = {SNAPSHOT_LOCK_WAIT_S}")
-            try:
-                lock.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` READ" for d, t in tables))
-            except Exception as exc:
-                if not (exc.args and exc.args[0] == LOCK_WAIT_TIMEOUT_ERRNO):
-                    raise
-                raise MoveError(
-                    f"verify: a transaction on {j.source} held a moving table for over "
-                    f"{SNAPSHOT_LOCK_WAIT_S} s; the source keeps serving: resume to try again, or abort"
-                ) from exc
-            try:
-                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
-                lock.execute("SELECT @@gtid_binlog_pos")
-                at = str(lock.fetchone()[0] or "")
-            finally:
-                lock.execute("UNLOCK TABLES")
+        with self._held_at(j, tables, "verify") as (_lock, at):
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         if not at:
             raise MoveError(f"verify: {j.source} gave no GTID position for its snapshot")
         return at
+
+    @contextmanager
+    def _held_at(self, j: Journal, tables: list[tuple[str, str]], step: str) -> Iterator[tuple[Any, str]]:
+        """A session on the source holding ``tables`` READ locked, and the GTID position read under
+        that lock: a snapshot begun in the block holds exactly the transactions on ``tables`` up to
+        that position, and none after it.
+
+        No transaction on ``tables`` commits while the lock is held (writers wait, readers do not),
+        and a writer keeps its table's metadata lock until its commit is done (in the binlog and
+        visible): once the lock is granted, every transaction on them in the binlog is visible, and
+        no other joins them until the lock goes. Transactions on other tables in the position,
+        perhaps not visible yet, are not the target's to apply (its replication filter skips them).
+        The block may unlock early (``UNLOCK TABLES`` on the session); at its end, whatever
+        happened, the session unlocks and closes. A transaction that holds one of ``tables``
+        longer than `SNAPSHOT_LOCK_WAIT_S` fails the ``step`` (resume tries again), not the writes.
+        """
+        with self._conn(j.source) as lock:
+            if tables:
+                lock.execute(f"SET SESSION lock_wait_timeout = {SNAPSHOT_LOCK_WAIT_S}")
+                try:
+                    lock.execute("LOCK TABLES " + ", ".join(f"`{d}`.`{t}` READ" for d, t in tables))
+                except Exception as exc:
+                    if not (exc.args and exc.args[0] == LOCK_WAIT_TIMEOUT_ERRNO):
+                        raise
+                    raise MoveError(
+                        f"{step}: a transaction on {j.source} held a moving table for over "
+                        f"{SNAPSHOT_LOCK_WAIT_S} s; the source keeps serving: resume to try again, or abort"
+                    ) from exc
+            try:
+                lock.execute("SELECT @@gtid_binlog_pos")
+                yield lock, str(lock.fetchone()[0] or "")
+            finally:
+                with suppress(Exception):  # a session that died has unlocked; closing it unlocks too
+                    lock.execute("UNLOCK TABLES")
 
     def _until_stopped(self, j: Journal, cur: Any, at: str) -> None:
         """Wait until the target's replication, started ``UNTIL`` ``at``, has applied it and stopped."""

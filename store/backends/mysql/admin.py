@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import socket
 import subprocess
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy.engine import URL
@@ -254,26 +256,89 @@ def _client(url: URL) -> tuple[list[str], dict[str, str]]:
     return args, {**os.environ, "MYSQL_PWD": url.password or ""}
 
 
-def dump_databases(url: URL, databases: Sequence[str]) -> tuple[bytes, str]:
+#: How long `dump_databases` waits for mariadb-dump to print its position (its snapshot begun).
+DUMP_BEGIN_TIMEOUT_S = 10.0
+#: The lines (comments: ``--master-data=2``) in which mariadb-dump prints its position: the GTID
+#: position, and the binlog file and offset, which it prints before the tables (10.11 "defers" the
+#: GTID position to the end of the dump). Whole lines: a value in the dump cannot hold a line break.
+_GTID_LINE = re.compile(rb"^-- SET GLOBAL gtid_slave_pos\s*=\s*'([^']*)';$", re.MULTILINE)
+_BEGUN = re.compile(
+    rb"^-- (?:CHANGE MASTER TO MASTER_LOG_FILE='[^']*', MASTER_LOG_POS=\d+|SET GLOBAL gtid_slave_pos\b.*);$",
+    re.MULTILINE,
+)
+
+
+def dump_databases(
+    url: URL,
+    databases: Sequence[str],
+    *,
+    begun: Callable[[], object] | None = None,
+    begin_timeout_s: float = DUMP_BEGIN_TIMEOUT_S,
+) -> tuple[bytes, str]:
     """A consistent dump of ``databases`` (``mariadb-dump --single-transaction``) and the GTID
-    position it was taken at; `BackendError` if the dump fails or the server has no binlog."""
+    position mariadb-dump printed for it; `BackendError` if the dump fails or the server has no binlog.
+
+    mariadb-dump starts its snapshot, reads the snapshot's position, prints it (``--master-data=2``:
+    a comment, ``-- CHANGE MASTER TO MASTER_LOG_FILE=..., MASTER_LOG_POS=...``) and only then
+    dumps the tables; 10.11 prints the GTID position (``--gtid``) at the end. ``begun`` is called
+    as soon as the first of those lines has arrived, before the rest is read: by then the
+    snapshot has begun. `BackendError` if that takes longer than ``begin_timeout_s`` (the dump is
+    killed). Whatever fails, no mariadb-dump is left running.
+
+    The printed position can be wrong: mariadb-dump reads it from ``Binlog_snapshot_file`` and
+    ``_position``, which MariaDB keeps in globals of the server that any session's ``SHOW
+    STATUS`` writes, so it can be handed another session's position. A move takes its own
+    (`store.admin.move.mariadb`).
+    """
     args, env = _client(url)
-    dump = subprocess.run(
+    with subprocess.Popen(
         ["mariadb-dump", *args, "--single-transaction", "--gtid", "--master-data=2",
          "--skip-lock-tables", "--triggers", "--skip-routines", "--skip-events", "--databases", *databases],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=env,
-    )  # fmt: skip
-    if dump.returncode != 0:
-        raise BackendError(f"mariadb-dump failed: {dump.stderr.decode(errors='replace').strip()[:500]}")
-    found = re.search(rb"gtid_slave_pos\s*=\s*'([^']*)'", dump.stdout)
+    ) as proc:  # fmt: skip
+        try:
+            head, ended = _read_until(proc, _BEGUN, time.monotonic() + begin_timeout_s)
+            if not ended and _BEGUN.search(head) is None:
+                raise BackendError(f"mariadb-dump printed no position within {begin_timeout_s:.0f} s")
+            if begun is not None and _BEGUN.search(head) is not None:
+                begun()
+            rest, err = proc.communicate()
+        finally:
+            if proc.poll() is None:  # an error above, or an interrupt
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0:
+        raise BackendError(f"mariadb-dump failed: {err.decode(errors='replace').strip()[:500]}")
+    dump = head + rest
+    found = _GTID_LINE.search(dump)
     if found is None:
         raise BackendError("mariadb-dump printed no GTID position: is the source's binlog on?")
     # Triggers are dumped with their definer (``DEFINER=`admin`@`10.0.0.5```), an account the
     # target may not have: a trigger whose definer is missing refuses every insert there.
     # Without the clause the account that loads the dump becomes the definer, as when
     # `store init` makes the trigger.
-    return _DEFINER.sub(b"", dump.stdout), found.group(1).decode()
+    return _DEFINER.sub(b"", dump), found.group(1).decode()
+
+
+def _read_until(
+    proc: subprocess.Popen[bytes], pattern: re.Pattern[bytes], deadline: float
+) -> tuple[bytes, bool]:
+    """What ``proc`` wrote to its stdout until that matches ``pattern``, the output ended, or
+    ``deadline`` passed; and whether it ended."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    got = b""
+    while pattern.search(got) is None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return got, False
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return got, True
+        got += chunk
+    return got, False
 
 
 _DEFINER = re.compile(rb"/\*!50017 DEFINER=(?:`[^`]*`|[^ @*]+)@(?:`[^`]*`|[^ *]+)\s*\*/ ?")
