@@ -300,9 +300,10 @@ def dump_databases(
     ) as proc:  # fmt: skip
         try:
             head, ended = _read_until(proc, _BEGUN, time.monotonic() + begin_timeout_s)
-            if not ended and _BEGUN.search(head) is None:
+            printed = _BEGUN.search(head) is not None
+            if not (ended or printed):
                 raise BackendError(f"mariadb-dump printed no position within {begin_timeout_s:.0f} s")
-            if begun is not None and _BEGUN.search(head) is not None:
+            if begun is not None and printed:
                 begun()
             rest, err = proc.communicate()
         finally:
