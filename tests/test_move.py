@@ -576,7 +576,9 @@ def test_a_wait_for_the_target_longer_than_the_read_timeout_ends_in_its_own_erro
         t0 = time.monotonic()
         with pytest.raises(MoveError, match=r"did not catch up with A within 3 s \(IO Yes, SQL Yes"):
             engine._wait_level(j, "0-1-999999999", 3)
-        assert time.monotonic() - t0 >= 3
+        # Past the read timeout, so the reply outlived it. (Not ">= 3": the server's own timer may
+        # end its 3 s wait a few ms before the client's clock says so; a CI run saw 2.987 s.)
+        assert time.monotonic() - t0 >= 2
 
 
 def test_a_target_that_may_skip_row_events_is_checksummed_in_full_under_the_fence(
